@@ -1,0 +1,9 @@
+// One Bind* function per native component; module.cpp calls them all.
+#pragma once
+#include <pybind11/pybind11.h>
+
+namespace rlboost {
+void BindErrors(pybind11::module_& m);
+void BindTransfer(pybind11::module_& m);   // csrc/bindings/transfer.cpp
+void BindMigration(pybind11::module_& m);  // csrc/bindings/migration.cpp
+}  // namespace rlboost

@@ -1,0 +1,56 @@
+// Maps native StatusError codes onto the exception classes defined in rlboost/errors.py,
+// so Python callers catch typed errors and never compare integer codes.
+#include <pybind11/pybind11.h>
+
+#include "bindings/bind.h"
+#include "common/status.h"
+
+namespace py = pybind11;
+
+namespace rlboost {
+namespace {
+
+const char* ClassNameFor(Code code) {
+  switch (code) {
+    case Code::kProtocol: return "ProtocolError";
+    case Code::kAuth: return "AuthError";
+    case Code::kTimeout: return "TransferTimeout";
+    case Code::kPeerLost: return "PeerLost";
+    case Code::kChecksum: return "ChecksumMismatch";
+    case Code::kUnknownVersion: return "VersionMismatch";
+    case Code::kClosed: return "TransferClosed";
+    default: return "TransferError";
+  }
+}
+
+}  // namespace
+
+void BindErrors(py::module_& m) {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      if (e.status().code() == Code::kInvalidArgument) {
+        PyErr_SetString(PyExc_ValueError, e.what());
+        return;
+      }
+      py::object errors = py::module_::import("rlboost.errors");
+      py::object cls = errors.attr(ClassNameFor(e.status().code()));
+      PyErr_SetString(cls.ptr(), e.what());
+    }
+  });
+  m.attr("STATUS_CODES") = py::dict(
+      py::arg("ok") = static_cast<int>(Code::kOk),
+      py::arg("protocol") = static_cast<int>(Code::kProtocol),
+      py::arg("auth") = static_cast<int>(Code::kAuth),
+      py::arg("timeout") = static_cast<int>(Code::kTimeout),
+      py::arg("peer_lost") = static_cast<int>(Code::kPeerLost),
+      py::arg("checksum") = static_cast<int>(Code::kChecksum),
+      py::arg("unknown_version") = static_cast<int>(Code::kUnknownVersion));
+  // Lets tests check the translation without a network round trip.
+  m.def("_raise_status", [](int code, const std::string& msg) {
+    throw StatusError(Status(static_cast<Code>(code), msg));
+  });
+}
+
+}  // namespace rlboost

@@ -1,0 +1,1 @@
+# common/ is header-only for now; components add .cpp files here when they need them.

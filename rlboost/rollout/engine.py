@@ -1,0 +1,75 @@
+"""The RolloutEngine protocol: what the controller may ask of any engine.
+
+Every engine (the embedded torch engine, the SGLang adapter, the emulated engine) passes
+tests/rollout/engine_contract.py. Samples enter as RequestState records (fresh ones have
+no output yet; resumed ones are re-prefilled from prompt + output) or as a MigrationBatch
+with KV pages, and leave as token deltas or exported states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+from rlboost.migration.state import RequestState
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """New output tokens of one sample since the last poll.
+
+    >>> TokenDelta(sample_id=7, start=0, ids=(5, 6), logprobs=(-0.5, -1.0), finish_reason=None, weight_version=3)
+    TokenDelta(sample_id=7, start=0, ids=(5, 6), logprobs=(-0.5, -1.0), finish_reason=None, weight_version=3)
+
+    `start` is the index in the sample's output of ids[0], so a collector can detect gaps
+    and duplicates. finish_reason is "stop" or "length" on the sample's last delta.
+    """
+
+    sample_id: int
+    start: int
+    ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str | None
+    weight_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What an engine reports about its load, for routing and the offload policy."""
+
+    running: int               # samples decoding now
+    queued: int                # samples admitted but not yet decoding
+    queued_tokens: int         # upper bound on tokens still to generate for admitted samples
+    decode_tokens_per_s: float  # measured over the recent past (0 when idle so far)
+    weight_version: int        # version of the loaded weights (-1 before any load)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A generation engine that the controller drives sample by sample."""
+
+    def submit(self, states: Sequence[RequestState]) -> None:
+        """Admit samples. Raises RolloutError if a state's weight_version is not the loaded one,
+        or if a sample id is already admitted."""
+
+    def poll(self, timeout_s: float) -> list[TokenDelta]:
+        """Wait up to timeout_s for new tokens; return all deltas since the last poll."""
+
+    def abort(self, sample_ids: Sequence[int]) -> None:
+        """Drop samples; no further deltas are produced for them. Unknown ids are ignored."""
+
+    def export_states(self, sample_ids: Sequence[int] | None = None, *, with_kv: bool = False):
+        """Remove samples (all when None) and return a MigrationBatch of their full states
+        (every generated token, polled or not), with their KV pages when with_kv."""
+
+    def import_states(self, batch) -> None:
+        """Resume samples from a MigrationBatch: with KV pages when present, else re-prefill."""
+
+    def load_weights(self, named_tensors: Mapping[str, object], version: int) -> None:
+        """Replace the weights (named tensors, HF names) and tag later tokens with version."""
+
+    def load(self) -> EngineLoad:
+        """Report the current load."""
+
+    def close(self) -> None:
+        """Release memory and threads; the engine is unusable afterwards."""

@@ -1,0 +1,1 @@
+"""Pull-based weight streaming: manifests, the publisher (trainer side) and the puller."""

@@ -1,0 +1,39 @@
+"""The native module builds, reports its options and raises typed errors."""
+
+import subprocess
+import sys
+
+import pytest
+
+from rlboost import errors
+
+
+def test_import_native_does_not_import_torch():
+    code = "import sys, rlboost._C; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_build_flags_are_booleans():
+    from rlboost import _C
+
+    assert isinstance(_C.HAS_UCX, bool)
+    assert isinstance(_C.HAS_CUDA, bool)
+
+
+@pytest.mark.parametrize(
+    "name, cls",
+    [
+        ("protocol", errors.ProtocolError),
+        ("auth", errors.AuthError),
+        ("timeout", errors.TransferTimeout),
+        ("peer_lost", errors.PeerLost),
+        ("checksum", errors.ChecksumMismatch),
+        ("unknown_version", errors.VersionMismatch),
+    ],
+)
+def test_native_status_becomes_typed_exception(name, cls):
+    from rlboost import _C
+
+    with pytest.raises(cls, match="boom"):
+        _C._raise_status(_C.STATUS_CODES[name], "boom")
