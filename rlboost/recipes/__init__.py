@@ -1,0 +1,1 @@
+"""Whole runs as plain Python functions returning a config; `--set` overrides on top."""

@@ -1,0 +1,106 @@
+"""A run directory: config, metrics JSONL, instance events, checkpoints, plots, summary.
+
+Everything a run leaves behind lives under one folder so it can be inspected, plotted
+again (`rlboost report RUN_DIR`) or resumed (`rlboost train --resume RUN_DIR`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
+SUMMARY_FILE = "summary.md"
+
+
+class RunDirectory:
+    """Owns the files of one training run; appends are flushed line by line."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "checkpoints").mkdir(exist_ok=True)
+        (self.path / "plots").mkdir(exist_ok=True)
+        self._t0 = time.monotonic()
+
+    @classmethod
+    def create(cls, root: str | os.PathLike[str], name: str) -> RunDirectory:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = Path(root) / f"{name}-{stamp}"
+        suffix = 1
+        while path.exists():
+            suffix += 1
+            path = Path(root) / f"{name}-{stamp}-{suffix}"
+        return cls(path)
+
+    # -- config ------------------------------------------------------------------------
+    def write_config(self, config: dict[str, Any]) -> None:
+        _atomic_write(self.path / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
+
+    def read_config(self) -> dict[str, Any]:
+        return json.loads((self.path / CONFIG_FILE).read_text())
+
+    # -- metrics and events --------------------------------------------------------------
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        _append_jsonl(self.path / METRICS_FILE, record)
+
+    def append_event(self, kind: str, **fields: Any) -> None:
+        record = {"t": round(time.monotonic() - self._t0, 3), "kind": kind, **fields}
+        _append_jsonl(self.path / EVENTS_FILE, record)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return list(_read_jsonl(self.path / METRICS_FILE))
+
+    def events(self) -> list[dict[str, Any]]:
+        return list(_read_jsonl(self.path / EVENTS_FILE))
+
+    def truncate_metrics(self, last_step: int) -> None:
+        """Drop metric lines after `last_step` (used when resuming from a checkpoint)."""
+        kept = [m for m in self.metrics() if m.get("step", -1) <= last_step]
+        _atomic_write(self.path / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in kept))
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.path / "checkpoints" / f"step_{step:06d}"
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        """The newest complete checkpoint (one whose COMPLETE marker exists)."""
+        found = []
+        for child in (self.path / "checkpoints").glob("step_*"):
+            if (child / "COMPLETE").exists():
+                found.append((int(child.name.split("_")[1]), child))
+        return max(found) if found else None
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.path / "plots"
+
+    def write_summary(self, text: str) -> None:
+        _atomic_write(self.path / SUMMARY_FILE, text)
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                yield json.loads(line)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
