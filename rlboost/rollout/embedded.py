@@ -264,29 +264,27 @@ class EmbeddedEngine:
 
     def _export(self, ids: list[int] | None, with_kv: bool):
         from rlboost.migration.batch import MigrationBatch
-        from rlboost.migration.kv import gather_pages
+        from rlboost.migration.kv import gather_pages_batch
 
         if ids is None:
             ids = [s.sample_id for s in (*self._sched.running, *self._sched.waiting)]
         seqs = [self._sched.by_id[i] for i in dict.fromkeys(ids) if i in self._sched.by_id]
-        states, kv_tokens, kv_data = [], [], []
-        for seq in seqs:
-            states.append(dataclasses.replace(
-                seq.state, output_ids=tuple(seq.out_ids), output_logprobs=tuple(seq.out_logprobs),
-                weight_version=self._version))
-            if not with_kv:
-                continue
-            if seq.pending_kv is not None:
-                tokens, data = seq.pending_kv
-            else:
-                tokens = seq.kv_len
-                data = gather_pages(self._cache.tensor, self._cache.layout, seq.blocks, tokens)
-            kv_tokens.append(tokens)
-            kv_data.append(data)
+        states = tuple(dataclasses.replace(
+            seq.state, output_ids=tuple(seq.out_ids), output_logprobs=tuple(seq.out_logprobs),
+            weight_version=self._version) for seq in seqs)
+        kv = {}
+        if with_kv:
+            placed = [s for s in seqs if s.pending_kv is None]
+            gathered = gather_pages_batch(self._cache.tensor, self._cache.layout,
+                                          [s.blocks for s in placed], [s.kv_len for s in placed])
+            kv = {s.sample_id: (s.kv_len, data) for s, data in zip(placed, gathered)}
+            kv.update({s.sample_id: s.pending_kv for s in seqs if s.pending_kv is not None})
         self._remove([s.sample_id for s in seqs])
-        return MigrationBatch(states=tuple(states), kv_layout=self._cache.layout if with_kv else None,
-                              kv_tokens=tuple(kv_tokens) if with_kv else None,
-                              kv_data=tuple(kv_data) if with_kv else None)
+        if not with_kv:
+            return MigrationBatch(states=states)
+        return MigrationBatch(states=states, kv_layout=self._cache.layout,
+                              kv_tokens=tuple(kv[s.sample_id][0] for s in seqs),
+                              kv_data=tuple(kv[s.sample_id][1] for s in seqs))
 
     def _import(self, batch) -> None:
         pages = check_import(batch, self._cache.layout)
