@@ -60,6 +60,7 @@ class Scheduler:
         self.by_id: dict[int, Sequence] = {}
         self._scatter = scatter  # (cache, blocks, kv_tokens, data) -> None
         self._watermark = max(1, cache.allocator.num_blocks // 100)
+        self.evictions = 0
 
     def add(self, seq: Sequence) -> None:
         self.by_id[seq.sample_id] = seq
@@ -132,6 +133,7 @@ class Scheduler:
             i += 1
 
     def _evict(self, seq: Sequence) -> None:
+        self.evictions += 1
         self.running.remove(seq)
         self._release(seq)
         self.waiting.appendleft(seq)

@@ -9,8 +9,11 @@ two steps. Deltas wait in a buffer that poll() drains under a condition variable
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
 import threading
+import weakref
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -76,6 +79,10 @@ class EmbeddedEngine:
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rlboost-embedded-engine", daemon=True)
         self._thread.start()
+        # A daemon thread still inside torch when the interpreter finalizes aborts the
+        # process, so an engine left open is closed at exit (the hook holds a weak ref).
+        self._close_at_exit = functools.partial(_close_if_alive, weakref.ref(self))
+        atexit.register(self._close_at_exit)
 
     # ---- public API (any thread) -------------------------------------------------------
 
@@ -132,6 +139,7 @@ class EmbeddedEngine:
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+        atexit.unregister(self._close_at_exit)
         self._cache.tensor = torch.empty(0)  # release the cache memory now
 
     def __enter__(self) -> EmbeddedEngine:
@@ -303,3 +311,9 @@ class EmbeddedEngine:
         load_named_tensors(self._model, named_tensors, version)
         with self._cond:
             self._version = version
+
+
+def _close_if_alive(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.close()
