@@ -39,22 +39,33 @@ class Chunk:
 
 
 class _Group:
-    """Samples that attend together: all single-token decodes, or one prefill chunk."""
+    """Samples that attend together: all single-token decodes, or one prefill chunk.
 
-    def __init__(self, chunks: list[Chunk], rows: list[int], cache: PagedKVCache, device):
+    Holds what every layer reuses: the block table, and the additive mask (0 or -inf)
+    over the padded query rows (n tokens x query groups, padded to full row tiles).
+    """
+
+    def __init__(self, chunks: list[Chunk], rows: list[int], cache: PagedKVCache, groups: int,
+                 dtype: torch.dtype, device):
         self.rows = torch.tensor(rows, device=device)
-        self.n_tokens = len(chunks[0].tokens)  # 1 for the decode group
-        ends = [c.start + len(c.tokens) for c in chunks]
-        self.keys = _round_up(max(ends), KEY_SEGMENT)
-        bs = cache.block_size
-        width = -(-self.keys // bs)
-        table = torch.tensor([c.blocks[:width] + [0] * (width - len(c.blocks[:width])) for c in chunks],
-                             dtype=torch.int64)
-        j = torch.arange(self.keys)
-        self.slots = (table[:, j // bs] * bs + j % bs).to(device)           # [S, keys]
-        # query position of each token row of each sample
-        qpos = torch.tensor([[c.start + i for i in range(self.n_tokens)] for c in chunks])
-        self.mask = (j[None, None, :] <= qpos[:, :, None]).to(device)       # [S, n, keys]
+        self.n_tokens = n = len(chunks[0].tokens)  # 1 for the decode group
+        self.keys = _round_up(max(c.start + n for c in chunks), KEY_SEGMENT)
+        self.width = -(-self.keys // cache.block_size)
+        self.table = torch.tensor([c.blocks[:self.width] + [0] * (self.width - len(c.blocks[:self.width]))
+                                   for c in chunks], dtype=torch.int64, device=device)
+        self.m = _round_up(n * groups, ROW_TILE)
+        qpos = torch.tensor([[c.start + i for i in range(n)] for c in chunks])      # [S, n]
+        qpos = qpos.repeat_interleave(groups, dim=1)                                # [S, n*G]
+        qpos = torch.cat([qpos, qpos[:, :1].expand(-1, self.m - n * groups)], dim=1)  # padded rows
+        visible = torch.arange(self.keys)[None, None, :] <= qpos[:, :, None]        # [S, m, K]
+        bias = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+        self.bias = bias[:, None].to(device)                                        # [S, 1, m, K]
+
+    def gather(self, blocks: torch.Tensor) -> torch.Tensor:
+        """[num_blocks, block_size, kv_heads, D] -> each sample's first `keys` slots [S, K, kv_heads, D]."""
+        out = blocks[self.table]
+        out = out.view(out.shape[0], -1, *out.shape[-2:])
+        return out if out.shape[1] == self.keys else out[:, :self.keys]
 
 
 class PagedForward:
@@ -90,8 +101,9 @@ class PagedForward:
         ids_t = torch.tensor(ids + [0] * (padded - n), device=device)
         pos_t = torch.tensor(pos + [0] * (padded - n), device=device)
         slots_t = torch.tensor(slots, device=device)
-        groups = [_Group(decode, rows_decode, self.cache, device)] if decode else []
-        groups += [_Group([c], rows, self.cache, device) for c, rows in prefill]
+        dtype = self.cache.tensor.dtype
+        groups = [_Group(decode, rows_decode, self.cache, self.groups, dtype, device)] if decode else []
+        groups += [_Group([c], rows, self.cache, self.groups, dtype, device) for c, rows in prefill]
 
         body = self.model.model
         h = body.embed_tokens(ids_t)
@@ -111,25 +123,23 @@ class PagedForward:
         return self.model.lm_head(body.norm(picked))[:len(last)].float()
 
     def _attend(self, layer: int, q, k, v, n: int, slots: torch.Tensor, groups: list[_Group]):
-        keys, values = self.cache.layer_slots(layer, 0), self.cache.layer_slots(layer, 1)
-        keys.index_copy_(0, slots, k[:n])
-        values.index_copy_(0, slots, v[:n])
+        cache = self.cache
+        cache.layer_slots(layer, 0).index_copy_(0, slots, k[:n])
+        cache.layer_slots(layer, 1).index_copy_(0, slots, v[:n])
+        keys, values = cache.tensor[layer, 0], cache.tensor[layer, 1]
         out = torch.zeros_like(q)
         for g in groups:
-            out[g.rows] = self._attend_group(q[g.rows], keys[g.slots], values[g.slots], g)
+            out[g.rows] = self._attend_group(q[g.rows], g.gather(keys), g.gather(values), g)
         return out.view(q.shape[0], -1)
 
     def _attend_group(self, q, keys, values, g: _Group):
         """q [S*n, heads, D]; keys/values [S, K, kv_heads, D] -> [S*n, heads, D]."""
-        samples, n, G, H, D = keys.shape[0], g.n_tokens, self.groups, self.kv_heads, self.head_dim
+        samples, n, G, H, D, m = keys.shape[0], g.n_tokens, self.groups, self.kv_heads, self.head_dim, g.m
         # rows of one (sample, kv head): n tokens x G query heads, padded to full tiles
         q = q.view(samples, n, H, G, D).permute(0, 2, 1, 3, 4).reshape(samples, H, n * G, D)
-        m = _round_up(n * G, ROW_TILE)
         q = F.pad(q, (0, 0, 0, m - n * G))
-        mask = g.mask.repeat_interleave(G, dim=1)                          # [S, n*G, K]
-        mask = torch.cat([mask, mask[:, :1].expand(samples, m - n * G, -1)], dim=1)
-        scores = torch.matmul(q, keys.permute(0, 2, 3, 1)) * self.scale  # [S, H, m, K]
-        probs = torch.softmax(scores.masked_fill(~mask[:, None], float("-inf")), dim=-1)
+        scores = torch.matmul(q, keys.permute(0, 2, 3, 1)) * self.scale + g.bias  # [S, H, m, K]
+        probs = torch.softmax(scores, dim=-1)
         # P @ V one fixed-size key segment at a time, summed left to right (cumsum is a
         # sequential scan), so extra all-masked segments only ever add exact zeros.
         nseg = g.keys // KEY_SEGMENT
