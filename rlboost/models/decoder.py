@@ -70,14 +70,11 @@ class DecoderLM(nn.Module):
             mask = ((causal & keep[:, None, :]) | eye)[:, None]
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary_emb(positions, h.dtype)
-        groups = self.config.num_query_groups
+        gqa = self.config.num_query_groups > 1
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, T, D]
-            if groups > 1:
-                k = k.repeat_interleave(groups, dim=1)
-                v = v.repeat_interleave(groups, dim=1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
             return out.transpose(1, 2).reshape(batch, seq, -1)
 
         for layer in self.model.layers:
