@@ -20,7 +20,7 @@ from rlboost.rollout._paged_kv import PagedKVCache, blocks_for
 
 
 @dataclass(eq=False, slots=True)
-class Sequence:
+class EngineSample:
     """A sample inside the engine: its tokens so far and where its K/V lives."""
 
     state: RequestState                 # as submitted (prompt, params, seed, version)
@@ -34,7 +34,7 @@ class Sequence:
     finish_reason: str | None = None
 
     @classmethod
-    def from_state(cls, state: RequestState) -> Sequence:
+    def from_state(cls, state: RequestState) -> EngineSample:
         return cls(state=state, tokens=[*state.prompt_ids, *state.output_ids],
                    out_ids=list(state.output_ids), out_logprobs=list(state.output_logprobs),
                    emitted=len(state.output_ids))
@@ -55,18 +55,18 @@ class Scheduler:
         self.cache = cache
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self.by_id: dict[int, Sequence] = {}
+        self.waiting: deque[EngineSample] = deque()
+        self.running: list[EngineSample] = []
+        self.by_id: dict[int, EngineSample] = {}
         self._scatter = scatter  # (cache, blocks, kv_tokens, data) -> None
         self._watermark = max(1, cache.allocator.num_blocks // 100)
         self.evictions = 0
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: EngineSample) -> None:
         self.by_id[seq.sample_id] = seq
         self.waiting.append(seq)
 
-    def remove(self, sample_id: int) -> Sequence | None:
+    def remove(self, sample_id: int) -> EngineSample | None:
         seq = self.by_id.pop(sample_id, None)
         if seq is None:
             return None
@@ -77,12 +77,12 @@ class Scheduler:
         self._release(seq)
         return seq
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: EngineSample) -> None:
         self.cache.allocator.free(seq.blocks)
         seq.blocks = []
         seq.kv_len = 0
 
-    def plan(self) -> list[tuple[Sequence, Chunk]]:
+    def plan(self) -> list[tuple[EngineSample, Chunk]]:
         """Admit what fits, make room for every decode, and cut this step's chunks."""
         self._admit()
         self._reserve_decode_slots()
@@ -132,13 +132,13 @@ class Scheduler:
                 seq.blocks += self.cache.allocator.allocate(need)
             i += 1
 
-    def _evict(self, seq: Sequence) -> None:
+    def _evict(self, seq: EngineSample) -> None:
         self.evictions += 1
         self.running.remove(seq)
         self._release(seq)
         self.waiting.appendleft(seq)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: EngineSample) -> None:
         self.running.remove(seq)
         del self.by_id[seq.sample_id]
         self._release(seq)

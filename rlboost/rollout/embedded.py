@@ -17,7 +17,7 @@ import weakref
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Callable, Mapping, Sequence as Seq, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -28,7 +28,7 @@ from rlboost.models.decoder import DecoderLM
 from rlboost.rollout._engine_io import check_import, load_named_tensors, validate_states
 from rlboost.rollout._paged_forward import PagedForward
 from rlboost.rollout._paged_kv import PagedKVCache
-from rlboost.rollout._scheduler import Scheduler, Sequence
+from rlboost.rollout._scheduler import EngineSample, Scheduler
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig
 from rlboost.rollout.engine import EngineLoad, TokenDelta
 from rlboost.rollout.sampling import DrawSpec, draw_key, sample_tokens
@@ -38,17 +38,18 @@ T = TypeVar("T")
 
 
 class EmbeddedEngine:
-    """The embedded rollout engine.
+    """The embedded rollout engine. Usage:
 
-    >>> engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir=ckpt, stream_interval=4))  # doctest: +SKIP
-    >>> engine.submit([RequestState(sample_id=1, prompt_ids=(1, 2), params=SamplingParams(),
-    ...                             seed=0, weight_version=0)])                          # doctest: +SKIP
-    >>> engine.poll(1.0)                                                                  # doctest: +SKIP
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir="ckpt/", stream_interval=4))
+        engine.submit([RequestState(sample_id=1, prompt_ids=(1, 2, 3), seed=0, weight_version=0,
+                                    params=SamplingParams(max_new_tokens=64, stop_token_ids=(258,)))])
+        deltas = engine.poll(1.0)   # [TokenDelta(sample_id=1, start=0, ids=(...), ...)]
+        engine.close()
 
-    Stop tokens are exactly `params.stop_token_ids` (the stop token is kept in the output).
-    A sample's logprobs are under softmax(logits / temperature), before top-k/top-p.
-    Exported and aborted samples leave no undelivered delta behind: an exported state
-    carries every token, so its unpolled deltas are dropped.
+    A given model is taken over: moved to the configured device and dtype, and written in
+    place by load_weights. Stop tokens are exactly `params.stop_token_ids` (the stop token
+    is kept in the output). Logprobs are under softmax(logits / temperature), before
+    top-k/top-p. Exported and aborted samples leave no undelivered delta behind.
     """
 
     def __init__(self, config: EmbeddedEngineConfig, model: DecoderLM | None = None):
@@ -94,7 +95,7 @@ class EmbeddedEngine:
     def model_config(self):
         return self._model.config
 
-    def submit(self, states: Seq[RequestState]) -> None:
+    def submit(self, states: Sequence[RequestState]) -> None:
         states = list(states)
         self._call(lambda: self._add(states, [None] * len(states)))
 
@@ -108,11 +109,11 @@ class EmbeddedEngine:
             self._deltas.clear()
             return out
 
-    def abort(self, sample_ids: Seq[int]) -> None:
+    def abort(self, sample_ids: Sequence[int]) -> None:
         ids = list(sample_ids)
         self._call(lambda: self._remove(ids))
 
-    def export_states(self, sample_ids: Seq[int] | None = None, *, with_kv: bool = False):
+    def export_states(self, sample_ids: Sequence[int] | None = None, *, with_kv: bool = False):
         ids = None if sample_ids is None else list(sample_ids)
         return self._call(lambda: self._export(ids, with_kv))
 
@@ -222,7 +223,7 @@ class EmbeddedEngine:
             if released:
                 self._cond.notify_all()
 
-    def _append(self, seq: Sequence, token: int, logprob: float) -> None:
+    def _append(self, seq: EngineSample, token: int, logprob: float) -> None:
         seq.tokens.append(token)
         seq.out_ids.append(token)
         seq.out_logprobs.append(logprob)
@@ -233,7 +234,7 @@ class EmbeddedEngine:
         if seq.finish_reason:
             self._sched.finish(seq)
 
-    def _emit(self, seq: Sequence) -> None:
+    def _emit(self, seq: EngineSample) -> None:
         """Move a sample's unreleased tokens into the delta buffer (caller holds _cond)."""
         ids = tuple(seq.out_ids[seq.emitted:])
         lps = tuple(seq.out_logprobs[seq.emitted:])
@@ -259,11 +260,11 @@ class EmbeddedEngine:
         validate_states(states, known=self._sched.by_id, version=self._version,
                         vocab_size=self._model.config.vocab_size, max_model_len=self.max_model_len)
         for state, pages in zip(states, kv):
-            seq = Sequence.from_state(state)
+            seq = EngineSample.from_state(state)
             seq.pending_kv = pages
             self._sched.add(seq)
 
-    def _remove(self, ids: list[int]) -> list[Sequence]:
+    def _remove(self, ids: list[int]) -> list[EngineSample]:
         removed = [seq for seq in map(self._sched.remove, ids) if seq is not None]
         with self._cond:
             for seq in removed:

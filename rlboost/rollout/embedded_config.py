@@ -23,7 +23,8 @@ class EmbeddedEngineConfig:
     max_batch_size: samples decoding at once; max_prefill_tokens: prompt tokens fed per step.
     stream_interval: tokens a sample gathers before its delta is released (and at finish).
     max_model_len: longest prompt + output accepted (default: the model's maximum).
-    rate_window_s: how far back decode tokens/s is measured.
+    rate_window_s: decode tokens/s is measured over the last rate_window_s seconds of
+    activity (busy time only, so an idle engine keeps reporting its last rate).
     """
 
     model_dir: str | None = None
