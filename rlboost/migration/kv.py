@@ -84,7 +84,11 @@ def gather_pages(cache: torch.Tensor, layout: KVLayout, block_ids: BlockIds, kv_
     >>> gather_pages(cache, layout, [1, 0], 3).view(torch.float32).tolist()
     [4.0, 5.0, 6.0, 7.0, 0.0, 1.0, 12.0, 13.0, 14.0, 15.0, 8.0, 9.0]
     """
-    return gather_pages_batch(cache, layout, [block_ids], [kv_tokens], out=out)[0]
+    if out is None:
+        _check_cache(cache, layout)
+        out = torch.empty(_as_count(kv_tokens, 0) * layout.token_bytes, dtype=torch.uint8, device=cache.device)
+    gather_pages_batch(cache, layout, [block_ids], [kv_tokens], out=out)
+    return out
 
 
 def scatter_pages(cache: torch.Tensor, layout: KVLayout, block_ids: BlockIds, kv_tokens: int,
@@ -165,8 +169,7 @@ def _block_tables(tables: Sequence[BlockIds], kv_tokens: Sequence[int], layout: 
     rows = np.zeros((len(arrays), 5), dtype=np.int64)
     offset = 0
     for i, (ids, n) in enumerate(zip(arrays, kv_tokens)):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"kv_tokens[{i}] must be an int >= 0, got {n!r}")
+        n = _as_count(n, i)
         if n > len(ids) * layout.block_size:
             raise ValueError(f"kv_tokens[{i}] = {n} exceeds {len(ids)} blocks of {layout.block_size} tokens")
         if len(ids) and (ids.min() < 0 or ids.max() >= num_blocks):
@@ -175,6 +178,12 @@ def _block_tables(tables: Sequence[BlockIds], kv_tokens: Sequence[int], layout: 
         offset += len(ids)
     ids = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
     return np.ascontiguousarray(ids, dtype=np.int64), rows
+
+
+def _as_count(n, index: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"kv_tokens[{index}] must be an int >= 0, got {n!r}")
+    return int(n)
 
 
 def _ids(table: BlockIds) -> np.ndarray:
