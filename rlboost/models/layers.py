@@ -65,10 +65,13 @@ class RotaryEmbedding(nn.Module):
 
     def _grow(self, length: int, device: torch.device) -> None:
         size = max(64, 1 << (length - 1).bit_length())
-        pos = torch.arange(size, device=device, dtype=torch.float32)
-        angles = pos[:, None] * self.inv_freq.to(device)[None, :]
-        angles = torch.cat([angles, angles], dim=-1).double()
-        self._cos, self._sin = angles.cos().float(), angles.sin().float()
+        # Normal tensors even when first called under inference_mode, so a later
+        # autograd forward of the same model can still use them.
+        with torch.inference_mode(False):
+            pos = torch.arange(size, device=device, dtype=torch.float32)
+            angles = pos[:, None] * self.inv_freq.to(device)[None, :]
+            angles = torch.cat([angles, angles], dim=-1).double()
+            self._cos, self._sin = angles.cos().float(), angles.sin().float()
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin shaped positions.shape + [head_dim]."""
