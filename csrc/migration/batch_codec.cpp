@@ -1,3 +1,4 @@
+// Batch encoder and decoder; the format is described in batch_codec.h.
 #include "migration/batch_codec.h"
 
 #include <cstring>

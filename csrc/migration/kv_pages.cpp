@@ -1,3 +1,5 @@
+// Page copies are planned as a list of contiguous segments, checked up front, then run
+// on the host thread pool or as one CUDA kernel.
 #include "migration/kv_pages.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// AVX2 streaming copy with a plain memcpy fallback, chosen at run time.
 #include "migration/stream_copy.h"
 
 #include <cstdint>
