@@ -115,7 +115,7 @@ BatchLayout PlanBatch(const BufferView& states, uint64_t count, const std::optio
   return l;
 }
 
-// Returns the new buffer, or (with `out`) writes into it and returns the byte count.
+// Returns a new bytes object, or (given `out`) writes into it and returns the byte count.
 py::object EncodeBatch(const py::object& states, uint64_t count, std::optional<LayoutTuple> layout,
                        uint16_t batch_version, uint16_t kv_version, const std::vector<KVRow>& kv,
                        const py::object& out) {
@@ -123,15 +123,17 @@ py::object EncodeBatch(const py::object& states, uint64_t count, std::optional<L
   BatchLayout l = PlanBatch(s, count, layout, batch_version, kv_version, kv);
   if (out.is_none()) {
     py::bytes result = NewBytes(l.total);
-    uint8_t* dst = BytesData(result);
-    py::gil_scoped_release release;
-    migration::WriteBatch(s.data(), l, dst);
+    uint8_t* dst = BytesData(result);  // only this call holds `result` until it returns
+    {
+      py::gil_scoped_release release;
+      migration::WriteBatch(s.data(), l, dst);
+    }
     return std::move(result);
   }
   BufferView o(out, true);
   if (o.size() < l.total) {
     throw StatusError(Status(Code::kInvalidArgument, "out holds " + std::to_string(o.size()) +
-                                                         " bytes, the batch needs " + std::to_string(l.total)));
+                                                         " bytes but the batch needs " + std::to_string(l.total)));
   }
   {
     py::gil_scoped_release release;
@@ -184,7 +186,8 @@ void BindMigration(py::module_& parent) {
   m.def("encode_batch", &EncodeBatch, py::arg("states"), py::arg("count"), py::arg("layout"),
         py::arg("batch_version"), py::arg("kv_version"), py::arg("kv"), py::arg("out") = py::none(),
         "Pack a state buffer and per-sample KV bytes (kv_tokens, address, nbytes) into one batch "
-        "buffer; layout = (num_layers, num_kv_heads, head_dim, block_size, dtype code) or None.");
+        "buffer; layout = (num_layers, num_kv_heads, head_dim, block_size, dtype code) or None. "
+        "Returns bytes, or with `out` (a writable buffer) the number of bytes written into it.");
   m.def("decode_batch", &DecodeBatch, py::arg("buf"),
         "Verify a batch buffer; returns (count, batch_version, kv_version, states_offset, "
         "states_len, layout or None, [(kv_tokens, offset, nbytes)]). Raises ProtocolError.");

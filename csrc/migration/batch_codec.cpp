@@ -1,3 +1,4 @@
+// Batch encoder and decoder; the format is described in batch_codec.h.
 #include "migration/batch_codec.h"
 
 #include <cstring>
@@ -13,7 +14,7 @@ namespace {
 constexpr uint8_t kBatchMagic[4] = {'R', 'L', 'B', 'B'};
 constexpr uint64_t kAlign = 64;
 constexpr uint64_t kTableEntryBytes = 16;
-constexpr uint64_t kChunkBytes = 1 << 20;
+constexpr uint64_t kChunkBytes = 256 << 10;
 constexpr size_t kMetaCrcAt = 60;
 
 struct Region {

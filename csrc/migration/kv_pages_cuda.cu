@@ -21,6 +21,10 @@ __global__ void CopySegmentsKernel(const Segment* segs, size_t n) {
       const uint4* s4 = reinterpret_cast<const uint4*>(src);
       uint4* d4 = reinterpret_cast<uint4*>(dst);
       for (size_t i = threadIdx.x; i < g.len / 16; i += blockDim.x) d4[i] = s4[i];
+    } else if (((g.src | g.dst | g.len) & 3) == 0) {  // e.g. float32 rows of odd head_dim
+      const uint32_t* s1 = reinterpret_cast<const uint32_t*>(src);
+      uint32_t* d1 = reinterpret_cast<uint32_t*>(dst);
+      for (size_t i = threadIdx.x; i < g.len / 4; i += blockDim.x) d1[i] = s1[i];
     } else {
       for (size_t i = threadIdx.x; i < g.len; i += blockDim.x) dst[i] = src[i];
     }

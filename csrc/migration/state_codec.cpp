@@ -1,3 +1,4 @@
+// State encoder and decoder; the format is described in state_codec.h.
 #include "migration/state_codec.h"
 
 #include <cstring>

@@ -20,6 +20,8 @@ from rlboost.migration.state import RequestState, pack_states, unpack_states
 BATCH_FORMAT_VERSION = 1
 _DTYPE_CODES = {"float32": 1, "float16": 2, "bfloat16": 3}
 _DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
+_BATCH_HEADER = 64
+_STATE_HEADER = 48
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -103,9 +105,43 @@ def _as_int(value, name: str) -> int:
 
 def pack_batch(b: MigrationBatch) -> bytes:
     """Pack a batch into one versioned buffer (checksums: states, header, each sample's KV)."""
+    return _encode(b, None)
+
+
+def pack_batch_into(b: MigrationBatch, out) -> int:
+    """Pack into a caller's writable buffer (bytearray, memoryview, numpy or CPU uint8 tensor)
+    so a sender can reuse one pre-faulted buffer; returns the number of bytes written.
+    Raises ValueError if `out` is smaller than `packed_batch_nbytes(b)`."""
+    if isinstance(out, torch.Tensor):
+        if out.device.type != "cpu" or out.dtype != torch.uint8 or not out.is_contiguous():
+            raise ValueError("out must be a contiguous CPU torch.uint8 tensor")
+        out = out.numpy()
+    elif memoryview(out).readonly:
+        raise ValueError("out must be a writable buffer")
+    return _encode(b, out)
+
+
+def packed_batch_nbytes(b: MigrationBatch) -> int:
+    """Size of `pack_batch(b)`, without packing (mirrors csrc/migration/batch_codec.h)."""
+    n = len(b.states)
+    tokens = sum(len(s.prompt_ids) + 2 * len(s.output_ids) + len(s.params.stop_token_ids) for s in b.states)
+    end = _BATCH_HEADER + _STATE_HEADER + n * _C.migration.STATE_RECORD_BYTES + 4 * tokens + 4
+    if b.kv_layout is None:
+        return end
+    end = _align(end) + 16 * n
+    for data in b.kv_data:
+        end = _align(end) + data.numel()
+    return end
+
+
+def _align(v: int) -> int:
+    return (v + 63) // 64 * 64
+
+
+def _encode(b: MigrationBatch, out):
     states = pack_states(b.states)
     if b.kv_layout is None:
-        return _C.migration.encode_batch(states, len(b.states), None, b.format_version, KV_FORMAT_VERSION, [])
+        return _C.migration.encode_batch(states, len(b.states), None, b.format_version, KV_FORMAT_VERSION, [], out)
     lay = b.kv_layout
     # Keep host copies alive until the native call returns: it reads them by address.
     host = [d.detach().to("cpu").contiguous() for d in b.kv_data]
@@ -114,7 +150,7 @@ def pack_batch(b: MigrationBatch) -> bytes:
         addr, nbytes, _ = _tensor_memory(data)
         kv.append((tokens, addr, nbytes))
     layout = (lay.num_layers, lay.num_kv_heads, lay.head_dim, lay.block_size, _DTYPE_CODES[lay.dtype])
-    return _C.migration.encode_batch(states, len(b.states), layout, b.format_version, lay.format_version, kv)
+    return _C.migration.encode_batch(states, len(b.states), layout, b.format_version, lay.format_version, kv, out)
 
 
 def unpack_batch(buf) -> MigrationBatch:

@@ -84,16 +84,17 @@ def gather_pages(cache: torch.Tensor, layout: KVLayout, block_ids: BlockIds, kv_
     >>> gather_pages(cache, layout, [1, 0], 3).view(torch.float32).tolist()
     [4.0, 5.0, 6.0, 7.0, 0.0, 1.0, 12.0, 13.0, 14.0, 15.0, 8.0, 9.0]
     """
-    if out is None:
-        _check_cache(cache, layout)
-        out = torch.empty(_as_count(kv_tokens, 0) * layout.token_bytes, dtype=torch.uint8, device=cache.device)
-    gather_pages_batch(cache, layout, [block_ids], [kv_tokens], out=out)
-    return out
+    (view,) = gather_pages_batch(cache, layout, [block_ids], [kv_tokens], out=out)
+    return out if out is not None else view
 
 
 def scatter_pages(cache: torch.Tensor, layout: KVLayout, block_ids: BlockIds, kv_tokens: int,
                   data: torch.Tensor) -> None:
-    """Write a buffer made by `gather_pages` (from any block size) into this cache's blocks."""
+    """Write a buffer made by `gather_pages` (from any block size) into this cache's blocks.
+
+    With a CUDA cache, `data` may be on the same device or in pinned host memory; the copy
+    is enqueued on the current stream, so keep `data` unchanged until the stream reaches it.
+    """
     scatter_pages_batch(cache, layout, [block_ids], [kv_tokens], [data])
 
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from rlboost import _C
 from rlboost.errors import ProtocolError
-from rlboost.migration.batch import MigrationBatch, pack_batch, unpack_batch
+from rlboost.migration.batch import (MigrationBatch, pack_batch, pack_batch_into, packed_batch_nbytes,
+                                     unpack_batch)
 from rlboost.migration.kv import KVLayout, gather_pages, scatter_pages
 from rlboost.migration.state import RequestState, SamplingParams, pack_states
 
@@ -50,6 +51,32 @@ layouts = st.builds(KVLayout, num_layers=st.integers(1, 3), num_kv_heads=st.inte
 def test_roundtrip_any_batch(states, layout, with_kv, seed):
     b = kv_batch(states, layout, seed) if with_kv else MigrationBatch(states=tuple(states))
     assert_same(unpack_batch(pack_batch(b)), b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(request_states(max_prompt=8, max_output=8), max_size=4, unique_by=lambda s: s.sample_id),
+       layouts, st.booleans())
+def test_pack_into_a_reused_buffer(states, layout, with_kv):
+    b = kv_batch(states, layout) if with_kv else MigrationBatch(states=tuple(states))
+    expected = pack_batch(b)
+    assert packed_batch_nbytes(b) == len(expected)
+    out = bytearray(b"\xee" * (len(expected) + 10))  # stale contents must not leak into padding
+    assert pack_batch_into(b, out) == len(expected)
+    assert out[:len(expected)] == expected
+    tensor_out = torch.full((len(expected),), 7, dtype=torch.uint8)
+    assert pack_batch_into(b, tensor_out) == len(expected)
+    assert tensor_out.numpy().tobytes() == expected
+
+
+def test_pack_into_rejects_small_or_read_only_buffers():
+    b = kv_batch([long_state(1, 3, 3)])
+    need = packed_batch_nbytes(b)
+    with pytest.raises(ValueError, match=f"needs {need}"):
+        pack_batch_into(b, bytearray(need - 1))
+    with pytest.raises(ValueError, match="writable"):
+        pack_batch_into(b, bytes(need))
+    with pytest.raises(ValueError, match="CPU torch.uint8"):
+        pack_batch_into(b, torch.zeros(need, dtype=torch.int8))
 
 
 def test_roundtrip_long_samples_with_kv():

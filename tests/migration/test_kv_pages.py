@@ -136,6 +136,24 @@ def test_large_multithreaded_copies(contiguous):
     assert torch.equal(gather_pages(dst, layout, table, n), data)
 
 
+@pytest.mark.parametrize("layout, num_blocks, used", [
+    # Copies above 64 MiB bypass the cache with streaming stores; rows of 6 bytes leave
+    # every destination unaligned, rows of 512 bytes leave them all aligned.
+    (KVLayout(num_layers=8, num_kv_heads=1, head_dim=3, block_size=1000, dtype="float16"), 800, 760),
+    (KVLayout(num_layers=4, num_kv_heads=4, head_dim=64, block_size=16, dtype="bfloat16"), 1200, 1100),
+])
+def test_copies_larger_than_the_last_level_cache(layout, num_blocks, used):
+    cache = random_cache(layout, num_blocks)
+    table = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(3))[:used].tolist()
+    n = used * layout.block_size - 17
+    data = gather_pages(cache, layout, table, n)
+    assert data.numel() > 64 << 20
+    assert torch.equal(data, reference_gather(cache, table, n))
+    dst = torch.zeros_like(cache)
+    scatter_pages(dst, layout, table, n, data)
+    assert torch.equal(dst.view(torch.uint8), reference_scatter(torch.zeros_like(cache), table, n, data).view(torch.uint8))
+
+
 def test_concurrent_callers_get_their_own_pages():
     layout = KVLayout(num_layers=2, num_kv_heads=2, head_dim=32, block_size=8, dtype="float32")
     cache = random_cache(layout, 128)

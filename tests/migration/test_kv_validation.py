@@ -40,6 +40,7 @@ def test_bad_cache(make_cache, match):
     ([0, 6], 5, r"outside \[0, 6\)"),
     ([-1], 1, r"outside \[0, 6\)"),
     ([0, 1], 9, "exceeds 2 blocks of 4"),
+    ([0, 1], 10**15, "exceeds 2 blocks of 4"),  # refused before any output is allocated
     ([], 1, "exceeds 0 blocks"),
     ([0], -1, "kv_tokens"),
     ([0], 1.0, "kv_tokens"),
