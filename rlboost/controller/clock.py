@@ -120,9 +120,13 @@ class VirtualClock:
 class _VirtualSelector(selectors.DefaultSelector):
     """Instead of waiting `timeout` seconds for I/O, move the virtual clock forward by it."""
 
+    # loop iterations at one instant before the program counts as stuck (a livelock)
+    MAX_STALLED = 200_000
+
     def __init__(self, clock: VirtualClock):
         super().__init__()
         self._clock = clock
+        self._stalled = 0
 
     def select(self, timeout=None):
         if timeout is None:
@@ -130,6 +134,13 @@ class _VirtualSelector(selectors.DefaultSelector):
                 "no task can make progress and no timer is pending (virtual-time deadlock)")
         if timeout > 0:
             self._clock._jump(timeout)
+            self._stalled = 0
+        else:
+            self._stalled += 1
+            if self._stalled > self.MAX_STALLED:
+                raise VirtualTimeDeadlock(
+                    f"virtual time stuck at {self._clock.now()} for {self.MAX_STALLED} loop iterations "
+                    "(tasks keep waking without time passing)")
         return super().select(0)
 
 

@@ -117,8 +117,10 @@ class AdaptiveWindow:
 
     def plan(self, ctx: WindowContext) -> float:
         cfg = self.config
-        if ctx.remote_tokens_per_s <= 0:
-            return ctx.remaining_tokens / ctx.local_tokens_per_s if ctx.local_tokens_per_s > 0 else math.inf
+        if ctx.remote_tokens_per_s <= 0:  # the reserved instances will have to do everything
+            if ctx.local_tokens_per_s > 0:
+                return ctx.remaining_tokens / ctx.local_tokens_per_s
+            return cfg.initial_window_s
         if self.train_s_per_token is None:
             return cfg.initial_window_s
         budget = self._train_s(ctx) - self.correction(ctx.num_preemptible)

@@ -24,6 +24,8 @@ from rlboost.controller.registry import ACTIVE, DRAINING, GONE, JOINING, PULLING
 from rlboost.controller.router import InstanceView, Router, RouterConfig
 from rlboost.errors import RolloutError, StepFailed
 
+_EPS_S = 1e-6
+
 
 @dataclass(kw_only=True, slots=True)
 class ControllerConfig:
@@ -149,11 +151,15 @@ class RolloutService(EngineMoves):
             self._changed.set()
             self._changed = asyncio.Event()
 
+    def _expired(self, deadline: float) -> bool:
+        # a tolerance, so float rounding cannot leave a deadline a few ulps away forever
+        return self.clock.now() >= deadline - _EPS_S
+
     async def _wait_change(self, deadline: float) -> None:
         if self._changed is None:
             raise RolloutError("the controller loop is not running: await start() first")
         left = deadline - self.clock.now()
-        if left > 0:
+        if left > _EPS_S:
             try:
                 await asyncio.wait_for(self._changed.wait(), left / self.clock.speed)
             except asyncio.TimeoutError:
@@ -300,7 +306,7 @@ class RolloutService(EngineMoves):
                 raise st.failure
             if not st.window_open or st.collector.all_done:
                 return True
-            if self.clock.now() >= deadline:
+            if self._expired(deadline):
                 return False
             await self._wait_change(deadline)
 
@@ -324,7 +330,7 @@ class RolloutService(EngineMoves):
                         st.delivered_last = True
                         st.meter.last_microbatch_tokens = mb.num_tokens
                     return mb
-                if self.clock.now() >= deadline:
+                if self._expired(deadline):
                     return None
                 await self._wait_change(deadline)
         finally:

@@ -126,7 +126,7 @@ class _Sample:
             return self.length
         if self.phase != "decode":
             return self.base
-        return self.base + min(self.length - self.base - 1, int(math.floor(v - self.v_start + 1e-9)))
+        return self.base + min(self.length - self.base - 1, int(math.floor(v - self.v_start + 1e-6)))
 
     def delta(self, upto: int, version: int) -> TokenDelta | None:
         if upto <= self.polled:
