@@ -53,20 +53,25 @@ class RolloutEngine(Protocol):
         or if a sample id is already admitted."""
 
     def poll(self, timeout_s: float) -> list[TokenDelta]:
-        """Wait up to timeout_s for new tokens; return all deltas since the last poll."""
+        """Wait up to timeout_s for new tokens; return all deltas since the last poll.
+        Raises RolloutError once the engine is closed (or has failed)."""
 
     def abort(self, sample_ids: Sequence[int]) -> None:
         """Drop samples; no further deltas are produced for them. Unknown ids are ignored."""
 
     def export_states(self, sample_ids: Sequence[int] | None = None, *, with_kv: bool = False):
         """Remove samples (all when None) and return a MigrationBatch of their full states
-        (every generated token, polled or not), with their KV pages when with_kv."""
+        (every generated token, polled or not), with their KV pages when with_kv.
+        Unknown or already finished ids are ignored; later polls return no delta for an
+        exported sample (its state carries those tokens)."""
 
     def import_states(self, batch) -> None:
         """Resume samples from a MigrationBatch: with KV pages when present, else re-prefill."""
 
     def load_weights(self, named_tensors: Mapping[str, object], version: int) -> None:
-        """Replace the weights (named tensors, HF names) and tag later tokens with version."""
+        """Replace the weights (named tensors, HF names) and tag later tokens with version.
+        Raises RolloutError, changing nothing, while samples are admitted or when the
+        names or shapes do not match the model."""
 
     def load(self) -> EngineLoad:
         """Report the current load."""
