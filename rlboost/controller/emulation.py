@@ -200,8 +200,9 @@ async def run_emulated_steps(service: RolloutService, clock: Clock, trainer: Emu
 
 
 def make_groups(step: int, *, num_groups: int, group_size: int, prompt_len: int, max_new_tokens: int,
-                seed: int = 0, stop_token_ids: tuple[int, ...] = ()) -> list[PromptGroup]:
-    """Prompt groups for one step, deterministic in (seed, step).
+                seed: int = 0, stop_token_ids: tuple[int, ...] = (2,)) -> list[PromptGroup]:
+    """Prompt groups for one step, deterministic in (seed, step); samples stop at token 2
+    (the emulated engines' default end-of-sequence id) unless told otherwise.
 
     >>> [g.group_id for g in make_groups(2, num_groups=2, group_size=4, prompt_len=3, max_new_tokens=8)]
     [200000, 200001]

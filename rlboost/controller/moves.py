@@ -98,6 +98,14 @@ class EngineMoves:
             self.router.unassign(sid)
             moved.append(sid)
         lost = [s for s in sids if s not in returned and not col.finished(s)]
+        if lost and iid in self._engines:
+            # engines keep samples that finished since the last poll: that poll delivers them
+            try:
+                res = await self._guard(eng.adapter.poll())
+            except Exception as exc:
+                res = exc
+            await self._polled(iid, res, len(self.router.samples_on(iid)))
+            lost = [s for s in lost if not col.finished(s)]
         if lost:  # the engine no longer had them: resume from what was collected
             self.router.requeue(lost, failed=True)
             st.meter.resumes += len(lost)

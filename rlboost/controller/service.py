@@ -230,18 +230,21 @@ class RolloutService(EngineMoves):
         results = await asyncio.gather(*(self._guard(self._engines[r.instance_id].adapter.poll())
                                          for r in recs), return_exceptions=True)
         for rec, res in zip(recs, results):
-            iid = rec.instance_id
-            if isinstance(res, BaseException):
-                self._lose(iid, f"poll() failed: {res!r}")
-                continue
-            if rec.state == GONE:
-                continue
-            self.registry.heartbeat(iid)
-            got = await self._take(iid, res)
-            eng, now = self._engines.get(iid), self.clock.now()
-            if eng is not None:
-                eng.rates.observe(got, now - eng.polled_at, before[iid])
-                eng.polled_at = now
+            await self._polled(rec.instance_id, res, before[rec.instance_id])
+
+    async def _polled(self, iid: str, res, running: int) -> None:
+        """Handle one instance's poll result (deltas or the exception its poll raised)."""
+        if isinstance(res, BaseException):
+            self._lose(iid, f"poll() failed: {res!r}")
+            return
+        if self.registry.get(iid).state == GONE:
+            return
+        self.registry.heartbeat(iid)
+        got = await self._take(iid, res)
+        eng, now = self._engines.get(iid), self.clock.now()
+        if eng is not None:
+            eng.rates.observe(got, now - eng.polled_at, running)
+            eng.polled_at = now
 
     async def _take(self, iid: str, deltas) -> int:
         """Feed one instance's deltas to the collector; returns how many new tokens they held."""

@@ -1,36 +1,35 @@
 """EmulatedEngine: a RolloutEngine that takes the time a configured GPU would, with deterministic tokens.
 
-Token t of a sample is a hash of (seed, sample_id, t); a stop token appears with a set
-probability drawn from the same hash, so lengths vary yet never depend on which engine, or
-how many, generated the sample. Time comes from an injectable clock (virtual in tests).
+Token t of a sample is a hash of (weights, prompt, seed, sample_id, t) (greedy samples:
+of weights, prompt and t only); an end-of-sequence token appears with a set probability
+drawn from the same hash, so lengths vary when it is a stop token, yet never depend on
+which engine, or how many, generated the sample. Time comes from an injectable clock.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rlboost.controller.clock import Clock, MonotonicClock
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
+from rlboost.migration.kv import KVLayout
 from rlboost.migration.state import RequestState
 from rlboost.rollout.engine import EngineLoad, TokenDelta
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-
-
-def _mix_int(x: int) -> int:
-    x &= _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
+# Emulated KV pages: per cached position, its token id and its position as two int32 values
+# (8 bytes = 1 layer x (K, V) x 1 head x 1 dim x float32), so an importer can check them.
+KV_LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=16, dtype="float32")
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -42,26 +41,62 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def emulated_tokens(seed: int, sample_id: int, start: int, stop: int, *, vocab_size: int,
-                    stop_probability: float, stop_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Output tokens start..stop-1 of a sample, and their logprobs (float32).
+def _digest(*parts: bytes) -> int:
+    h = hashlib.blake2b(digest_size=8)
+    for p in parts:
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return int.from_bytes(h.digest(), "little")
 
-    >>> ids, lp = emulated_tokens(1, 7, 0, 4, vocab_size=100, stop_probability=0.0, stop_ids=(2,))
-    >>> len(ids), bool((ids != 2).all()), lp.dtype.name
-    (4, True, 'float32')
+
+def sample_key(weights: int, state: RequestState) -> int:
+    """What a sample's tokens depend on: weights and prompt, plus seed and id unless greedy."""
+    prompt = np.asarray(state.prompt_ids, dtype=np.int64).tobytes()
+    if state.params.temperature == 0.0:
+        return _digest(weights.to_bytes(8, "little"), prompt)
+    return _digest(weights.to_bytes(8, "little"), prompt, (state.seed & _MASK).to_bytes(8, "little"),
+                   state.sample_id.to_bytes(8, "little"))
+
+
+def emulated_tokens(key: int, start: int, stop: int, *, vocab_size: int, eos_token_id: int,
+                    eos_probability: float) -> tuple[np.ndarray, np.ndarray]:
+    """Output tokens start..stop-1 of the sample with this key, and their logprobs (float32).
+
+    >>> ids, lp = emulated_tokens(7, 0, 4, vocab_size=100, eos_token_id=2, eos_probability=1.0)
+    >>> ids.tolist(), bool((lp <= 0).all())
+    ([2, 2, 2, 2], True)
     """
-    key = _mix_int(_mix_int(seed) ^ _mix_int(sample_id + _GOLDEN))
     t = np.arange(start, stop, dtype=np.uint64)
     h = _mix(t * np.uint64(_GOLDEN) + np.uint64(key))
-    stops = (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < stop_probability
+    eos = (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < eos_probability
     h2 = _mix(h ^ np.uint64(0xD6E8FEB86659FD93))
-    inside = sorted({s for s in stop_ids if 0 <= s < vocab_size})
-    ids = (h2 % np.uint64(vocab_size - len(inside))).astype(np.int64)
-    for s in inside:  # map onto the vocabulary minus the stop ids, in increasing order
-        ids += ids >= s
-    ids[stops] = stop_ids[0]
+    ids = (h2 % np.uint64(vocab_size)).astype(np.int64)
+    ids[eos] = eos_token_id
     logprobs = (-(h2 >> np.uint64(40)).astype(np.float64) * (8.0 / 2 ** 24)).astype(np.float32)
     return ids, logprobs
+
+
+def weights_fingerprint(named_tensors: Mapping[str, Any]) -> tuple[int, dict[str, tuple]]:
+    """A hash standing for the weights' values, and their schema (name -> shape, dtype).
+
+    Only the first and last 64 KiB of each tensor enter the hash: enough to tell versions
+    apart in emulation without reading gigabytes.
+    """
+    parts, schema = [], {}
+    for name in sorted(named_tensors):
+        value = named_tensors[name]
+        if hasattr(value, "detach"):  # a torch tensor
+            import torch
+
+            value = value.detach().cpu().contiguous()
+            schema[name] = (tuple(value.shape), str(value.dtype))
+            raw = value.reshape(-1).view(torch.uint8).numpy()
+        else:
+            arr = np.ascontiguousarray(np.asarray(value))
+            schema[name] = (tuple(arr.shape), str(arr.dtype))
+            raw = arr.reshape(-1).view(np.uint8)
+        parts += [name.encode(), repr(schema[name]).encode(), raw[:65536].tobytes(), raw[-65536:].tobytes()]
+    return _digest(*parts), schema
 
 
 @dataclass(kw_only=True, slots=True)
@@ -70,6 +105,8 @@ class EmulatedEngineConfig:
 
     decode_tokens_per_s caps the engine's aggregate decode rate; sample_tokens_per_s caps
     each sample's rate (so with k samples each decodes at min(sample, aggregate / k)).
+    Each token is eos_token_id with probability stop_probability; a sample stops there
+    when eos_token_id is among its stop_token_ids (as a trainer sets it).
     """
 
     decode_tokens_per_s: float = 2000.0
@@ -92,24 +129,36 @@ class EmulatedEngineConfig:
             raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
         if not 0.0 <= self.stop_probability <= 1.0:
             raise ValueError(f"stop_probability must be in [0, 1], got {self.stop_probability}")
-        if self.eos_token_id < 0:
-            raise ValueError(f"eos_token_id must be >= 0, got {self.eos_token_id}")
+        if not 0 <= self.eos_token_id < self.vocab_size:
+            raise ValueError(f"eos_token_id must be in [0, vocab_size), got {self.eos_token_id}")
+
+
+class _RealClock:
+    virtual = False
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
 
 
 class _Sample:
     __slots__ = ("state", "ids", "logprobs", "length", "finish_reason", "base", "polled",
-                 "prefill", "v_start", "phase", "tagged", "serial")
+                 "prefill", "v_start", "phase", "serial")
 
-    def __init__(self, state: RequestState, config: EmulatedEngineConfig, prefill: float, serial: int):
+    def __init__(self, state: RequestState, config: EmulatedEngineConfig, weights: int, prefill: float,
+                 serial: int):
         params = state.params
-        stop_ids = tuple(params.stop_token_ids) or (config.eos_token_id,)
         self.state = state
         self.base = len(state.output_ids)
         self.ids, self.logprobs = emulated_tokens(
-            state.seed, state.sample_id, self.base, params.max_new_tokens,
-            vocab_size=config.vocab_size, stop_probability=config.stop_probability, stop_ids=stop_ids)
-        hits = np.flatnonzero(np.isin(self.ids, stop_ids))
-        if hits.size:
+            sample_key(weights, state), self.base, params.max_new_tokens, vocab_size=config.vocab_size,
+            eos_token_id=config.eos_token_id, eos_probability=config.stop_probability)
+        hits = np.flatnonzero(np.isin(self.ids, params.stop_token_ids)) if params.stop_token_ids else []
+        if len(hits):
             self.length, self.finish_reason = self.base + int(hits[0]) + 1, "stop"
         else:
             self.length, self.finish_reason = params.max_new_tokens, "length"
@@ -117,7 +166,6 @@ class _Sample:
         self.prefill = prefill         # prompt + output tokens still to prefill
         self.v_start = 0.0
         self.phase = "waiting"         # waiting -> prefill -> decode -> done
-        self.tagged: list[TokenDelta] = []  # deltas cut at a weight change, not yet polled
         self.serial = serial           # tells a resubmitted sample from its earlier admission
 
     def produced(self, v: float) -> int:
@@ -141,33 +189,53 @@ class _Sample:
 
     def export(self, upto: int) -> RequestState:
         n = upto - self.base
-        return self.state.extended(tuple(self.ids[:n].tolist()), tuple(self.logprobs[:n].tolist()),
-                                   self.finish_reason if upto == self.length else None)
+        return self.state.extended(tuple(self.ids[:n].tolist()), tuple(self.logprobs[:n].tolist()))
+
+
+def _kv_pages(state: RequestState):
+    """Emulated pages of every position but the last (which has not been fed yet)."""
+    import torch
+
+    seq = np.asarray(state.prompt_ids + state.output_ids, dtype=np.int32)[:-1]
+    pages = np.stack([seq, np.arange(len(seq), dtype=np.int32)], axis=1)
+    return len(seq), torch.from_numpy(pages.reshape(-1).view(np.uint8).copy())
+
+
+def _check_kv_pages(state: RequestState, tokens: int, data) -> None:
+    seq = np.asarray(state.prompt_ids + state.output_ids, dtype=np.int32)[:tokens]
+    pages = data.cpu().numpy().view(np.int32).reshape(-1, 2)
+    if not (np.array_equal(pages[:, 0], seq) and np.array_equal(pages[:, 1], np.arange(tokens))):
+        raise RolloutError(f"KV pages of sample {state.sample_id} do not match its tokens")
 
 
 class EmulatedEngine:
     """A RolloutEngine whose timing follows a configured GPU and whose tokens are a hash.
 
-    >>> from rlboost.controller.clock import ManualClock
     >>> from rlboost.migration.state import SamplingParams
-    >>> clock = ManualClock()
-    >>> eng = EmulatedEngine(EmulatedEngineConfig(sample_tokens_per_s=10.0, stop_probability=0.0), clock=clock)
+    >>> class HandClock:  # time moves when the caller says (rlboost.controller.clock has real ones)
+    ...     virtual, t = True, 0.0
+    ...     def now(self): return self.t
+    >>> clock = HandClock()
+    >>> eng = EmulatedEngine(EmulatedEngineConfig(sample_tokens_per_s=10.0), clock=clock)
     >>> eng.load_weights({}, version=0)
     >>> eng.submit([RequestState(sample_id=1, prompt_ids=(1,), params=SamplingParams(max_new_tokens=5),
     ...                          seed=0, weight_version=0)])
-    >>> clock.advance(0.35)
+    >>> clock.t = 0.35
     >>> [len(d.ids) for d in eng.poll(0.0)]
     [3]
 
     Decode: k decoding samples each advance at min(sample_tokens_per_s, decode_tokens_per_s / k);
-    prefill runs one sample at a time at prefill_tokens_per_s beside decode. It holds no real
-    KV cache: export_states(with_kv=True) returns states only, and imported KV pages spare
-    the prefill time they stand for. One caller at a time is expected (as a Ray actor has).
+    prefill runs one sample at a time at prefill_tokens_per_s beside decode. Its KV pages are
+    stand-ins (each cached position's token id and index, layout KV_LAYOUT): they travel and
+    are checked like real ones, and an import with pages spares the prefill they stand for.
+    top_k and top_p do not change the emulated tokens. The clock is any object with now(),
+    a `virtual` flag and, unless virtual, sleep(s); by default the monotonic clock.
+    One caller at a time is expected (as a Ray actor has).
     """
 
-    def __init__(self, config: EmulatedEngineConfig | None = None, *, clock: Clock | None = None):
+    def __init__(self, config: EmulatedEngineConfig | None = None, *, clock: Any = None):
         self.config = config or EmulatedEngineConfig()
-        self.clock = clock or MonotonicClock()
+        self.clock = clock if clock is not None else _RealClock()
         self._lock = threading.RLock()
         self._t = self.clock.now()
         self._v = 0.0  # decode clock: tokens every decoding sample has advanced since creation
@@ -178,6 +246,8 @@ class EmulatedEngine:
         self._heap: list[tuple[float, int, int]] = []  # (finish on the decode clock, serial, id)
         self._serial = 0
         self._version = -1
+        self._weights = 0
+        self._schema: dict[str, tuple] | None = None
         self._speed = 1.0
         self._rate = 0.0
         self._closed = False
@@ -267,27 +337,36 @@ class EmulatedEngine:
     # -- RolloutEngine protocol -------------------------------------------------------------
 
     def submit(self, states: Sequence[RequestState]) -> None:
-        self._admit_states(states, kv_tokens=None)
+        self._admit_states(list(states), kv_tokens=None)
 
-    def _admit_states(self, states: Sequence[RequestState], kv_tokens: Sequence[int] | None) -> None:
+    def _validate(self, states: list) -> None:
+        seen = set()
+        vocab = self.config.vocab_size
+        for st in states:
+            if not isinstance(st, RequestState):
+                raise RolloutError(f"submit takes RequestState records, got {type(st).__name__}")
+            if st.weight_version != self._version:
+                raise RolloutError(f"sample {st.sample_id} wants weight version {st.weight_version}, "
+                                   f"engine holds {self._version}")
+            if st.finished or st.remaining_tokens < 1:
+                raise RolloutError(f"sample {st.sample_id} has nothing left to generate")
+            if st.sample_id in self._samples or st.sample_id in seen:
+                raise RolloutError(f"sample {st.sample_id} is already admitted")
+            if any(not 0 <= t < vocab for t in st.prompt_ids + st.output_ids):
+                raise RolloutError(f"sample {st.sample_id} holds token ids outside [0, {vocab})")
+            seen.add(st.sample_id)
+
+    def _admit_states(self, states: list, kv_tokens: Sequence[int] | None) -> None:
         with self._lock:
             self._check_open()
-            seen = set()
-            for st in states:
-                if st.weight_version != self._version:
-                    raise RolloutError(f"sample {st.sample_id} wants weight version {st.weight_version}, "
-                                       f"engine holds {self._version}")
-                if st.finished or st.remaining_tokens < 1:
-                    raise RolloutError(f"sample {st.sample_id} has nothing left to generate")
-                if st.sample_id in self._samples or st.sample_id in seen:
-                    raise RolloutError(f"sample {st.sample_id} is already admitted")
-                seen.add(st.sample_id)
+            self._validate(states)  # all or nothing: a refused batch admits no sample
             self._advance()
             for i, st in enumerate(states):
                 cached = kv_tokens[i] if kv_tokens is not None else 0
                 self._serial += 1
-                s = _Sample(st, self.config, prefill=float(max(1, st.position - cached)), serial=self._serial)
-                self._samples[st.sample_id] = s
+                self._samples[st.sample_id] = _Sample(st, self.config, self._weights,
+                                                      prefill=float(max(1, st.position - cached)),
+                                                      serial=self._serial)
                 self._waiting.append(st.sample_id)
             self._admit()
 
@@ -298,22 +377,24 @@ class EmulatedEngine:
                 self._check_open()
                 self._advance()
                 deltas = self._collect()
-                wait = self._next_event_in()
+                wait = self._next_token_in()
             now = self.clock.now()
             if deltas or self.clock.virtual or now >= deadline:
                 return deltas
             self.clock.sleep(max(1e-4, min(deadline - now, wait)))
 
-    def _next_event_in(self) -> float:
+    def _next_token_in(self) -> float:
         k = len(self._decoding)
-        return 1.0 / self._sample_rate(k) if k else math.inf
+        wait = 1.0 / self._sample_rate(k) if k else math.inf
+        head = self._head(self._prefilling, "prefill")
+        if head is not None:  # a sample about to start decoding
+            wait = min(wait, head.prefill / (self.config.prefill_tokens_per_s * self._speed) + 1e-3)
+        return wait
 
     def _collect(self) -> list[TokenDelta]:
         out: list[TokenDelta] = []
         finished = []
         for sid, s in self._samples.items():
-            out.extend(s.tagged)
-            s.tagged.clear()
             d = s.delta(s.produced(self._v), self._version)
             if d is not None:
                 out.append(d)
@@ -335,32 +416,44 @@ class EmulatedEngine:
         with self._lock:
             self._check_open()
             self._advance()
-            ids = list(self._samples) if sample_ids is None else [i for i in sample_ids if i in self._samples]
+            ids = list(self._samples) if sample_ids is None else list(dict.fromkeys(sample_ids))
+            # finished samples stay: their last delta is still due to the next poll
+            ids = [i for i in ids if i in self._samples and self._samples[i].phase != "done"]
             states = []
             for sid in ids:
                 s = self._samples[sid]
                 states.append(s.export(s.produced(self._v)))
                 self._drop(sid)
             self._admit()
+        if not with_kv:
             return MigrationBatch(states=tuple(states))
+        pages = [_kv_pages(st) for st in states]
+        return MigrationBatch(states=tuple(states), kv_layout=KV_LAYOUT, kv_tokens=tuple(n for n, _ in pages),
+                              kv_data=tuple(d for _, d in pages))
 
     def import_states(self, batch: MigrationBatch) -> None:
-        kv = batch.kv_tokens if batch.kv_layout is not None else None
-        self._admit_states(batch.states, kv_tokens=kv)
+        if batch.kv_layout is None:
+            self._admit_states(list(batch.states), kv_tokens=None)
+            return
+        if batch.kv_layout != KV_LAYOUT:
+            raise RolloutError(f"KV pages in layout {batch.kv_layout} cannot be used here (needs {KV_LAYOUT})")
+        for st, n, data in zip(batch.states, batch.kv_tokens, batch.kv_data):
+            _check_kv_pages(st, n, data)
+        self._admit_states(list(batch.states), kv_tokens=batch.kv_tokens)
 
-    def load_weights(self, named_tensors: Mapping[str, object], version: int) -> None:
+    def load_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
         if not isinstance(named_tensors, Mapping):
-            raise TypeError(f"named_tensors must be a mapping, got {type(named_tensors).__name__}")
-        if version < 0:
-            raise ValueError(f"version must be >= 0, got {version}")
+            raise RolloutError(f"named_tensors must be a mapping, got {type(named_tensors).__name__}")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise RolloutError(f"version must be an int >= 0, got {version!r}")
+        fingerprint, schema = weights_fingerprint(named_tensors)
         with self._lock:
             self._check_open()
-            self._advance()
-            for s in self._samples.values():  # tokens made so far keep the old version's tag
-                d = s.delta(s.produced(self._v), self._version)
-                if d is not None:
-                    s.tagged.append(d)
-            self._version = int(version)
+            if self._samples:
+                raise RolloutError(f"cannot load weights while {len(self._samples)} samples are admitted")
+            if self._schema is not None and schema != self._schema:
+                raise RolloutError("weight names or shapes differ from the loaded model's")
+            self._schema, self._weights, self._version = schema, fingerprint, version
 
     def load(self) -> EngineLoad:
         with self._lock:
