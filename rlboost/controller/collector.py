@@ -56,6 +56,7 @@ class Collector:
         self._left = {g.group_id: g.num_samples for g in groups}
         self._ready: deque[int] = deque()
         self._emitted: set[int] = set()
+        self.completed_at: dict[int, float] = {}
         self.tokens = 0
         self.duplicates = 0
         self.gaps = 0
@@ -102,8 +103,9 @@ class Collector:
 
     # -- intake ------------------------------------------------------------------------------
 
-    def apply(self, delta: TokenDelta) -> str:
-        """Add a delta's new tokens; returns applied, duplicate, gap (not applied) or foreign."""
+    def apply(self, delta: TokenDelta, now: float = 0.0) -> str:
+        """Add a delta's new tokens; returns applied, duplicate, gap (not applied) or foreign.
+        `now` is recorded as the completion time of a group the delta completes."""
         p = self._samples.get(delta.sample_id)
         if p is None:
             return FOREIGN
@@ -112,18 +114,18 @@ class Collector:
                 f"sample {delta.sample_id} got tokens from weight version {delta.weight_version}; step "
                 f"{self.step} accepts {self.weight_version - self.max_staleness}..{self.weight_version}")
         return self._merge(delta.sample_id, p, delta.start, delta.ids, delta.logprobs,
-                           delta.finish_reason, delta.weight_version)
+                           delta.finish_reason, delta.weight_version, now=now)
 
-    def absorb(self, state: RequestState, weight_version: int) -> str:
+    def absorb(self, state: RequestState, weight_version: int, now: float = 0.0) -> str:
         """Take the full output of an exported state (tokens not polled yet included)."""
         p = self._samples.get(state.sample_id)
         if p is None:
             return FOREIGN
         return self._merge(state.sample_id, p, 0, state.output_ids, state.output_logprobs,
-                           state.finish_reason, weight_version, count_duplicate=False)
+                           state.finish_reason, weight_version, now=now, count_duplicate=False)
 
-    def _merge(self, sid: int, p: _Progress, start: int, ids, logprobs, finish_reason, version,
-               count_duplicate: bool = True) -> str:
+    def _merge(self, sid: int, p: _Progress, start: int, ids, logprobs, finish_reason, version, *,
+               now: float, count_duplicate: bool = True) -> str:
         have = len(p.ids)
         if start > have:
             self.gaps += 1
@@ -147,6 +149,7 @@ class Collector:
             self._left[p.group.group_id] -= 1
             if self._left[p.group.group_id] == 0:
                 self._ready.append(p.group.group_id)
+                self.completed_at[p.group.group_id] = now
         return APPLIED
 
     # -- output ------------------------------------------------------------------------------

@@ -1,16 +1,17 @@
 """Emulated fleet and trainer around a RolloutService, on the service's clock.
 
-The fleet runs EmulatedEngine instances that join, heartbeat, pull each new weight version
-(taking the time a real pull would), and can be preempted with a notice, killed or slowed on
-a schedule; the trainer consumes micro-batches for the time training would take. With a
-VirtualClock a step of minutes runs in milliseconds; benches and property tests use it.
+The fleet runs in-process engines (EmulatedEngine unless told otherwise) that join,
+heartbeat, pull each new weight version (taking the time a real pull would), and can be
+preempted with a notice, killed or slowed on a schedule; the trainer consumes micro-batches
+for the time training would take. With a VirtualClock a step of minutes runs in
+milliseconds; benches and property tests use it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from rlboost.controller.adapters import InProcessEngine
 from rlboost.controller.clock import Clock
@@ -20,22 +21,29 @@ from rlboost.controller.service import RolloutService
 from rlboost.errors import PeerLost, RolloutError
 from rlboost.migration.state import SamplingParams
 from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.engine import RolloutEngine
 
 EVENT_KINDS = ("join", "notice", "death", "speed")
 
 
 @dataclass(kw_only=True, slots=True)
 class InstanceSpec:
-    """An emulated instance: its engine's speeds and how long a weight pull takes it."""
+    """An instance of the fleet: its engine's speeds, capacity and how long a weight pull takes.
+
+    capacity defaults to engine.max_running (set it when the fleet builds other engines).
+    """
 
     instance_id: str
     kind: str = "preemptible"
     engine: EmulatedEngineConfig = field(default_factory=EmulatedEngineConfig)
     pull_s: float = 5.0
+    capacity: int | None = None
 
     def __post_init__(self) -> None:
         if self.pull_s < 0:
             raise ValueError(f"pull_s must be >= 0, got {self.pull_s}")
+        if self.capacity is not None and self.capacity < 1:
+            raise ValueError(f"capacity must be >= 1 or None, got {self.capacity}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,7 +69,7 @@ class FleetEvent:
 class _MortalEngine(InProcessEngine):
     """An in-process engine that can die: afterwards every call fails as a lost Ray actor would."""
 
-    def __init__(self, engine: EmulatedEngine):
+    def __init__(self, engine: RolloutEngine):
         super().__init__(engine)
         self.dead = False
 
@@ -72,29 +80,39 @@ class _MortalEngine(InProcessEngine):
 
 
 class EmulatedFleet:
-    """Emulated instances registered with a service, each with an agent that heartbeats and pulls."""
+    """Instances registered with a service, each with an agent that heartbeats and pulls.
 
-    def __init__(self, service: RolloutService, clock: Clock):
+    make_engine builds an instance's engine (default: an EmulatedEngine on the fleet's
+    clock); weights(version) gives what a pull of that version loads (default: nothing,
+    which is all an EmulatedEngine needs).
+    """
+
+    def __init__(self, service: RolloutService, clock: Clock, *,
+                 make_engine: Callable[[InstanceSpec], RolloutEngine] | None = None,
+                 weights: Callable[[int], Mapping[str, Any]] | None = None):
         self.service = service
         self.clock = clock
-        self.engines: dict[str, EmulatedEngine] = {}
+        self.make_engine = make_engine or (lambda spec: EmulatedEngine(spec.engine, clock=clock))
+        self.weights = weights or (lambda version: {})
+        self.engines: dict[str, RolloutEngine] = {}
         self._adapters: dict[str, _MortalEngine] = {}
         self._tasks: list[asyncio.Task] = []
 
-    def spawn(self, spec: InstanceSpec) -> EmulatedEngine:
-        engine = EmulatedEngine(spec.engine, clock=self.clock)
+    def spawn(self, spec: InstanceSpec) -> RolloutEngine:
+        engine = self.make_engine(spec)
         adapter = _MortalEngine(engine)
         self.engines[spec.instance_id] = engine
         self._adapters[spec.instance_id] = adapter
-        info = InstanceInfo(instance_id=spec.instance_id, kind=spec.kind, capacity=spec.engine.max_running,
+        info = InstanceInfo(instance_id=spec.instance_id, kind=spec.kind,
+                            capacity=spec.capacity or spec.engine.max_running,
                             address=f"emulated://{spec.instance_id}")
         self.service.register(info, adapter)
         self._tasks.append(asyncio.create_task(self._agent(spec, engine, adapter)))
         return engine
 
-    async def _agent(self, spec: InstanceSpec, engine: EmulatedEngine, adapter: _MortalEngine) -> None:
+    async def _agent(self, spec: InstanceSpec, engine: RolloutEngine, adapter: _MortalEngine) -> None:
         interval = self.service.config.registry.heartbeat_interval_s
-        loaded = -1
+        loaded = engine.load().weight_version
         while not adapter.dead:
             try:
                 lease = self.service.heartbeat(spec.instance_id, loaded)
@@ -105,11 +123,11 @@ class EmulatedFleet:
                 if adapter.dead:
                     return
                 try:
-                    engine.load_weights({}, lease.weight_version)
+                    engine.load_weights(self.weights(lease.weight_version), lease.weight_version)
+                    loaded = lease.weight_version
+                    continue
                 except RolloutError:
-                    return  # closed by the controller meanwhile
-                loaded = lease.weight_version
-                continue
+                    pass  # still busy or closed: ask again next beat (a gone instance's beat fails)
             await self.clock.asleep(interval)
 
     def kill(self, instance_id: str) -> None:

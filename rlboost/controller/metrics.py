@@ -78,6 +78,8 @@ class StepMeter:
     trainer_idle_s: float = 0.0
     reopened: int = 0
     last_microbatch_tokens: int = 0
+    # per micro-batch after the window: (taken at, ((group ready at, group tokens), ...)), step-relative
+    deliveries: list = field(default_factory=list)
 
     def add_tokens(self, instance_id: str, kind: str, n: int) -> None:
         self.tokens[instance_id] = self.tokens.get(instance_id, 0) + n

@@ -85,7 +85,7 @@ class EngineMoves:
                 continue
             returned.add(sid)
             was = col.tokens
-            col.absorb(state, rec.weight_version)
+            col.absorb(state, rec.weight_version, self.clock.now())
             if col.tokens > was:
                 st.meter.add_tokens(iid, eng.kind, col.tokens - was)
                 st.last_progress = self.clock.now()

@@ -1,9 +1,10 @@
 """Offload policy: how long the reserved cluster rolls out each step before it trains.
 
 AdaptiveWindow closes the local window, online, at the moment the preemptible instances'
-measured rate can finish the expected remaining tokens while the trainer trains, plus a
-correction learned per instance count from the last steps' idle times. ReferenceWindowRule
-is the published baseline (window += (trainer idle - rollout idle) / 3, floor 5 s).
+measured rate can finish the expected remaining tokens while the trainer trains, shifted by
+a delay learned per instance count from how the trainer fared (it starved: close later; its
+micro-batches waited for it: close earlier). ReferenceWindowRule is the published baseline
+(window += (trainer idle - rollout idle) / 3, floor 5 s).
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ class StepObservation:
     rollout_idle_s: float        # from the last sample finishing to the end of the step
     train_busy_s: float          # step time minus window minus trainer idle
     last_microbatch_tokens: int
+    # each micro-batch taken after the window: (taken at, ((group ready at, group tokens), ...)),
+    # in seconds since the step started
+    deliveries: tuple = ()
 
 
 class WindowPolicy(Protocol):
     def plan(self, ctx: WindowContext) -> float:
-        """The window this step is expected to get (reported in metrics)."""
+        """The window this step is expected to get (reported in metrics); called once as a step starts."""
 
     def should_close(self, ctx: WindowContext) -> bool:
         """Close the local window now? (Only asked while a preemptible instance can take the rest.)"""
@@ -66,27 +70,33 @@ def ideal_step_time(total_tokens: float, train_s: float, local_tokens_per_s: flo
 
 @dataclass(kw_only=True, slots=True)
 class AdaptiveWindowConfig:
-    """initial_window_s is used until one step has measured the training time per token."""
+    """initial_window_s is used until one step has measured the training time per token.
+
+    After a step where the trainer starved for more than idle_target_s, the window grows by
+    up_gain x the excess; after a step where every micro-batch was ready before the trainer
+    wanted it, it shrinks by down_gain x the least such wait (the slack).
+    """
 
     initial_window_s: float = 30.0
     min_window_s: float = 0.0
     max_window_s: float | None = None
-    gain: float = 0.5
+    idle_target_s: float = 1.0
+    up_gain: float = 0.6
+    down_gain: float = 0.5
     train_ema: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.initial_window_s < 0 or self.min_window_s < 0:
-            raise ValueError("initial_window_s and min_window_s must be >= 0")
+        if self.initial_window_s < 0 or self.min_window_s < 0 or self.idle_target_s < 0:
+            raise ValueError("initial_window_s, min_window_s and idle_target_s must be >= 0")
         if self.max_window_s is not None and self.max_window_s < self.min_window_s:
             raise ValueError(f"max_window_s must be >= min_window_s ({self.min_window_s})")
-        if not 0 < self.gain <= 1:
-            raise ValueError(f"gain must be in (0, 1], got {self.gain}")
-        if not 0 < self.train_ema <= 1:
-            raise ValueError(f"train_ema must be in (0, 1], got {self.train_ema}")
+        for name in ("up_gain", "down_gain", "train_ema"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
 
 
 class AdaptiveWindow:
-    """Close when remaining / remote rate + correction[N] <= predicted training time.
+    """Close when the remote side can finish the rest during training, `delay` seconds shifted.
 
     >>> p = AdaptiveWindow(AdaptiveWindowConfig())
     >>> p.observe(StepObservation(window_s=10, num_preemptible=2, total_tokens=1000, step_time_s=30,
@@ -96,37 +106,40 @@ class AdaptiveWindow:
     >>> p.should_close(ctx)  # 400 / 40 = 10 s of remote work <= 20 s of training
     True
 
-    Because the rule is evaluated with the rates measured right now, a change in the number
-    of preemptible instances takes effect within the same step; the correction (the
-    straggler tail the fluid model misses) is learned per instance count.
+    The rule is evaluated with the rates measured right now, so a change in the number of
+    preemptible instances moves the window within the same step. The delay (what rate
+    arithmetic misses: groups finish only when their slowest sample does, stragglers) is
+    learned in window seconds per instance count; an unseen count starts from the nearest.
     """
 
     def __init__(self, config: AdaptiveWindowConfig | None = None):
         self.config = config or AdaptiveWindowConfig()
         self.train_s_per_token: float | None = None
-        self.corrections: dict[int, float] = {}
+        self.delays: dict[int, float] = {}
+        self._fluid_at: float | None = None
 
-    def correction(self, num_preemptible: int) -> float:
-        if not self.corrections:
+    def delay(self, num_preemptible: int) -> float:
+        if not self.delays:
             return 0.0
-        nearest = min(self.corrections, key=lambda n: (abs(n - num_preemptible), n))
-        return self.corrections[nearest]
+        nearest = min(self.delays, key=lambda n: (abs(n - num_preemptible), n))
+        return self.delays[nearest]
 
     def _train_s(self, ctx: WindowContext) -> float:
         return self.train_s_per_token * (ctx.generated_tokens + ctx.remaining_tokens)
 
     def plan(self, ctx: WindowContext) -> float:
+        """The expected window; also starts the step (called once, when it starts)."""
         cfg = self.config
+        self._fluid_at = None  # when the rate arithmetic first said "close" this step
         if ctx.remote_tokens_per_s <= 0:  # the reserved instances will have to do everything
             if ctx.local_tokens_per_s > 0:
                 return ctx.remaining_tokens / ctx.local_tokens_per_s
             return cfg.initial_window_s
         if self.train_s_per_token is None:
             return cfg.initial_window_s
-        budget = self._train_s(ctx) - self.correction(ctx.num_preemptible)
-        w = (ctx.remaining_tokens - ctx.remote_tokens_per_s * budget) / (
+        w = (ctx.remaining_tokens - ctx.remote_tokens_per_s * self._train_s(ctx)) / (
             ctx.local_tokens_per_s + ctx.remote_tokens_per_s)
-        w = max(cfg.min_window_s, w)
+        w = max(cfg.min_window_s, max(0.0, w) + self.delay(ctx.num_preemptible))
         return min(w, cfg.max_window_s) if cfg.max_window_s is not None else w
 
     def should_close(self, ctx: WindowContext) -> bool:
@@ -137,8 +150,24 @@ class AdaptiveWindow:
             return True
         if self.train_s_per_token is None:
             return ctx.elapsed_s >= cfg.initial_window_s
-        remote_s = ctx.remaining_tokens / ctx.remote_tokens_per_s + self.correction(ctx.num_preemptible)
-        return remote_s <= self._train_s(ctx)
+        delay = self.delay(ctx.num_preemptible)
+        # a negative delay looks that far ahead: the work left then, at today's rates
+        ahead = max(0.0, -delay) * (ctx.local_tokens_per_s + ctx.remote_tokens_per_s)
+        if self._fluid_at is None and (ctx.remaining_tokens - ahead) / ctx.remote_tokens_per_s <= self._train_s(ctx):
+            self._fluid_at = ctx.elapsed_s
+        return self._fluid_at is not None and ctx.elapsed_s >= self._fluid_at + max(0.0, delay)
+
+    def slack(self, deliveries) -> float:
+        """How much earlier the trainer could have been served without waiting: the least
+        time between a group being ready and the trainer reaching it (groups in a micro-batch
+        are reached one after another, at the measured training time per token)."""
+        least = float("inf")
+        for taken, groups in deliveries:
+            reached = taken
+            for ready, tokens in groups:
+                least = min(least, reached - ready)
+                reached += self.train_s_per_token * tokens
+        return max(0.0, least)
 
     def observe(self, obs: StepObservation) -> None:
         cfg = self.config
@@ -148,11 +177,14 @@ class AdaptiveWindow:
             self.train_s_per_token = rate if old is None else old + cfg.train_ema * (rate - old)
         if obs.num_preemptible == 0 or self.train_s_per_token is None:
             return  # no local/remote balance to learn from
-        # the final micro-batch is always trained after the last sample: rollout idle that long is due
-        tail = self.train_s_per_token * obs.last_microbatch_tokens
-        error = obs.trainer_idle_s - max(0.0, obs.rollout_idle_s - tail)
         n = obs.num_preemptible
-        self.corrections[n] = self.correction(n) + cfg.gain * error
+        if obs.trainer_idle_s > cfg.idle_target_s:
+            step = cfg.up_gain * (obs.trainer_idle_s - cfg.idle_target_s)
+        elif obs.deliveries:
+            step = -cfg.down_gain * self.slack(obs.deliveries)
+        else:
+            step = 0.0
+        self.delays[n] = self.delay(n) + step
 
 
 @dataclass(kw_only=True, slots=True)

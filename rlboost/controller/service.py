@@ -257,7 +257,7 @@ class RolloutService(EngineMoves):
             if not col.knows(d.sample_id) or self.router.owner(d.sample_id) != iid:
                 continue  # a sample that has left this instance: its tokens come from elsewhere
             was = col.tokens
-            res = col.apply(d)
+            res = col.apply(d, self.clock.now())
             if res == GAP:
                 gaps.append(d.sample_id)
             elif res == APPLIED:
@@ -329,6 +329,7 @@ class RolloutService(EngineMoves):
                     raise st.failure
                 mb = st.collector.take()
                 if mb is not None:
+                    self._slack(st, mb)
                     if mb.last:
                         st.delivered_last = True
                         st.meter.last_microbatch_tokens = mb.num_tokens
@@ -340,6 +341,14 @@ class RolloutService(EngineMoves):
             closed = st.meter.window_closed_at
             if closed is not None:  # the trainer waits only once the window has given it back
                 st.meter.trainer_idle_s += max(0.0, self.clock.now() - max(began, closed))
+
+    def _slack(self, st: _Step, mb: MicroBatch) -> None:
+        """Record when each group was ready and when the trainer took it (after the window)."""
+        if st.meter.window_closed_at is None or not mb.groups:
+            return
+        t0, col = st.meter.started_at, st.collector
+        groups = sorted((col.completed_at[g.group_id] - t0, g.num_tokens) for g in mb.groups)
+        st.meter.deliveries.append((self.clock.now() - t0, tuple(groups)))
 
     async def end_step(self) -> StepMetrics:
         """Finish the step (aborting whatever is still running), learn from it, return its metrics."""
@@ -363,7 +372,7 @@ class RolloutService(EngineMoves):
                 total_tokens=metrics.total_tokens, step_time_s=metrics.step_time_s,
                 trainer_idle_s=metrics.trainer_idle_s, rollout_idle_s=metrics.rollout_idle_s,
                 train_busy_s=max(0.0, metrics.step_time_s - metrics.window_s - metrics.trainer_idle_s),
-                last_microbatch_tokens=meter.last_microbatch_tokens))
+                last_microbatch_tokens=meter.last_microbatch_tokens, deliveries=tuple(meter.deliveries)))
         self.router.begin_step(())
         self._kv.clear()
         self._step = None
