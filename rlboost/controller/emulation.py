@@ -167,10 +167,13 @@ class EmulatedFleet:
         self._tasks.append(asyncio.create_task(run()))
 
     async def close(self) -> None:
+        """Stop the agents and close every engine the fleet built (killed ones included)."""
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        for engine in self.engines.values():
+            engine.close()  # closing twice is allowed by the engine contract
 
 
 @dataclass(kw_only=True, slots=True)
