@@ -113,3 +113,20 @@ class LengthModel:
             return min(cap, float(suffix[i]) / longer - progress)
         # past what the window has seen: assume as much again as a typical sample (heavy tail)
         return min(cap, max(1.0, float(lengths.mean())))
+
+    def expected_remaining_total(self, progress: np.ndarray, max_new: np.ndarray) -> float:
+        """Sum of expected_remaining over many samples, vectorized."""
+        progress = np.asarray(progress, dtype=np.float64)
+        cap = np.maximum(0.0, np.asarray(max_new, dtype=np.float64) - progress)
+        if progress.size == 0:
+            return 0.0
+        if len(self._lengths) == 0:
+            guess = np.maximum(np.maximum(1.0, self.prior_mean - progress), self.prior_mean / 2)
+            return float(np.minimum(cap, guess).sum())
+        lengths, suffix = self._tables()
+        i = np.searchsorted(lengths, progress, side="right")
+        longer = len(lengths) - i
+        enough = longer >= self.min_count
+        conditional = suffix[i] / np.maximum(longer, 1) - progress
+        guess = np.where(enough, conditional, max(1.0, float(lengths.mean())))
+        return float(np.minimum(cap, guess).sum())

@@ -400,9 +400,12 @@ class RolloutService(EngineMoves):
             return sum(self._engines[r.instance_id].rates.full_rate(r.info.capacity)
                        for r in self.registry.routable(kind) if r.instance_id in self._engines)
         col = st.collector
+        missing = col.missing()
+        remaining = self.lengths.expected_remaining_total([col.progress(s) for s in missing],
+                                                          [col.max_new(s) for s in missing])
         return WindowContext(
             elapsed_s=self.clock.now() - st.meter.started_at, generated_tokens=col.tokens,
-            remaining_tokens=sum(self._remaining(s) for s in col.missing()),
+            remaining_tokens=remaining,
             local_tokens_per_s=rate("reserved"), remote_tokens_per_s=rate("preemptible"),
             num_preemptible=len(self.registry.routable("preemptible")))
 

@@ -34,3 +34,15 @@ def test_length_model_predicts_remaining_work_from_finished_lengths():
     assert m.expected_remaining(25, max_new=1000) == pytest.approx(20.0)  # mean of 30..60 minus 25
     assert m.expected_remaining(55, max_new=1000) == pytest.approx(35.0)  # past the data: a mean again
     assert m.expected_remaining(990, max_new=1000) == pytest.approx(10.0)  # never past max_new
+
+
+def test_vectorized_total_matches_the_per_sample_estimate():
+    m = LengthModel(min_count=3)
+    progress, max_new = [0, 5, 25, 55, 990, 3], [1000, 1000, 1000, 1000, 1000, 2]
+    prior = sum(m.expected_remaining(p, n) for p, n in zip(progress, max_new))
+    assert m.expected_remaining_total(progress, max_new) == pytest.approx(prior)
+    for n in (10, 20, 30, 40, 50, 60):
+        m.observe(n)
+    each = sum(m.expected_remaining(p, n) for p, n in zip(progress, max_new))
+    assert m.expected_remaining_total(progress, max_new) == pytest.approx(each)
+    assert m.expected_remaining_total([], []) == 0.0
