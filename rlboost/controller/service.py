@@ -17,12 +17,13 @@ from rlboost.controller.clock import Clock
 from rlboost.controller.collector import APPLIED, GAP, Collector
 from rlboost.controller.estimates import LengthModel, RateModel
 from rlboost.controller.metrics import StepMeter, StepMetrics
+from rlboost.controller.decisions import StepDecisions, StepState
 from rlboost.controller.moves import EngineMoves
-from rlboost.controller.offload import AdaptiveWindow, StepObservation, WindowContext, WindowPolicy
+from rlboost.controller.offload import AdaptiveWindow, StepObservation, WindowPolicy
 from rlboost.controller.records import InstanceInfo, InstanceStatus, Lease, MicroBatch, PromptGroup
 from rlboost.controller.registry import ACTIVE, DRAINING, GONE, JOINING, PULLING, Registry, RegistryConfig
-from rlboost.controller.router import InstanceView, Router, RouterConfig
-from rlboost.errors import RolloutError, StepFailed
+from rlboost.controller.router import Router, RouterConfig
+from rlboost.errors import RolloutError
 
 _EPS_S = 1e-6
 
@@ -66,18 +67,7 @@ class _Engine:
         self.adapter, self.rates, self.kind, self.polled_at = adapter, rates, kind, now
 
 
-class _Step:
-    __slots__ = ("collector", "meter", "window_open", "failure", "last_progress", "delivered_last")
-
-    def __init__(self, collector: Collector, meter: StepMeter):
-        self.collector, self.meter = collector, meter
-        self.window_open = True
-        self.failure: BaseException | None = None
-        self.last_progress = meter.started_at
-        self.delivered_last = False
-
-
-class RolloutService(EngineMoves):
+class RolloutService(StepDecisions, EngineMoves):
     """The rollout controller: instances, steps, and the loop that drives them.
 
     Lifecycle: `await start()` launches the loop on the running event loop; `await close()`
@@ -95,7 +85,7 @@ class RolloutService(EngineMoves):
         self.policy = window_policy if window_policy is not None else AdaptiveWindow()
         self._engines: dict[str, _Engine] = {}
         self._leaving: list[tuple[str, str]] = []
-        self._step: _Step | None = None
+        self._step: StepState | None = None
         self._kv: dict[int, tuple] = {}
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -295,7 +285,7 @@ class RolloutService(EngineMoves):
         meter = StepMeter(step=step, weight_version=weight_version, started_at=self.clock.now())
         self.router.begin_step(collector.sample_ids)
         self._kv.clear()
-        self._step = _Step(collector, meter)
+        self._step = StepState(collector, meter)
         meter.planned_window_s = self.policy.plan(self._context(self._step))
         self._wake()
         return meter.planned_window_s
@@ -342,7 +332,7 @@ class RolloutService(EngineMoves):
             if closed is not None:  # the trainer waits only once the window has given it back
                 st.meter.trainer_idle_s += max(0.0, self.clock.now() - max(began, closed))
 
-    def _slack(self, st: _Step, mb: MicroBatch) -> None:
+    def _slack(self, st: StepState, mb: MicroBatch) -> None:
         """Record when each group was ready and when the trainer took it (after the window)."""
         if st.meter.window_closed_at is None or not mb.groups:
             return
@@ -378,7 +368,7 @@ class RolloutService(EngineMoves):
         self._step = None
         return metrics
 
-    def _require_step(self) -> _Step:
+    def _require_step(self) -> StepState:
         if self._step is None:
             raise RolloutError("no step is running: call start_step() first")
         return self._step
@@ -388,91 +378,3 @@ class RolloutService(EngineMoves):
         if st is not None and st.failure is None:
             st.failure = exc
             self._wake()
-
-    # -- decisions ---------------------------------------------------------------------------
-
-    def _remaining(self, sid: int) -> float:
-        col = self._step.collector
-        return self.lengths.expected_remaining(col.progress(sid), col.max_new(sid))
-
-    def _context(self, st: _Step) -> WindowContext:
-        def rate(kind: str) -> float:
-            return sum(self._engines[r.instance_id].rates.full_rate(r.info.capacity)
-                       for r in self.registry.routable(kind) if r.instance_id in self._engines)
-        col = st.collector
-        missing = col.missing()
-        remaining = self.lengths.expected_remaining_total([col.progress(s) for s in missing],
-                                                          [col.max_new(s) for s in missing])
-        return WindowContext(
-            elapsed_s=self.clock.now() - st.meter.started_at, generated_tokens=col.tokens,
-            remaining_tokens=remaining,
-            local_tokens_per_s=rate("reserved"), remote_tokens_per_s=rate("preemptible"),
-            num_preemptible=len(self.registry.routable("preemptible")))
-
-    async def _window(self, st: _Step) -> None:
-        """Close the local window when the policy says so; reopen it if nothing else can serve."""
-        remote = [r for r in self.registry.routable("preemptible") if r.instance_id in self._engines]
-        if st.window_open:
-            if st.collector.all_done:
-                return
-            if remote and self.policy.should_close(self._context(st)):
-                st.window_open = False
-                if st.meter.window_closed_at is None:
-                    st.meter.window_closed_at = self.clock.now()
-                    st.meter.num_preemptible = len(remote)
-                for rec in self.registry.live():
-                    if rec.kind == "reserved" and rec.instance_id in self._engines:
-                        await self._evacuate(rec.instance_id)
-        elif not remote and self.router.queued:
-            # no preemptible instance can take the queued samples: the reserved ones must,
-            # or the step would never finish
-            st.window_open = True
-            st.meter.reopened += 1
-
-    def _views(self, st: _Step) -> list[InstanceView]:
-        views = []
-        for rec in self.registry.live():
-            if rec.instance_id not in self._engines or rec.state not in (ACTIVE, DRAINING):
-                continue
-            if rec.kind == "reserved" and not st.window_open:
-                continue
-            accepts = rec.state == ACTIVE and self.registry.version_ok(rec.weight_version)
-            views.append(InstanceView(rec.instance_id, rec.info.capacity,
-                                      self._engines[rec.instance_id].rates, accepts))
-        return views
-
-    async def _place(self, st: _Step) -> None:
-        views = self._views(st)
-        for a in self.router.dispatch(views, self._remaining):
-            await self._send(a.instance_id, a.sample_ids)
-        if self.router.queued:
-            return
-        col = st.collector
-        for m in self.router.steal(self._views(st), self._remaining, col.position):
-            if self.registry.get(m.target).state != ACTIVE:
-                continue  # lost while earlier moves ran
-            moved = await self._take_back(m.source, m.sample_ids)
-            if moved:
-                for sid in moved:
-                    self.router.assign(sid, m.target)
-                await self._send(m.target, moved)
-
-    def _check(self, st: _Step) -> None:
-        col, now = st.collector, self.clock.now()
-        if col.all_done:
-            if st.meter.rollout_done_at is None:
-                st.meter.rollout_done_at = now
-                if st.meter.window_closed_at is None:
-                    st.meter.num_preemptible = len(self.registry.routable("preemptible"))
-            return
-        exhausted = self.router.exhausted()
-        if exhausted:
-            self._fail(StepFailed(
-                f"step {st.meter.step}: samples {list(exhausted)} lost their instance more than "
-                f"retry_budget={self.config.router.retry_budget} times", missing=col.missing()))
-        elif now - st.last_progress > self.config.idle_timeout_s:
-            missing = col.missing()
-            self._fail(StepFailed(
-                f"step {st.meter.step}: no token arrived for {now - st.last_progress:.1f} s "
-                f"(idle_timeout_s={self.config.idle_timeout_s}); {len(missing)} samples unfinished: "
-                f"{list(missing[:20])}{' ...' if len(missing) > 20 else ''}", missing=missing))

@@ -28,7 +28,7 @@ WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
 def instance_specs(draw, name, kind="preemptible"):
     return InstanceSpec(
         instance_id=name, kind=kind, pull_s=0.0 if kind == "reserved" else draw(st.floats(0.0, 3.0)),
-        engine=engine_config(max_running=draw(st.integers(1, 8)),
+        engine=engine_config(max_running=draw(st.integers(1, 3 if kind == "reserved" else 8)),
                              sample_tokens_per_s=draw(st.floats(2.0, 40.0)),
                              decode_tokens_per_s=draw(st.floats(10.0, 200.0))))
 
@@ -38,8 +38,8 @@ def schedules(draw):
     initial = [draw(instance_specs(f"spot-{i}")) for i in range(draw(st.integers(0, 3)))]
     names = [s.instance_id for s in initial]
     events = []
-    for k in range(draw(st.integers(0, 8))):
-        at = draw(st.floats(0.0, 12.0))
+    for k in range(draw(st.integers(0, 10))):
+        at = draw(st.floats(0.0, 6.0))
         kind = draw(st.sampled_from(["join", "notice", "death", "speed"] if names else ["join"]))
         if kind == "join":
             spec = draw(instance_specs(f"late-{k}"))
@@ -86,11 +86,11 @@ def run_schedule(reserved, initial, events, policy, shape, steps=2):
     return groups_for, run_virtual(guarded)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reserved=instance_specs("reserved-0", kind="reserved"), schedule=schedules(),
        adaptive=st.booleans(), window_s=st.floats(0.0, 6.0),
-       shape=st.fixed_dictionaries(dict(num_groups=st.integers(1, 4), group_size=st.integers(1, 4),
-                                        prompt_len=st.integers(1, 6), max_new_tokens=st.integers(1, 50),
+       shape=st.fixed_dictionaries(dict(num_groups=st.integers(1, 6), group_size=st.integers(1, 4),
+                                        prompt_len=st.integers(1, 6), max_new_tokens=st.integers(1, 60),
                                         seed=st.integers(0, 2 ** 32))))
 def test_every_sample_completes_exactly_once_with_uninterrupted_tokens(reserved, schedule, adaptive,
                                                                        window_s, shape):

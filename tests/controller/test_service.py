@@ -213,3 +213,31 @@ def test_api_misuse_raises_clear_errors():
         with pytest.raises(ValueError, match="already registered"):
             add_instance(svc, clock, log, "reserved-0", "reserved")
     scenario(body)
+
+
+def test_with_kv_migration_drained_samples_move_with_their_pages():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-1", capacity=8, sample_tokens_per_s=10.0)
+        later(clock, 2.0, lambda: svc.notice("spot-0", 0.0))
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body, cfg=config(migrate_with_kv=True))
+    assert outputs(batches) == uninterrupted(GROUPS)
+    exported = next(e for e in log if e.instance == "spot-0" and e.method == "export" and e.t >= 2.0)
+    imports = [e for e in log if e.method == "import" and e.t >= exported.t and set(e.ids) & set(exported.ids)]
+    assert imports and imports[0].instance == "spot-1"
+    assert metrics.migrations >= len(exported.ids)
+
+
+def test_deregistered_instance_is_lost_and_its_samples_resume():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-1", capacity=8, sample_tokens_per_s=10.0)
+        later(clock, 2.0, lambda: svc.deregister("spot-0"))
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body)
+    assert outputs(batches) == uninterrupted(GROUPS)
+    assert metrics.deaths == 1
+    assert not [e for e in log if e.instance == "spot-0" and e.t > 2.0 and e.method != "poll"]
