@@ -23,6 +23,9 @@ class EngineMoves:
         """Bound an engine call by call_timeout_s, so a silent instance cannot stall the loop."""
         limit = self.config.call_timeout_s
         try:
+            if hasattr(asyncio, "timeout"):  # runs the call in this task: no extra loop turns
+                async with asyncio.timeout(limit / self.clock.speed):
+                    return await call
             return await asyncio.wait_for(call, limit / self.clock.speed)
         except asyncio.TimeoutError as exc:
             raise TransferTimeout(f"engine call got no answer within {limit} s") from exc
@@ -34,6 +37,9 @@ class EngineMoves:
             return
         self.registry.mark_gone(iid, reason)
         self._engines.pop(iid, None)  # a dead engine cannot be closed
+        call = self._calls.pop(iid, None)
+        if call is not None:
+            call[0].cancel()
         sids = self.router.release(iid, failed=True)
         for sid in sids:
             self._kv.pop(sid, None)
@@ -43,6 +49,7 @@ class EngineMoves:
             self._wake()
 
     async def _close_engine(self, iid: str) -> None:
+        await self._settle(iid)
         eng = self._engines.pop(iid, None)
         if eng is None:
             return
@@ -71,6 +78,9 @@ class EngineMoves:
         now unassigned (the caller decides where they go)."""
         if not sids:
             return []
+        await self._settle(iid)  # deltas already on their way are handled first
+        if iid not in self._engines:
+            return []  # it was lost meanwhile; its samples are queued again
         st, eng, rec = self._step, self._engines[iid], self.registry.get(iid)
         col = st.collector
         try:

@@ -21,9 +21,9 @@ from rlboost.controller.decisions import StepDecisions, StepState
 from rlboost.controller.moves import EngineMoves
 from rlboost.controller.offload import AdaptiveWindow, StepObservation, WindowPolicy
 from rlboost.controller.records import InstanceInfo, InstanceStatus, Lease, MicroBatch, PromptGroup
-from rlboost.controller.registry import ACTIVE, DRAINING, GONE, JOINING, PULLING, Registry, RegistryConfig
+from rlboost.controller.registry import ACTIVE, DRAINING, GONE, Registry, RegistryConfig
 from rlboost.controller.router import Router, RouterConfig
-from rlboost.errors import RolloutError
+from rlboost.errors import RolloutError, TransferTimeout
 
 _EPS_S = 1e-6
 
@@ -85,10 +85,12 @@ class RolloutService(StepDecisions, EngineMoves):
         self.policy = window_policy if window_policy is not None else AdaptiveWindow()
         self._engines: dict[str, _Engine] = {}
         self._leaving: list[tuple[str, str]] = []
+        self._calls: dict[str, tuple[asyncio.Future, str, int]] = {}  # one poll or load in flight each
         self._step: StepState | None = None
         self._kv: dict[int, tuple] = {}
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._crashed: BaseException | None = None
 
     # -- loop --------------------------------------------------------------------------------
 
@@ -114,6 +116,8 @@ class RolloutService(StepDecisions, EngineMoves):
                 raise
             except Exception as exc:  # a bad engine or a bug: the step fails loudly, the loop lives on
                 if self._step is None:
+                    self._crashed = exc  # every later call raises it instead of waiting forever
+                    self._wake()
                     raise
                 self._fail(exc)
             await self.clock.asleep(self.config.poll_interval_s)
@@ -124,8 +128,7 @@ class RolloutService(StepDecisions, EngineMoves):
             self._lose(iid, "missed heartbeats")
         while self._leaving:
             self._lose(*self._leaving.pop(0))
-        await self._contact()
-        await self._poll()
+        await self._exchange()
         st = self._step
         if st is not None and st.failure is None:
             await self._drain_due()
@@ -145,9 +148,14 @@ class RolloutService(StepDecisions, EngineMoves):
         # a tolerance, so float rounding cannot leave a deadline a few ulps away forever
         return self.clock.now() >= deadline - _EPS_S
 
-    async def _wait_change(self, deadline: float) -> None:
+    def _check_loop(self) -> None:
+        if self._crashed is not None:
+            raise RolloutError(f"the controller loop stopped: {self._crashed!r}") from self._crashed
         if self._changed is None:
             raise RolloutError("the controller loop is not running: await start() first")
+
+    async def _wait_change(self, deadline: float) -> None:
+        self._check_loop()
         left = deadline - self.clock.now()
         if left > _EPS_S:
             try:
@@ -201,26 +209,47 @@ class RolloutService(StepDecisions, EngineMoves):
                                       samples=len(self.router.samples_on(rec.instance_id))))
         return tuple(out)
 
-    async def _contact(self) -> None:
-        """Ask joining and pulling instances for their load, which tells their weight version."""
-        recs = [r for r in self.registry.live()
-                if r.state in (JOINING, PULLING) and r.instance_id in self._engines]
-        loads = await asyncio.gather(*(self._guard(self._engines[r.instance_id].adapter.load())
-                                       for r in recs), return_exceptions=True)
-        for rec, load in zip(recs, loads):
-            if isinstance(load, BaseException):
-                self._lose(rec.instance_id, f"load() failed: {load!r}")
-            elif rec.state != GONE:
-                self.registry.heartbeat(rec.instance_id, load.weight_version)
+    async def _exchange(self) -> None:
+        """Ask every instance without a call in flight for news (active and draining ones: their
+        deltas; joining and pulling ones: their load, which tells their weight version), then
+        handle the answers that have come. A slow instance never holds up the others."""
+        for rec in self.registry.live():
+            iid = rec.instance_id
+            if iid not in self._engines or iid in self._calls:
+                continue
+            adapter = self._engines[iid].adapter
+            if rec.state in (ACTIVE, DRAINING):
+                self._calls[iid] = (asyncio.ensure_future(self._guard(adapter.poll())), "poll",
+                                    len(self.router.samples_on(iid)))
+            else:
+                self._calls[iid] = (asyncio.ensure_future(self._guard(adapter.load())), "load", 0)
+        await asyncio.sleep(0)  # in-process engines answer within this turn of the loop
+        for iid in sorted(self._calls):
+            if iid in self._calls and self._calls[iid][0].done():
+                await self._settle(iid)
 
-    async def _poll(self) -> None:
-        recs = [r for r in self.registry.live()
-                if r.state in (ACTIVE, DRAINING) and r.instance_id in self._engines]
-        before = {r.instance_id: len(self.router.samples_on(r.instance_id)) for r in recs}
-        results = await asyncio.gather(*(self._guard(self._engines[r.instance_id].adapter.poll())
-                                         for r in recs), return_exceptions=True)
-        for rec, res in zip(recs, results):
-            await self._polled(rec.instance_id, res, before[rec.instance_id])
+    async def _settle(self, iid: str) -> None:
+        """Wait for the instance's call in flight (if any) and handle its answer."""
+        if iid not in self._calls:
+            return
+        task, kind, running = self._calls[iid]
+        try:
+            res = await task
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            res = exc
+        if self._calls.get(iid, (None,))[0] is not task:
+            return  # handled meanwhile (lost, or settled by another caller)
+        del self._calls[iid]
+        if kind == "poll":
+            await self._polled(iid, res, running)
+        elif isinstance(res, TransferTimeout):
+            pass  # busy (e.g. loading weights): its heartbeats, or their absence, decide
+        elif isinstance(res, BaseException):
+            self._lose(iid, f"load() failed: {res!r}")
+        elif self.registry.get(iid).state != GONE:
+            self.registry.heartbeat(iid, res.weight_version)
 
     async def _polled(self, iid: str, res, running: int) -> None:
         """Handle one instance's poll result (deltas or the exception its poll raised)."""
@@ -273,6 +302,7 @@ class RolloutService(StepDecisions, EngineMoves):
 
     def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int) -> float:
         """Begin rolling out groups with weights weight_version; returns the planned local window (s)."""
+        self._check_loop()
         if self._step is not None:
             raise RolloutError(f"step {self._step.meter.step} is still running: call end_step() first")
         if weight_version != self.registry.current_version:

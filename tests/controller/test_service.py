@@ -241,3 +241,14 @@ def test_deregistered_instance_is_lost_and_its_samples_resume():
     assert outputs(batches) == uninterrupted(GROUPS)
     assert metrics.deaths == 1
     assert not [e for e in log if e.instance == "spot-0" and e.t > 2.0 and e.method != "poll"]
+
+
+def test_a_crashed_loop_is_reported_to_callers_instead_of_leaving_them_waiting():
+    async def body(svc, clock, log):
+        def broken():
+            raise RuntimeError("registry bug")
+        svc.registry.expire = broken  # a bug inside the loop, outside any step
+        await clock.asleep(1.0)
+        with pytest.raises(RolloutError, match="loop stopped"):
+            svc.start_step(0, GROUPS, 0)
+    scenario(body)
