@@ -15,9 +15,9 @@ from typing import Sequence
 from rlboost.controller.adapters import EngineAdapter
 from rlboost.controller.clock import Clock
 from rlboost.controller.collector import APPLIED, GAP, Collector
+from rlboost.controller.decisions import StepDecisions, StepState
 from rlboost.controller.estimates import LengthModel, RateModel
 from rlboost.controller.metrics import StepMeter, StepMetrics
-from rlboost.controller.decisions import StepDecisions, StepState
 from rlboost.controller.moves import EngineMoves
 from rlboost.controller.offload import AdaptiveWindow, StepObservation, WindowPolicy
 from rlboost.controller.records import InstanceInfo, InstanceStatus, Lease, MicroBatch, PromptGroup
@@ -105,6 +105,9 @@ class RolloutService(StepDecisions, EngineMoves):
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        for task, _, _ in self._calls.values():
+            task.cancel()
+        self._calls.clear()
         for iid in list(self._engines):
             await self._close_engine(iid)
 
@@ -233,14 +236,10 @@ class RolloutService(StepDecisions, EngineMoves):
         if iid not in self._calls:
             return
         task, kind, running = self._calls[iid]
-        try:
-            res = await task
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            res = exc
-        if self._calls.get(iid, (None,))[0] is not task:
+        await asyncio.wait({task})  # unlike `await task`, does not raise when the call failed
+        if task.cancelled() or self._calls.get(iid, (None,))[0] is not task:
             return  # handled meanwhile (lost, or settled by another caller)
+        res = task.exception() or task.result()
         del self._calls[iid]
         if kind == "poll":
             await self._polled(iid, res, running)
