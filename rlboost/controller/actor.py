@@ -1,0 +1,100 @@
+"""RolloutController: the rollout controller as one async Ray actor.
+
+A thin shell: every method forwards to a RolloutService running on the actor's event loop,
+which reaches rollout instances through their Ray actor handles (RayEngineHandle).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import ray
+
+from rlboost.controller.adapters import RayEngineHandle
+from rlboost.controller.clock import MonotonicClock
+from rlboost.controller.metrics import StepMetrics
+from rlboost.controller.offload import AdaptiveWindowConfig, ReferenceWindowConfig, make_policy
+from rlboost.controller.records import InstanceInfo, InstanceStatus, Lease, MicroBatch, PromptGroup
+from rlboost.controller.service import ControllerConfig, RolloutService
+
+
+@ray.remote(num_cpus=0)
+class RolloutController:
+    """The controller actor. All methods are async; call them with `.remote()`.
+
+    Rollout instances (each a Ray actor exposing the RolloutEngine methods):
+      register(info: InstanceInfo, engine: ActorHandle) -> Lease
+          Join (state "joining"). The controller calls engine.load() to learn the loaded
+          weight version, then routes to it once that version is current.
+      heartbeat(instance_id, weight_version) -> Lease
+          Renew the lease every lease.renew_within_s (answered polls renew it too). When
+          lease.weight_version differs from what the instance holds it should pull that
+          version, load it and report it here.
+      notice(instance_id, grace_s) -> float
+          A preemption notice (30 s on GCP, 120 s on AWS): no new work; in-flight samples
+          are exported and resumed elsewhere before the returned deadline (controller clock).
+      deregister(instance_id) -> None
+          The instance is gone; its samples resume from their last collected token.
+
+    Trainer, each step (v = the weight version the step's samples must come from):
+      set_weight_version(v)                    after publishing v, before start_step
+      start_step(step, groups, v) -> float     planned local window, seconds
+      wait_window_closed(timeout_s) -> bool    True once the reserved instances are released
+      next_microbatch(timeout_s) -> MicroBatch | None
+          complete groups (never split); None if none within timeout_s; the one with
+          last=True ends the step; raises StepFailed naming missing samples.
+      end_step() -> StepMetrics                also feeds the offload policy
+    Also: instances() -> tuple[InstanceStatus, ...], close().
+
+    Reserved instances must stay able to serve while the step runs: if every preemptible
+    instance is lost with samples still queued, the window reopens (StepMetrics.reopened).
+    """
+
+    def __init__(self, config: ControllerConfig | None = None, policy: str = "adaptive",
+                 policy_config: AdaptiveWindowConfig | ReferenceWindowConfig | None = None,
+                 clock_speed: float = 1.0):
+        self._config = config or ControllerConfig()
+        self._policy = make_policy(policy, policy_config)
+        self._clock = MonotonicClock(clock_speed)
+        self._svc: RolloutService | None = None
+
+    async def _service(self) -> RolloutService:
+        if self._svc is None:  # started lazily: the actor's event loop runs only inside methods
+            self._svc = RolloutService(self._config, clock=self._clock, window_policy=self._policy)
+            await self._svc.start()
+        return self._svc
+
+    async def register(self, info: InstanceInfo, engine: Any) -> Lease:
+        return (await self._service()).register(info, RayEngineHandle(engine))
+
+    async def heartbeat(self, instance_id: str, weight_version: int | None = None) -> Lease:
+        return (await self._service()).heartbeat(instance_id, weight_version)
+
+    async def notice(self, instance_id: str, grace_s: float) -> float:
+        return (await self._service()).notice(instance_id, grace_s)
+
+    async def deregister(self, instance_id: str) -> None:
+        (await self._service()).deregister(instance_id)
+
+    async def set_weight_version(self, version: int) -> None:
+        (await self._service()).set_weight_version(version)
+
+    async def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int) -> float:
+        return (await self._service()).start_step(step, groups, weight_version)
+
+    async def wait_window_closed(self, timeout_s: float) -> bool:
+        return await (await self._service()).wait_window_closed(timeout_s)
+
+    async def next_microbatch(self, timeout_s: float) -> MicroBatch | None:
+        return await (await self._service()).next_microbatch(timeout_s)
+
+    async def end_step(self) -> StepMetrics:
+        return await (await self._service()).end_step()
+
+    async def instances(self) -> tuple[InstanceStatus, ...]:
+        return (await self._service()).instances()
+
+    async def close(self) -> None:
+        if self._svc is not None:
+            await self._svc.close()
+            self._svc = None

@@ -1,0 +1,190 @@
+"""Collector: every sample of a step accounted for exactly once, token by token.
+
+Deltas are deduplicated by their start offset and gaps are detected; a prompt group is
+released to the trainer only when all of its samples have finished, in micro-batches of at
+least a configured size (a multiple of the group size, so a group is never split).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+from rlboost.controller.records import CompletedGroup, CompletedSample, MicroBatch, PromptGroup
+from rlboost.errors import ProtocolError, StaleSampleError
+from rlboost.migration.state import RequestState
+from rlboost.rollout.engine import TokenDelta
+
+APPLIED, DUPLICATE, GAP, FOREIGN = "applied", "duplicate", "gap", "foreign"
+
+
+class _Progress:
+    __slots__ = ("group", "ids", "logprobs", "finish_reason", "min_version")
+
+    def __init__(self, group: PromptGroup):
+        self.group = group
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish_reason: str | None = None
+        self.min_version: int | None = None
+
+
+class Collector:
+    """Tokens of one step's samples, and the micro-batches of complete groups they make."""
+
+    def __init__(self, step: int, groups: Sequence[PromptGroup], weight_version: int, *,
+                 microbatch_min_samples: int, microbatch_max_samples: int | None = None,
+                 max_staleness: int = 0):
+        if not groups:
+            raise ValueError("a step needs at least one prompt group")
+        ids = [g.group_id for g in groups]
+        if len(set(ids)) != len(ids):
+            raise ValueError("group_id values of a step must be unique")
+        for g in groups:
+            if microbatch_min_samples < 1 or microbatch_min_samples % g.num_samples:
+                raise ValueError(f"microbatch_min_samples ({microbatch_min_samples}) must be a positive "
+                                 f"multiple of every group's num_samples (group {g.group_id} has {g.num_samples})")
+        if microbatch_max_samples is not None and microbatch_max_samples < microbatch_min_samples:
+            raise ValueError("microbatch_max_samples must be >= microbatch_min_samples")
+        self.step = step
+        self.weight_version = weight_version
+        self.max_staleness = max_staleness
+        self.min_samples = microbatch_min_samples
+        self.max_samples = microbatch_max_samples
+        self._groups = {g.group_id: g for g in groups}
+        self._samples = {sid: _Progress(g) for g in groups for sid in g.sample_ids}
+        self._left = {g.group_id: g.num_samples for g in groups}
+        self._ready: deque[int] = deque()
+        self._emitted: set[int] = set()
+        self.completed_at: dict[int, float] = {}
+        self.tokens = 0
+        self.duplicates = 0
+        self.gaps = 0
+
+    # -- per-sample queries ------------------------------------------------------------------
+
+    @property
+    def sample_ids(self) -> tuple[int, ...]:
+        return tuple(self._samples)
+
+    def knows(self, sample_id: int) -> bool:
+        return sample_id in self._samples
+
+    def finished(self, sample_id: int) -> bool:
+        return self._samples[sample_id].finish_reason is not None
+
+    def progress(self, sample_id: int) -> int:
+        return len(self._samples[sample_id].ids)
+
+    def position(self, sample_id: int) -> int:
+        p = self._samples[sample_id]
+        return len(p.group.prompt_ids) + len(p.ids)
+
+    def max_new(self, sample_id: int) -> int:
+        return self._samples[sample_id].group.params.max_new_tokens
+
+    def state_of(self, sample_id: int, weight_version: int) -> RequestState:
+        """The sample as collected so far, ready to resume on an engine holding weight_version."""
+        p = self._samples[sample_id]
+        return RequestState(sample_id=sample_id, prompt_ids=p.group.prompt_ids, params=p.group.params,
+                            seed=p.group.seed, weight_version=weight_version, output_ids=tuple(p.ids),
+                            output_logprobs=tuple(p.logprobs), finish_reason=p.finish_reason)
+
+    def missing(self) -> tuple[int, ...]:
+        return tuple(sid for sid, p in self._samples.items() if p.finish_reason is None)
+
+    @property
+    def all_done(self) -> bool:
+        return not any(self._left.values())
+
+    @property
+    def done_count(self) -> int:
+        return sum(1 for p in self._samples.values() if p.finish_reason is not None)
+
+    # -- intake ------------------------------------------------------------------------------
+
+    def apply(self, delta: TokenDelta, now: float = 0.0) -> str:
+        """Add a delta's new tokens; returns applied, duplicate, gap (not applied) or foreign.
+        `now` is recorded as the completion time of a group the delta completes."""
+        p = self._samples.get(delta.sample_id)
+        if p is None:
+            return FOREIGN
+        if not self.weight_version - self.max_staleness <= delta.weight_version <= self.weight_version:
+            raise StaleSampleError(
+                f"sample {delta.sample_id} got tokens from weight version {delta.weight_version}; step "
+                f"{self.step} accepts {self.weight_version - self.max_staleness}..{self.weight_version}")
+        return self._merge(delta.sample_id, p, delta.start, delta.ids, delta.logprobs,
+                           delta.finish_reason, delta.weight_version, now=now)
+
+    def absorb(self, state: RequestState, weight_version: int, now: float = 0.0) -> str:
+        """Take the full output of an exported state (tokens not polled yet included)."""
+        p = self._samples.get(state.sample_id)
+        if p is None:
+            return FOREIGN
+        return self._merge(state.sample_id, p, 0, state.output_ids, state.output_logprobs,
+                           state.finish_reason, weight_version, now=now, count_duplicate=False)
+
+    def _merge(self, sid: int, p: _Progress, start: int, ids, logprobs, finish_reason, version, *,
+               now: float, count_duplicate: bool = True) -> str:
+        have = len(p.ids)
+        if start > have:
+            self.gaps += 1
+            return GAP
+        overlap = min(have - start, len(ids))
+        if list(ids[:overlap]) != p.ids[start:start + overlap]:
+            raise ProtocolError(f"sample {sid} diverged at token {start}: an engine is not deterministic "
+                                f"for (seed, sample_id, position)")
+        new_ids = ids[overlap:]
+        if p.finish_reason is not None and new_ids:
+            raise ProtocolError(f"sample {sid} got tokens after it finished ({p.finish_reason})")
+        if p.finish_reason is not None or (not new_ids and finish_reason is None):
+            self.duplicates += count_duplicate
+            return DUPLICATE
+        p.ids.extend(new_ids)
+        p.logprobs.extend(logprobs[overlap:])
+        self.tokens += len(new_ids)
+        p.min_version = version if p.min_version is None else min(p.min_version, version)
+        if finish_reason is not None:
+            p.finish_reason = finish_reason
+            self._left[p.group.group_id] -= 1
+            if self._left[p.group.group_id] == 0:
+                self._ready.append(p.group.group_id)
+                self.completed_at[p.group.group_id] = now
+        return APPLIED
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _group(self, gid: int) -> CompletedGroup:
+        g = self._groups[gid]
+        samples = []
+        for sid in g.sample_ids:
+            p = self._samples[sid]
+            samples.append(CompletedSample(sample_id=sid, output_ids=tuple(p.ids),
+                                           output_logprobs=tuple(p.logprobs), finish_reason=p.finish_reason,
+                                           weight_version=p.min_version if p.min_version is not None
+                                           else self.weight_version))
+        return CompletedGroup(group_id=gid, prompt_ids=g.prompt_ids, samples=tuple(samples))
+
+    def ready_samples(self) -> int:
+        return sum(self._groups[g].num_samples for g in self._ready)
+
+    def take(self) -> MicroBatch | None:
+        """The next micro-batch, when enough complete groups are ready (or the step's rest is)."""
+        if not self._ready:
+            return None
+        ready = self.ready_samples()
+        if ready < self.min_samples and not self.all_done:
+            return None
+        out, n = [], 0
+        while self._ready:
+            g = self._groups[self._ready[0]]
+            if self.max_samples is not None and out and n + g.num_samples > self.max_samples:
+                break
+            gid = self._ready.popleft()
+            if gid in self._emitted:
+                raise AssertionError(f"group {gid} would be emitted twice")
+            self._emitted.add(gid)
+            out.append(self._group(gid))
+            n += g.num_samples
+        last = len(self._emitted) == len(self._groups)
+        return MicroBatch(step=self.step, groups=tuple(out), last=last)

@@ -1,0 +1,234 @@
+"""Emulated fleet and trainer around a RolloutService, on the service's clock.
+
+The fleet runs in-process engines (EmulatedEngine unless told otherwise) that join,
+heartbeat, pull each new weight version (taking the time a real pull would), and can be
+preempted with a notice, killed or slowed on a schedule; the trainer consumes micro-batches
+for the time training would take. With a VirtualClock a step of minutes runs in
+milliseconds; benches and property tests use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from rlboost.controller.adapters import InProcessEngine
+from rlboost.controller.clock import Clock
+from rlboost.controller.metrics import StepMetrics
+from rlboost.controller.records import InstanceInfo, PromptGroup
+from rlboost.controller.service import RolloutService
+from rlboost.errors import PeerLost, RolloutError
+from rlboost.migration.state import SamplingParams
+from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.engine import RolloutEngine
+
+EVENT_KINDS = ("join", "notice", "death", "speed")
+
+
+@dataclass(kw_only=True, slots=True)
+class InstanceSpec:
+    """An instance of the fleet: its engine's speeds, capacity and how long a weight pull takes.
+
+    capacity defaults to engine.max_running (set it when the fleet builds other engines).
+    """
+
+    instance_id: str
+    kind: str = "preemptible"
+    engine: EmulatedEngineConfig = field(default_factory=EmulatedEngineConfig)
+    pull_s: float = 5.0
+    capacity: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pull_s < 0:
+            raise ValueError(f"pull_s must be >= 0, got {self.pull_s}")
+        if self.capacity is not None and self.capacity < 1:
+            raise ValueError(f"capacity must be >= 1 or None, got {self.capacity}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FleetEvent:
+    """Something that happens to the fleet at_s seconds after the schedule starts."""
+
+    at_s: float
+    kind: str
+    instance_id: str
+    spec: InstanceSpec | None = None  # for join
+    grace_s: float = 30.0             # for notice
+    factor: float = 1.0               # for speed
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(f"kind must be one of {EVENT_KINDS}, got {self.kind!r}")
+        if self.kind == "join" and self.spec is None:
+            raise ValueError("a join event needs a spec")
+        if self.at_s < 0:
+            raise ValueError(f"at_s must be >= 0, got {self.at_s}")
+
+
+class _MortalEngine(InProcessEngine):
+    """An in-process engine that can die: afterwards every call fails as a lost Ray actor would."""
+
+    def __init__(self, engine: RolloutEngine):
+        super().__init__(engine)
+        self.dead = False
+
+    async def _call(self, fn, *args, **kwargs):
+        if self.dead:
+            raise PeerLost("emulated instance was killed")
+        return fn(*args, **kwargs)
+
+
+class EmulatedFleet:
+    """Instances registered with a service, each with an agent that heartbeats and pulls.
+
+    make_engine builds an instance's engine (default: an EmulatedEngine on the fleet's
+    clock); weights(version) gives what a pull of that version loads (default: nothing,
+    which is all an EmulatedEngine needs).
+    """
+
+    def __init__(self, service: RolloutService, clock: Clock, *,
+                 make_engine: Callable[[InstanceSpec], RolloutEngine] | None = None,
+                 weights: Callable[[int], Mapping[str, Any]] | None = None):
+        self.service = service
+        self.clock = clock
+        self.make_engine = make_engine or (lambda spec: EmulatedEngine(spec.engine, clock=clock))
+        self.weights = weights or (lambda version: {})
+        self.engines: dict[str, RolloutEngine] = {}
+        self._adapters: dict[str, _MortalEngine] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    def spawn(self, spec: InstanceSpec) -> RolloutEngine:
+        engine = self.make_engine(spec)
+        adapter = _MortalEngine(engine)
+        self.engines[spec.instance_id] = engine
+        self._adapters[spec.instance_id] = adapter
+        info = InstanceInfo(instance_id=spec.instance_id, kind=spec.kind,
+                            capacity=spec.capacity or spec.engine.max_running,
+                            address=f"emulated://{spec.instance_id}")
+        self.service.register(info, adapter)
+        self._tasks.append(asyncio.create_task(self._agent(spec, engine, adapter)))
+        return engine
+
+    async def _agent(self, spec: InstanceSpec, engine: RolloutEngine, adapter: _MortalEngine) -> None:
+        interval = self.service.config.registry.heartbeat_interval_s
+        loaded = engine.load().weight_version
+        while not adapter.dead:
+            try:
+                lease = self.service.heartbeat(spec.instance_id, loaded)
+            except RolloutError:
+                return  # the controller let it go (drained or declared dead)
+            if lease.weight_version != loaded and lease.state != "draining":
+                await self.clock.asleep(spec.pull_s)
+                if adapter.dead:
+                    return
+                try:
+                    engine.load_weights(self.weights(lease.weight_version), lease.weight_version)
+                    loaded = lease.weight_version
+                    continue
+                except RolloutError:
+                    pass  # still busy or closed: ask again next beat (a gone instance's beat fails)
+            await self.clock.asleep(interval)
+
+    def kill(self, instance_id: str) -> None:
+        """Sudden death: no notice; every later call to the instance fails."""
+        self._adapters[instance_id].dead = True
+
+    def notice(self, instance_id: str, grace_s: float) -> None:
+        """A preemption notice; the instance dies for good when the grace period ends."""
+        try:
+            deadline = self.service.notice(instance_id, grace_s)
+        except RolloutError:
+            return  # already gone
+        self._tasks.append(asyncio.create_task(self._die_at(instance_id, deadline)))
+
+    async def _die_at(self, instance_id: str, deadline: float) -> None:
+        await self.clock.asleep(deadline - self.clock.now())
+        self.kill(instance_id)
+
+    def apply(self, event: FleetEvent) -> None:
+        if event.kind == "join":
+            self.spawn(event.spec)
+        elif event.kind == "notice":
+            self.notice(event.instance_id, event.grace_s)
+        elif event.kind == "death":
+            self.kill(event.instance_id)
+        elif not self._adapters[event.instance_id].dead:
+            self.engines[event.instance_id].set_speed(event.factor)
+
+    def schedule(self, events: Sequence[FleetEvent]) -> None:
+        """Apply each event at its time (relative to now)."""
+        start = self.clock.now()
+
+        async def run() -> None:
+            for ev in sorted(events, key=lambda e: e.at_s):
+                await self.clock.asleep(start + ev.at_s - self.clock.now())
+                self.apply(ev)
+        self._tasks.append(asyncio.create_task(run()))
+
+    async def close(self) -> None:
+        """Stop the agents and close every engine the fleet built (killed ones included)."""
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for engine in self.engines.values():
+            engine.close()  # closing twice is allowed by the engine contract
+
+
+@dataclass(kw_only=True, slots=True)
+class EmulatedTrainerConfig:
+    """Training time per generated token, and the cost of swapping rollout for training memory."""
+
+    train_s_per_token: float
+    switch_s: float = 0.0
+    wait_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.train_s_per_token < 0 or self.switch_s < 0:
+            raise ValueError("train_s_per_token and switch_s must be >= 0")
+        if not self.wait_s > 0:
+            raise ValueError(f"wait_s must be > 0, got {self.wait_s}")
+
+
+async def run_emulated_steps(service: RolloutService, clock: Clock, trainer: EmulatedTrainerConfig,
+                             groups_for_step: Callable[[int], Sequence[PromptGroup]], steps: int, *,
+                             first_step: int = 0,
+                             before_step: Callable[[int], None] | None = None) -> list[StepMetrics]:
+    """Drive steps the way a trainer does; returns each step's metrics.
+
+    Weight version v = step number is made current before each step, so preemptible
+    instances pull it (taking their pull_s) while the reserved ones roll out.
+    """
+    out = []
+    for step in range(first_step, first_step + steps):
+        if before_step is not None:
+            before_step(step)
+        service.set_weight_version(step)
+        service.start_step(step, groups_for_step(step), step)
+        while not await service.wait_window_closed(trainer.wait_s):
+            pass
+        await clock.asleep(trainer.switch_s)
+        while True:
+            mb = await service.next_microbatch(trainer.wait_s)
+            if mb is None:
+                continue
+            await clock.asleep(trainer.train_s_per_token * mb.num_tokens)
+            if mb.last:
+                break
+        out.append(await service.end_step())
+    return out
+
+
+def make_groups(step: int, *, num_groups: int, group_size: int, prompt_len: int, max_new_tokens: int,
+                seed: int = 0, stop_token_ids: tuple[int, ...] = (2,)) -> list[PromptGroup]:
+    """Prompt groups for one step, deterministic in (seed, step); samples stop at token 2
+    (the emulated engines' default end-of-sequence id) unless told otherwise.
+
+    >>> [g.group_id for g in make_groups(2, num_groups=2, group_size=4, prompt_len=3, max_new_tokens=8)]
+    [200000, 200001]
+    """
+    params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
+    return [PromptGroup(group_id=step * 100_000 + g, prompt_ids=tuple(range(1, prompt_len + 1)),
+                        params=params, num_samples=group_size, seed=seed * 1_000_003 + step)
+            for g in range(num_groups)]

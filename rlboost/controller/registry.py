@@ -1,0 +1,170 @@
+"""Registry of rollout instances: leases renewed by heartbeats, weight-version gating, drains.
+
+An instance moves joining -> pulling -> active -> draining -> gone. Only an active instance
+whose weights are current (or within the allowed staleness) is routed to. Time comes from
+an injected clock, so lease expiry is deterministic in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlboost.controller.clock import Clock
+from rlboost.controller.records import InstanceInfo, Lease
+from rlboost.errors import RolloutError
+
+JOINING, PULLING, ACTIVE, DRAINING, GONE = "joining", "pulling", "active", "draining", "gone"
+
+
+@dataclass(kw_only=True, slots=True)
+class RegistryConfig:
+    """Lease and drain settings.
+
+    An instance is declared dead after missed_beats heartbeat intervals without a sign of
+    life; a drained instance's samples leave drain_margin_s before its deadline (or at once
+    when the grace period is shorter), so decoding continues while it safely can.
+    """
+
+    heartbeat_interval_s: float = 1.0
+    missed_beats: int = 3
+    max_staleness: int = 0
+    drain_margin_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat_interval_s must be > 0, got {self.heartbeat_interval_s}")
+        if self.missed_beats < 1:
+            raise ValueError(f"missed_beats must be >= 1, got {self.missed_beats}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.drain_margin_s < 0:
+            raise ValueError(f"drain_margin_s must be >= 0, got {self.drain_margin_s}")
+
+
+@dataclass(slots=True)
+class InstanceRecord:
+    """The registry's mutable view of one instance."""
+
+    info: InstanceInfo
+    state: str
+    weight_version: int
+    last_beat: float
+    joined_at: float
+    drain_at: float | None = None
+    deadline: float | None = None
+    gone_reason: str = ""
+
+    @property
+    def instance_id(self) -> str:
+        return self.info.instance_id
+
+    @property
+    def kind(self) -> str:
+        return self.info.kind
+
+
+class Registry:
+    """Who can take work now, at which weight version, and until when."""
+
+    def __init__(self, config: RegistryConfig, clock: Clock):
+        self.config = config
+        self.clock = clock
+        self._records: dict[str, InstanceRecord] = {}
+        self._version = 0
+
+    @property
+    def current_version(self) -> int:
+        return self._version
+
+    def version_ok(self, version: int) -> bool:
+        return self._version - self.config.max_staleness <= version <= self._version
+
+    def register(self, info: InstanceInfo) -> Lease:
+        """Admit a new instance (or a new life of a gone one) in state joining."""
+        old = self._records.get(info.instance_id)
+        if old is not None and old.state != GONE:
+            raise ValueError(f"instance {info.instance_id!r} is already registered ({old.state})")
+        now = self.clock.now()
+        rec = InstanceRecord(info=info, state=JOINING, weight_version=-1, last_beat=now, joined_at=now)
+        self._records[info.instance_id] = rec
+        return self._lease(rec)
+
+    def heartbeat(self, instance_id: str, weight_version: int | None = None) -> Lease:
+        """Renew the lease; a reported weight version moves the instance between pulling and active."""
+        rec = self._live(instance_id)
+        rec.last_beat = self.clock.now()
+        if weight_version is not None:
+            rec.weight_version = int(weight_version)
+        if rec.state in (JOINING, PULLING, ACTIVE):
+            rec.state = ACTIVE if self.version_ok(rec.weight_version) else PULLING
+        return self._lease(rec)
+
+    def lease(self, instance_id: str) -> Lease:
+        rec = self._records.get(instance_id)
+        if rec is None:
+            raise RolloutError(f"instance {instance_id!r} is not registered")
+        return self._lease(rec)
+
+    def set_weight_version(self, version: int) -> None:
+        """Make version current; active instances that fall out of the allowed range start pulling."""
+        if version < self._version:
+            raise ValueError(f"weight version must not go back: {version} < {self._version}")
+        self._version = int(version)
+        for rec in self._records.values():
+            if rec.state in (ACTIVE, PULLING):
+                rec.state = ACTIVE if self.version_ok(rec.weight_version) else PULLING
+
+    def notice(self, instance_id: str, grace_s: float) -> float:
+        """A preemption notice: stop routing to it; its samples must leave before the returned deadline."""
+        if not grace_s >= 0:
+            raise ValueError(f"grace_s must be >= 0, got {grace_s}")
+        rec = self._live(instance_id)
+        now = self.clock.now()
+        deadline = now + grace_s
+        if rec.deadline is not None:
+            deadline = min(deadline, rec.deadline)
+        rec.state, rec.deadline = DRAINING, deadline
+        rec.drain_at = max(now, deadline - self.config.drain_margin_s)
+        return deadline
+
+    def mark_gone(self, instance_id: str, reason: str) -> None:
+        rec = self._records.get(instance_id)
+        if rec is not None and rec.state != GONE:
+            rec.state, rec.gone_reason = GONE, reason
+
+    def expire(self) -> list[str]:
+        """Declare dead every instance silent for missed_beats intervals; return their ids."""
+        now = self.clock.now()
+        limit = self.config.heartbeat_interval_s * self.config.missed_beats
+        dead = [r.instance_id for r in self._records.values()
+                if r.state != GONE and now - r.last_beat > limit]
+        for iid in dead:
+            self.mark_gone(iid, f"no heartbeat for {limit:g} s")
+        return sorted(dead)
+
+    def get(self, instance_id: str) -> InstanceRecord | None:
+        return self._records.get(instance_id)
+
+    def live(self) -> list[InstanceRecord]:
+        return [r for _, r in sorted(self._records.items()) if r.state != GONE]
+
+    def routable(self, kind: str | None = None) -> list[InstanceRecord]:
+        """Active instances at an allowed weight version, in id order."""
+        return [r for r in self.live() if r.state == ACTIVE and self.version_ok(r.weight_version)
+                and (kind is None or r.kind == kind)]
+
+    def drains_due(self) -> list[InstanceRecord]:
+        now = self.clock.now()
+        return [r for r in self.live() if r.state == DRAINING and r.drain_at is not None and r.drain_at <= now]
+
+    def _live(self, instance_id: str) -> InstanceRecord:
+        rec = self._records.get(instance_id)
+        if rec is None:
+            raise RolloutError(f"instance {instance_id!r} is not registered")
+        if rec.state == GONE:
+            raise RolloutError(f"instance {instance_id!r} is gone ({rec.gone_reason}); register it again")
+        return rec
+
+    def _lease(self, rec: InstanceRecord) -> Lease:
+        return Lease(instance_id=rec.instance_id, state=rec.state, weight_version=self._version,
+                     renew_within_s=self.config.heartbeat_interval_s)

@@ -1,0 +1,205 @@
+"""Router: where every sample runs, decided per sample from measured token rates.
+
+A sample waits in the controller's queue until an instance has a free slot, goes to the
+instance that would finish its outstanding work soonest, and is moved (work stealing) when
+an idle or newly joined instance would finish it clearly sooner than where it is.
+Pure policy: it returns decisions; the driver carries them out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from rlboost.controller.estimates import RateModel
+
+
+@dataclass(kw_only=True, slots=True)
+class RouterConfig:
+    """Routing and work-stealing settings.
+
+    retry_budget is how many instance losses one sample may survive before its step fails.
+    A sample is stolen only if it would finish at least steal_margin (a fraction) and
+    min_steal_gain_s sooner on the target, counting the re-prefill of its tokens.
+    """
+
+    retry_budget: int = 3
+    steal_margin: float = 0.3
+    min_steal_gain_s: float = 2.0
+    max_moves_per_tick: int = 64
+    prefill_tokens_per_s: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if self.retry_budget < 0:
+            raise ValueError(f"retry_budget must be >= 0, got {self.retry_budget}")
+        if not 0.0 <= self.steal_margin < 1.0:
+            raise ValueError(f"steal_margin must be in [0, 1), got {self.steal_margin}")
+        if self.min_steal_gain_s < 0:
+            raise ValueError(f"min_steal_gain_s must be >= 0, got {self.min_steal_gain_s}")
+        if self.max_moves_per_tick < 0:
+            raise ValueError(f"max_moves_per_tick must be >= 0, got {self.max_moves_per_tick}")
+        if not self.prefill_tokens_per_s > 0:
+            raise ValueError(f"prefill_tokens_per_s must be > 0, got {self.prefill_tokens_per_s}")
+
+
+@dataclass(slots=True)
+class InstanceView:
+    """What the router needs to know about one instance right now."""
+
+    instance_id: str
+    capacity: int
+    rates: RateModel
+    accepts_new: bool = True  # False: only a source of samples (draining)
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    instance_id: str
+    sample_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    source: str
+    target: str
+    sample_ids: tuple[int, ...]
+
+
+class Router:
+    """Sample -> instance assignments, the queue of unplaced samples, and retry budgets."""
+
+    def __init__(self, config: RouterConfig):
+        self.config = config
+        self.begin_step(())
+
+    def begin_step(self, sample_ids: Iterable[int]) -> None:
+        self._queue: deque[int] = deque(sample_ids)
+        self._owner: dict[int, str] = {}
+        self._by_instance: dict[str, set[int]] = {}
+        self.failures: Counter[int] = Counter()
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def owner(self, sample_id: int) -> str | None:
+        return self._owner.get(sample_id)
+
+    def samples_on(self, instance_id: str) -> tuple[int, ...]:
+        return tuple(sorted(self._by_instance.get(instance_id, ())))
+
+    @property
+    def queued(self) -> tuple[int, ...]:
+        return tuple(self._queue)
+
+    def assign(self, sample_id: int, instance_id: str) -> None:
+        self.unassign(sample_id)
+        self._owner[sample_id] = instance_id
+        self._by_instance.setdefault(instance_id, set()).add(sample_id)
+
+    def unassign(self, sample_id: int) -> None:
+        iid = self._owner.pop(sample_id, None)
+        if iid is not None:
+            self._by_instance[iid].discard(sample_id)
+
+    def finish(self, sample_id: int) -> None:
+        self.unassign(sample_id)
+
+    def requeue(self, sample_ids: Iterable[int], *, failed: bool) -> None:
+        """Put samples at the front of the queue (they carry progress); failed ones spend budget."""
+        for sid in sorted(sample_ids, reverse=True):
+            self.unassign(sid)
+            if failed:
+                self.failures[sid] += 1
+            if sid not in self._queue:
+                self._queue.appendleft(sid)
+
+    def release(self, instance_id: str, *, failed: bool) -> tuple[int, ...]:
+        """Take every sample off an instance and queue it again; return them."""
+        sids = self.samples_on(instance_id)
+        self.requeue(sids, failed=failed)
+        self._by_instance.pop(instance_id, None)
+        return sids
+
+    def exhausted(self) -> tuple[int, ...]:
+        """Samples that lost more instances than the retry budget allows."""
+        return tuple(sorted(s for s, n in self.failures.items() if n > self.config.retry_budget))
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def dispatch(self, instances: list[InstanceView], remaining: Callable[[int], float]) -> list[Assign]:
+        """Place queued samples on free slots, each where outstanding work / rate is least."""
+        open_ = [v for v in instances
+                 if v.accepts_new and len(self._by_instance.get(v.instance_id, ())) < v.capacity]
+        if not self._queue or not open_:
+            return []
+        load = {v.instance_id: [len(self._by_instance.get(v.instance_id, ())),
+                                sum(remaining(s) for s in self._by_instance.get(v.instance_id, ()))]
+                for v in open_}
+        placed: dict[str, list[int]] = {}
+        while self._queue:
+            sid = self._queue[0]
+            need = remaining(sid)
+            best, best_key = None, None
+            for v in open_:
+                n, work = load[v.instance_id]
+                if n >= v.capacity:
+                    continue
+                key = ((work + need) / v.rates.full_rate(v.capacity), n, v.instance_id)
+                if best_key is None or key < best_key:
+                    best, best_key = v, key
+            if best is None:
+                break
+            self._queue.popleft()
+            load[best.instance_id][0] += 1
+            load[best.instance_id][1] += need
+            self.assign(sid, best.instance_id)
+            placed.setdefault(best.instance_id, []).append(sid)
+        return [Assign(iid, tuple(sids)) for iid, sids in sorted(placed.items())]
+
+    def steal(self, instances: list[InstanceView], remaining: Callable[[int], float],
+              position: Callable[[int], int]) -> list[Move]:
+        """Samples to move to free slots where they would finish clearly sooner (only with an empty
+        queue). Decisions only: the caller assigns each sample once it has left its source."""
+        if self._queue:
+            return []
+        cfg = self.config
+        views = {v.instance_id: v for v in instances}
+        count = {iid: len(self._by_instance.get(iid, ())) for iid in views}
+        cache: dict[int, tuple[float, int]] = {}
+        taken: set[int] = set()
+        moves: dict[tuple[str, str], list[int]] = {}
+        for _ in range(cfg.max_moves_per_tick):
+            # the same sample gains most on the fastest free slot, so only that target matters
+            targets = [v for v in instances if v.accepts_new and count[v.instance_id] < v.capacity]
+            if not targets:
+                break
+            t = max(targets, key=lambda v: (v.rates.rate_at(count[v.instance_id] + 1), v.instance_id))
+            t_rate = t.rates.rate_at(count[t.instance_id] + 1)
+            best = None
+            for src in sorted(self._by_instance):
+                sids = self._by_instance[src]
+                if src == t.instance_id or src not in views or not sids:
+                    continue
+                s_rate = views[src].rates.rate_at(count[src])
+                if t_rate * (1.0 - cfg.steal_margin) <= s_rate:
+                    continue  # no sample of src can clear the margin
+                for sid in sids:
+                    if sid in taken:
+                        continue
+                    if sid not in cache:
+                        cache[sid] = (remaining(sid), position(sid))
+                    rem, pos = cache[sid]
+                    stay = rem / s_rate
+                    go = pos / cfg.prefill_tokens_per_s + rem / t_rate
+                    gain = stay - go
+                    if go < stay * (1.0 - cfg.steal_margin) and gain > cfg.min_steal_gain_s:
+                        if best is None or (gain, -sid) > (best[0], -best[1]):
+                            best = (gain, sid, src)
+            if best is None:
+                break
+            _, sid, src = best
+            taken.add(sid)
+            count[src] -= 1
+            count[t.instance_id] += 1
+            moves.setdefault((src, t.instance_id), []).append(sid)
+        return [Move(s, d, tuple(sorted(x))) for (s, d), x in sorted(moves.items())]

@@ -1,0 +1,409 @@
+"""RolloutService: the controller's driver loop over rollout instances.
+
+Each tick it polls every instance's token deltas, feeds the collector, and carries out the
+router's and the offload policy's decisions (submit, migrate, close the local window); it
+handles joins, preemption notices and deaths. Engines are reached through EngineAdapter, so
+the same loop drives in-process engines (tests, emulation) and Ray actors (production).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from rlboost.controller.adapters import EngineAdapter
+from rlboost.controller.clock import Clock
+from rlboost.controller.collector import APPLIED, GAP, Collector
+from rlboost.controller.decisions import StepDecisions, StepState
+from rlboost.controller.estimates import LengthModel, RateModel
+from rlboost.controller.metrics import StepMeter, StepMetrics
+from rlboost.controller.moves import EngineMoves
+from rlboost.controller.offload import AdaptiveWindow, StepObservation, WindowPolicy
+from rlboost.controller.records import InstanceInfo, InstanceStatus, Lease, MicroBatch, PromptGroup
+from rlboost.controller.registry import ACTIVE, DRAINING, GONE, Registry, RegistryConfig
+from rlboost.controller.router import Router, RouterConfig
+from rlboost.errors import RolloutError, TransferTimeout
+
+_EPS_S = 1e-6
+
+
+@dataclass(kw_only=True, slots=True)
+class ControllerConfig:
+    """Settings of the driver loop; rates are priors used until an instance has been measured.
+
+    idle_timeout_s fails a step when no token arrives for that long while samples are
+    pending (an idle timeout: a long but progressing step never times out).
+    microbatch_min_samples defaults to the first group's size.
+    """
+
+    poll_interval_s: float = 0.05
+    idle_timeout_s: float = 120.0
+    call_timeout_s: float = 30.0
+    microbatch_min_samples: int | None = None
+    microbatch_max_samples: int | None = None
+    migrate_with_kv: bool = False
+    reserved_tokens_per_s: float = 4000.0
+    preemptible_tokens_per_s: float = 1000.0
+    sample_tokens_per_s: float = 30.0
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("poll_interval_s", "idle_timeout_s", "call_timeout_s", "reserved_tokens_per_s",
+                     "preemptible_tokens_per_s", "sample_tokens_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("microbatch_min_samples", "microbatch_max_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+
+
+class _Engine:
+    __slots__ = ("adapter", "rates", "kind", "polled_at")
+
+    def __init__(self, adapter: EngineAdapter, rates: RateModel, kind: str, now: float):
+        self.adapter, self.rates, self.kind, self.polled_at = adapter, rates, kind, now
+
+
+class RolloutService(StepDecisions, EngineMoves):
+    """The rollout controller: instances, steps, and the loop that drives them.
+
+    Lifecycle: `await start()` launches the loop on the running event loop; `await close()`
+    stops it. Per step: start_step() -> wait_window_closed() -> next_microbatch() until a
+    micro-batch has last=True -> end_step(). Between steps: set_weight_version().
+    """
+
+    def __init__(self, config: ControllerConfig | None = None, *, clock: Clock,
+                 window_policy: WindowPolicy | None = None):
+        self.config = config or ControllerConfig()
+        self.clock = clock
+        self.registry = Registry(self.config.registry, clock)
+        self.router = Router(self.config.router)
+        self.lengths = LengthModel()
+        self.policy = window_policy if window_policy is not None else AdaptiveWindow()
+        self._engines: dict[str, _Engine] = {}
+        self._leaving: list[tuple[str, str]] = []
+        self._calls: dict[str, tuple[asyncio.Future, str, int]] = {}  # one poll or load in flight each
+        self._step: StepState | None = None
+        self._kv: dict[int, tuple] = {}
+        self._changed: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._crashed: BaseException | None = None
+
+    # -- loop --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RolloutError("the controller loop is already running")
+        self._changed = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="rlboost-controller")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for task, _, _ in self._calls.values():
+            task.cancel()
+        self._calls.clear()
+        for iid in list(self._engines):
+            await self._close_engine(iid)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # a bad engine or a bug: the step fails loudly, the loop lives on
+                if self._step is None:
+                    self._crashed = exc  # every later call raises it instead of waiting forever
+                    self._wake()
+                    raise
+                self._fail(exc)
+            await self.clock.asleep(self.config.poll_interval_s)
+
+    async def tick(self) -> None:
+        """One round: leases, first contact, polls, drains, window, placement, watchdog."""
+        for iid in self.registry.expire():
+            self._lose(iid, "missed heartbeats")
+        while self._leaving:
+            self._lose(*self._leaving.pop(0))
+        await self._exchange()
+        st = self._step
+        if st is not None and st.failure is None:
+            await self._drain_due()
+            await self._window(st)
+            await self._place(st)
+            self._check(st)
+        else:
+            await self._drain_due()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def _expired(self, deadline: float) -> bool:
+        # a tolerance, so float rounding cannot leave a deadline a few ulps away forever
+        return self.clock.now() >= deadline - _EPS_S
+
+    def _check_loop(self) -> None:
+        if self._crashed is not None:
+            raise RolloutError(f"the controller loop stopped: {self._crashed!r}") from self._crashed
+        if self._changed is None:
+            raise RolloutError("the controller loop is not running: await start() first")
+
+    async def _wait_change(self, deadline: float) -> None:
+        self._check_loop()
+        left = deadline - self.clock.now()
+        if left > _EPS_S:
+            try:
+                await asyncio.wait_for(self._changed.wait(), left / self.clock.speed)
+            except asyncio.TimeoutError:
+                pass  # the caller re-checks its condition and its deadline
+
+    # -- instances ---------------------------------------------------------------------------
+
+    def register(self, info: InstanceInfo, engine: EngineAdapter) -> Lease:
+        """Admit an instance (state joining); the loop contacts it and learns its weight version."""
+        lease = self.registry.register(info)
+        same = [e.rates for e in self._engines.values() if e.kind == info.kind and e.rates.observed]
+        if same:
+            per_sample = sum(r.per_sample for r in same) / len(same)
+            aggregate = sum(r.aggregate for r in same) / len(same)
+        else:
+            per_sample = self.config.sample_tokens_per_s
+            aggregate = (self.config.reserved_tokens_per_s if info.kind == "reserved"
+                         else self.config.preemptible_tokens_per_s)
+        self._engines[info.instance_id] = _Engine(engine, RateModel(per_sample, aggregate), info.kind,
+                                                  self.clock.now())
+        return lease
+
+    def heartbeat(self, instance_id: str, weight_version: int | None = None) -> Lease:
+        return self.registry.heartbeat(instance_id, weight_version)
+
+    def notice(self, instance_id: str, grace_s: float) -> float:
+        """A preemption notice; returns the deadline (controller clock) by which samples leave."""
+        deadline = self.registry.notice(instance_id, grace_s)
+        if self._step is not None:
+            self._step.meter.preemptions += 1
+        return deadline
+
+    def deregister(self, instance_id: str, reason: str = "deregistered") -> None:
+        """The instance is gone now (e.g. its actor died): resume its samples elsewhere."""
+        self._leaving.append((instance_id, reason))
+
+    def set_weight_version(self, version: int) -> None:
+        if self._step is not None:
+            raise RolloutError("end the running step before making a new weight version current")
+        self.registry.set_weight_version(version)
+
+    def instances(self) -> tuple[InstanceStatus, ...]:
+        out = []
+        for rec in self.registry.live():
+            eng = self._engines.get(rec.instance_id)
+            rate = eng.rates.full_rate(rec.info.capacity) if eng else 0.0
+            out.append(InstanceStatus(instance_id=rec.instance_id, kind=rec.kind, state=rec.state,
+                                      weight_version=rec.weight_version, tokens_per_s=rate,
+                                      samples=len(self.router.samples_on(rec.instance_id))))
+        return tuple(out)
+
+    async def _exchange(self) -> None:
+        """Ask every instance without a call in flight for news (active and draining ones: their
+        deltas; joining and pulling ones: their load, which tells their weight version), then
+        handle the answers that have come. A slow instance never holds up the others."""
+        for rec in self.registry.live():
+            iid = rec.instance_id
+            if iid not in self._engines or iid in self._calls:
+                continue
+            adapter = self._engines[iid].adapter
+            if rec.state in (ACTIVE, DRAINING):
+                self._calls[iid] = (asyncio.ensure_future(self._guard(adapter.poll())), "poll",
+                                    len(self.router.samples_on(iid)))
+            else:
+                self._calls[iid] = (asyncio.ensure_future(self._guard(adapter.load())), "load", 0)
+        await asyncio.sleep(0)  # in-process engines answer within this turn of the loop
+        for iid in sorted(self._calls):
+            if iid in self._calls and self._calls[iid][0].done():
+                await self._settle(iid)
+
+    async def _settle(self, iid: str) -> None:
+        """Wait for the instance's call in flight (if any) and handle its answer."""
+        if iid not in self._calls:
+            return
+        task, kind, running = self._calls[iid]
+        await asyncio.wait({task})  # unlike `await task`, does not raise when the call failed
+        if task.cancelled() or self._calls.get(iid, (None,))[0] is not task:
+            return  # handled meanwhile (lost, or settled by another caller)
+        res = task.exception() or task.result()
+        del self._calls[iid]
+        if kind == "poll":
+            await self._polled(iid, res, running)
+        elif isinstance(res, TransferTimeout):
+            pass  # busy (e.g. loading weights): its heartbeats, or their absence, decide
+        elif isinstance(res, BaseException):
+            self._lose(iid, f"load() failed: {res!r}")
+        elif self.registry.get(iid).state != GONE:
+            self.registry.heartbeat(iid, res.weight_version)
+
+    async def _polled(self, iid: str, res, running: int) -> None:
+        """Handle one instance's poll result (deltas or the exception its poll raised)."""
+        if isinstance(res, BaseException):
+            self._lose(iid, f"poll() failed: {res!r}")
+            return
+        if self.registry.get(iid).state == GONE:
+            return
+        self.registry.heartbeat(iid)
+        got = await self._take(iid, res)
+        eng, now = self._engines.get(iid), self.clock.now()
+        if eng is not None:
+            eng.rates.observe(got, now - eng.polled_at, running)
+            eng.polled_at = now
+
+    async def _take(self, iid: str, deltas) -> int:
+        """Feed one instance's deltas to the collector; returns how many new tokens they held."""
+        st = self._step
+        if st is None or not deltas:
+            return 0
+        col, eng = st.collector, self._engines[iid]
+        start_tokens, gaps = col.tokens, []
+        for d in deltas:
+            if not col.knows(d.sample_id) or self.router.owner(d.sample_id) != iid:
+                continue  # a sample that has left this instance: its tokens come from elsewhere
+            was = col.tokens
+            res = col.apply(d, self.clock.now())
+            if res == GAP:
+                gaps.append(d.sample_id)
+            elif res == APPLIED:
+                st.meter.add_tokens(iid, eng.kind, col.tokens - was)
+                st.last_progress = self.clock.now()
+                if col.finished(d.sample_id):
+                    self._finished(d.sample_id)
+        if gaps:  # tokens went missing between engine and collector: resume from what we hold
+            try:
+                await self._guard(eng.adapter.abort(gaps))
+            except Exception as exc:
+                self._lose(iid, f"abort() failed: {exc!r}")
+            self.router.requeue(gaps, failed=True)
+            st.meter.resumes += len(gaps)
+        return col.tokens - start_tokens
+
+    def _finished(self, sid: int) -> None:
+        self.router.finish(sid)
+        self._kv.pop(sid, None)
+        self.lengths.observe(self._step.collector.progress(sid))
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int) -> float:
+        """Begin rolling out groups with weights weight_version; returns the planned local window (s)."""
+        self._check_loop()
+        if self._step is not None:
+            raise RolloutError(f"step {self._step.meter.step} is still running: call end_step() first")
+        if weight_version != self.registry.current_version:
+            self.registry.set_weight_version(weight_version)
+        cfg = self.config
+        min_samples = cfg.microbatch_min_samples or (groups[0].num_samples if groups else 1)
+        collector = Collector(step, groups, weight_version, microbatch_min_samples=min_samples,
+                              microbatch_max_samples=cfg.microbatch_max_samples,
+                              max_staleness=cfg.registry.max_staleness)
+        meter = StepMeter(step=step, weight_version=weight_version, started_at=self.clock.now())
+        self.router.begin_step(collector.sample_ids)
+        self._kv.clear()
+        self._step = StepState(collector, meter)
+        meter.planned_window_s = self.policy.plan(self._context(self._step))
+        self._wake()
+        return meter.planned_window_s
+
+    async def wait_window_closed(self, timeout_s: float) -> bool:
+        """Wait until the reserved instances are released (window closed or all samples done)."""
+        st = self._require_step()
+        deadline = self.clock.now() + timeout_s
+        while True:
+            if st.failure is not None:
+                raise st.failure
+            if not st.window_open or st.collector.all_done:
+                return True
+            if self._expired(deadline):
+                return False
+            await self._wait_change(deadline)
+
+    async def next_microbatch(self, timeout_s: float) -> MicroBatch | None:
+        """Complete groups for the trainer, or None if none are ready within timeout_s.
+
+        Raises StepFailed (naming the missing samples) if the step cannot complete.
+        """
+        st = self._require_step()
+        if st.delivered_last:
+            raise RolloutError(f"step {st.meter.step} has delivered its last micro-batch")
+        deadline = self.clock.now() + timeout_s
+        began = self.clock.now()
+        try:
+            while True:
+                if st.failure is not None:
+                    raise st.failure
+                mb = st.collector.take()
+                if mb is not None:
+                    self._slack(st, mb)
+                    if mb.last:
+                        st.delivered_last = True
+                        st.meter.last_microbatch_tokens = mb.num_tokens
+                    return mb
+                if self._expired(deadline):
+                    return None
+                await self._wait_change(deadline)
+        finally:
+            closed = st.meter.window_closed_at
+            if closed is not None:  # the trainer waits only once the window has given it back
+                st.meter.trainer_idle_s += max(0.0, self.clock.now() - max(began, closed))
+
+    def _slack(self, st: StepState, mb: MicroBatch) -> None:
+        """Record when each group was ready and when the trainer took it (after the window)."""
+        if st.meter.window_closed_at is None or not mb.groups:
+            return
+        t0, col = st.meter.started_at, st.collector
+        groups = sorted((col.completed_at[g.group_id] - t0, g.num_tokens) for g in mb.groups)
+        st.meter.deliveries.append((self.clock.now() - t0, tuple(groups)))
+
+    async def end_step(self) -> StepMetrics:
+        """Finish the step (aborting whatever is still running), learn from it, return its metrics."""
+        st = self._require_step()
+        leftover = {}
+        for sid in st.collector.missing():
+            owner = self.router.owner(sid)
+            if owner is not None:
+                leftover.setdefault(owner, []).append(sid)
+        for iid, sids in sorted(leftover.items()):
+            try:
+                await self._guard(self._engines[iid].adapter.abort(sids))
+            except Exception as exc:
+                self._lose(iid, f"abort() failed: {exc!r}")
+        col, meter = st.collector, st.meter
+        metrics = meter.freeze(now=self.clock.now(), samples=len(col.sample_ids), total_tokens=col.tokens,
+                               duplicates=col.duplicates, gaps=col.gaps)
+        if st.failure is None and col.all_done:
+            self.policy.observe(StepObservation(
+                window_s=metrics.window_s, num_preemptible=metrics.num_preemptible,
+                total_tokens=metrics.total_tokens, step_time_s=metrics.step_time_s,
+                trainer_idle_s=metrics.trainer_idle_s, rollout_idle_s=metrics.rollout_idle_s,
+                train_busy_s=max(0.0, metrics.step_time_s - metrics.window_s - metrics.trainer_idle_s),
+                last_microbatch_tokens=meter.last_microbatch_tokens, deliveries=tuple(meter.deliveries)))
+        self.router.begin_step(())
+        self._kv.clear()
+        self._step = None
+        return metrics
+
+    def _require_step(self) -> StepState:
+        if self._step is None:
+            raise RolloutError("no step is running: call start_step() first")
+        return self._step
+
+    def _fail(self, exc: BaseException) -> None:
+        st = self._step
+        if st is not None and st.failure is None:
+            st.failure = exc
+            self._wake()

@@ -1,0 +1,141 @@
+"""Helpers for the controller tests: a recording engine wrapper, an emulated trainer loop,
+and the tokens an uninterrupted run produces."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from rlboost.controller.clock import ManualClock
+from rlboost.controller.records import InstanceInfo
+from rlboost.errors import PeerLost
+from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
+
+TOKENS = dict(vocab_size=1000, stop_probability=0.02, eos_token_id=2)
+
+
+def engine_config(**kw) -> EmulatedEngineConfig:
+    """An emulated engine with the token statistics every engine of a test shares."""
+    return EmulatedEngineConfig(**{**TOKENS, **kw})
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float
+    instance: str
+    method: str
+    ids: tuple[int, ...]
+    progress: tuple[int, ...] = ()  # for submit/import: output tokens each sample already had
+
+
+class RecordingEngineForTests:
+    """Wraps an EmulatedEngine as an EngineAdapter and records every call in order.
+
+    kill() makes later calls fail like a dead actor; hang() makes them never answer.
+    """
+
+    def __init__(self, name: str, engine: EmulatedEngine, log: list[Event], clock):
+        self.name, self.engine, self.log, self.clock = name, engine, log, clock
+        self.dead = False
+        self.hung = False
+
+    def kill(self) -> None:
+        self.dead = True
+
+    def hang(self) -> None:
+        self.hung = True
+
+    async def _enter(self, method: str, ids=(), progress=()) -> None:
+        if self.dead:
+            raise PeerLost(f"{self.name} is dead")
+        if self.hung:
+            await asyncio.Event().wait()
+        self.log.append(Event(self.clock.now(), self.name, method, tuple(ids), tuple(progress)))
+
+    async def submit(self, states):
+        await self._enter("submit", [s.sample_id for s in states], [len(s.output_ids) for s in states])
+        self.engine.submit(states)
+
+    async def poll(self):
+        await self._enter("poll")
+        deltas = self.engine.poll(0.0)
+        if deltas:
+            self.log.append(Event(self.clock.now(), self.name, "deltas", tuple(d.sample_id for d in deltas)))
+        return deltas
+
+    async def abort(self, sample_ids):
+        await self._enter("abort", sample_ids)
+        self.engine.abort(sample_ids)
+
+    async def export_states(self, sample_ids, *, with_kv):
+        await self._enter("export", sample_ids or ())
+        return self.engine.export_states(sample_ids, with_kv=with_kv)
+
+    async def import_states(self, batch):
+        await self._enter("import", [s.sample_id for s in batch.states])
+        self.engine.import_states(batch)
+
+    async def load_weights(self, named_tensors, version):
+        await self._enter("load_weights")
+        self.engine.load_weights(named_tensors, version)
+
+    async def load(self):
+        await self._enter("load")
+        return self.engine.load()
+
+    async def close(self):
+        await self._enter("close")
+        self.engine.close()
+
+
+def add_instance(svc, clock, log, name, kind="preemptible", *, version=0, capacity=8, **speeds):
+    """Create, load and register an instance; returns its recording adapter."""
+    engine = EmulatedEngine(engine_config(max_running=capacity, **speeds), clock=clock)
+    if version is not None:
+        engine.load_weights({}, version)
+    rec = RecordingEngineForTests(name, engine, log, clock)
+    svc.register(InstanceInfo(instance_id=name, kind=kind, capacity=capacity), rec)
+    return rec
+
+
+async def run_step(svc, clock, step, groups, version, *, train_s_per_token=0.0, wait_s=30.0):
+    """The trainer's side of one step; returns (micro-batches, metrics)."""
+    svc.start_step(step, groups, version)
+    while not await svc.wait_window_closed(wait_s):
+        pass
+    batches = []
+    while True:
+        mb = await svc.next_microbatch(wait_s)
+        if mb is None:
+            continue
+        batches.append(mb)
+        await clock.asleep(train_s_per_token * mb.num_tokens)
+        if mb.last:
+            break
+    return batches, await svc.end_step()
+
+
+def uninterrupted(groups, version=0, **token_config):
+    """sample id -> (output ids, logprobs, finish reason) from one engine that is never disturbed."""
+    clock = ManualClock()
+    engine = EmulatedEngine(engine_config(max_running=10_000, **token_config), clock=clock)
+    engine.load_weights({}, version)
+    engine.submit([s for g in groups for s in g.states(version)])
+    clock.advance(1e7)
+    out = {}
+    for d in engine.poll(0.0):
+        ids, lps, _ = out.get(d.sample_id, ((), (), None))
+        out[d.sample_id] = (ids + d.ids, lps + d.logprobs, d.finish_reason)
+    return out
+
+
+def outputs(batches):
+    """sample id -> (output ids, logprobs, finish reason) of delivered micro-batches; asserts each
+    sample is delivered exactly once."""
+    out = {}
+    for mb in batches:
+        for g in mb.groups:
+            for s in g.samples:
+                assert s.sample_id not in out, f"sample {s.sample_id} delivered twice"
+                out[s.sample_id] = (s.output_ids, s.output_logprobs, s.finish_reason)
+    return out

@@ -1,0 +1,64 @@
+"""The controller as a Ray actor driving emulated engines that are Ray actors themselves."""
+
+import os
+
+import pytest
+import ray
+
+from controller_fakes import engine_config, uninterrupted
+from rlboost.controller.actor import RolloutController
+from rlboost.controller.clock import MonotonicClock
+from rlboost.controller.emulation import make_groups
+from rlboost.controller.offload import ReferenceWindowConfig
+from rlboost.controller.records import InstanceInfo
+from rlboost.controller.service import ControllerConfig
+from rlboost.errors import RolloutError
+from rlboost.rollout.emulated import EmulatedEngine
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(num_cpus=2, object_store_memory=200 * 1024 ** 2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_a_step_over_ray_actors_survives_a_killed_instance(ray_session):
+    engine_actor = ray.remote(num_cpus=0)(EmulatedEngine)
+    ctl = RolloutController.remote(
+        ControllerConfig(poll_interval_s=0.02, idle_timeout_s=30.0, call_timeout_s=10.0),
+        "reference", ReferenceWindowConfig(initial_window_s=0.2, floor_s=0.0))
+    engines = {}
+    for name, kind in (("reserved-0", "reserved"), ("spot-0", "preemptible"), ("spot-1", "preemptible")):
+        engines[name] = engine_actor.remote(engine_config(max_running=8, sample_tokens_per_s=20.0),
+                                            clock=MonotonicClock())
+        ray.get(engines[name].load_weights.remote({}, 0))
+        lease = ray.get(ctl.register.remote(InstanceInfo(instance_id=name, kind=kind, capacity=8), engines[name]))
+        assert lease.state == "joining"
+    groups = make_groups(0, num_groups=3, group_size=4, prompt_len=5, max_new_tokens=40)
+    ray.get(ctl.set_weight_version.remote(0))
+    ray.get(ctl.start_step.remote(0, groups, 0))
+    while not ray.get(ctl.wait_window_closed.remote(10.0)):
+        pass
+    ray.kill(engines["spot-0"])  # sudden death in the middle of the step
+    got = {}
+    while True:
+        mb = ray.get(ctl.next_microbatch.remote(10.0))
+        if mb is None:
+            continue
+        for g in mb.groups:
+            for s in g.samples:
+                assert s.sample_id not in got
+                got[s.sample_id] = (s.output_ids, s.output_logprobs, s.finish_reason)
+        if mb.last:
+            break
+    metrics = ray.get(ctl.end_step.remote())
+    assert got == uninterrupted(groups)
+    assert metrics.deaths == 1 and metrics.samples == 12
+    states = {s.instance_id: s.state for s in ray.get(ctl.instances.remote())}
+    assert states == {"reserved-0": "active", "spot-1": "active"}
+    assert ray.get(ctl.notice.remote("spot-1", 30.0)) > 0
+    with pytest.raises(RolloutError, match="start_step"):
+        ray.get(ctl.next_microbatch.remote(0.1))
+    ray.get(ctl.close.remote())

@@ -1,0 +1,16 @@
+"""The examples in the controller's docstrings run as written."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["rlboost.controller.clock", "rlboost.controller.records", "rlboost.controller.estimates",
+           "rlboost.controller.offload", "rlboost.controller.metrics", "rlboost.controller.emulation",
+           "rlboost.rollout.emulated"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,254 @@
+"""The driver loop on virtual time, with recording engines: joins, notices, deaths, gating, windows."""
+
+import pytest
+
+from controller_fakes import add_instance, outputs, run_step, uninterrupted
+from rlboost.controller.clock import run_virtual
+from rlboost.controller.emulation import make_groups
+from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
+from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.router import RouterConfig
+from rlboost.controller.service import ControllerConfig, RolloutService
+from rlboost.errors import RolloutError, StepFailed
+
+GROUPS = make_groups(0, num_groups=4, group_size=4, prompt_len=4, max_new_tokens=60)
+
+
+def config(**kw):
+    base = dict(poll_interval_s=0.1, idle_timeout_s=20.0, call_timeout_s=1.0,
+                registry=RegistryConfig(heartbeat_interval_s=1.0, missed_beats=3, drain_margin_s=2.0))
+    return ControllerConfig(**{**base, **kw})
+
+
+def window(seconds):
+    return ReferenceWindowRule(ReferenceWindowConfig(initial_window_s=seconds, floor_s=0.0))
+
+
+def scenario(body, *, cfg=None, policy=None):
+    log = []
+
+    async def main(clock):
+        svc = RolloutService(cfg or config(), clock=clock, window_policy=policy or window(1.0))
+        await svc.start()
+        try:
+            return await body(svc, clock, log)
+        finally:
+            await svc.close()
+    return run_virtual(main), log
+
+
+def later(clock, seconds, fn):
+    import asyncio
+
+    async def go():
+        await clock.asleep(seconds)
+        fn()
+    return asyncio.ensure_future(go())
+
+
+def first(log, instance, method, after=-1.0):
+    return min((e.t for e in log if e.instance == instance and e.method == method and e.t > after),
+               default=None)
+
+
+def test_instance_joining_mid_step_gets_work_and_results_match_an_uninterrupted_run():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=4, sample_tokens_per_s=10.0)
+        later(clock, 0.5, lambda: add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=20.0))
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body)
+    assert outputs(batches) == uninterrupted(GROUPS)
+    joined_submit = first(log, "spot-0", "submit")
+    assert joined_submit is not None and joined_submit >= 0.5
+    assert first(log, "spot-0", "load") <= joined_submit  # contacted (version learned) before use
+    assert metrics.window_s >= 1.0  # the window could not close before a preemptible instance existed
+    assert dict(metrics.tokens_per_instance)["spot-0"] > 0
+
+
+def test_notice_drains_samples_before_the_deadline_and_they_finish_elsewhere():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-1", capacity=8, sample_tokens_per_s=10.0)
+        later(clock, 2.0, lambda: svc.notice("spot-0", 3.0))
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body)
+    assert outputs(batches) == uninterrupted(GROUPS)
+    exports = [e for e in log if e.instance == "spot-0" and e.method == "export" and e.t >= 2.0]
+    assert exports and exports[0].ids, "spot-0 held samples when the notice came"
+    assert 3.0 <= exports[0].t < 5.0  # drain_margin_s before the 5 s deadline, not at once
+    assert not [e for e in log if e.instance == "spot-0" and e.method == "submit" and e.t >= 2.0]
+    resumed = [e for e in log if e.method == "submit" and e.t >= exports[0].t and set(e.ids) & set(exports[0].ids)]
+    assert resumed and resumed[0].instance == "spot-1"
+    assert metrics.preemptions == 1 and metrics.deaths == 0 and metrics.resumes == 0
+    assert metrics.migrations >= len(exports[0].ids)
+
+
+def test_sudden_death_resumes_samples_from_their_last_collected_token():
+    holder = {}
+
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        holder["spot"] = add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-1", capacity=8, sample_tokens_per_s=10.0)
+        later(clock, 2.5, holder["spot"].kill)
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body)
+    assert outputs(batches) == uninterrupted(GROUPS)
+    assert metrics.deaths == 1 and metrics.resumes > 0 and metrics.reprefill_tokens > 0
+    on_dead = {i for e in log if e.instance == "spot-0" and e.method == "submit" for i in e.ids}
+    resumed = [e for e in log if e.t >= 2.5 and e.method == "submit" and set(e.ids) & on_dead]
+    assert resumed and all(e.instance != "spot-0" for e in resumed)
+    assert any(p > 0 for e in resumed for p in e.progress)  # not restarted from scratch
+
+
+def test_zero_preemptible_instances_the_reserved_engine_finishes_everything():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=8, sample_tokens_per_s=10.0)
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body)
+    assert outputs(batches) == uninterrupted(GROUPS)
+    assert metrics.offload_share == 0.0 and metrics.migrations == 0
+    assert metrics.window_s == pytest.approx(metrics.rollout_time_s)  # never closed while work remained
+    assert metrics.window_s > 1.0  # well past the 1 s window the policy asked for
+
+
+def test_instances_at_a_stale_weight_version_get_no_work_until_they_load_the_current_one():
+    holder = {}
+
+    async def body(svc, clock, log):
+        svc.set_weight_version(1)
+        add_instance(svc, clock, log, "reserved-0", "reserved", version=1, capacity=4, sample_tokens_per_s=10.0)
+        holder["old"] = add_instance(svc, clock, log, "spot-old", version=0, capacity=8, sample_tokens_per_s=10.0)
+
+        def upgrade():
+            log.append(type(log[0])(clock.now(), "spot-old", "loaded-v1", ()))
+            holder["old"].engine.load_weights({}, 1)
+        later(clock, 1.5, upgrade)
+        return await run_step(svc, clock, 0, GROUPS, 1)
+    (batches, metrics), log = scenario(body)
+    assert outputs(batches) == uninterrupted(GROUPS, version=1)
+    assert all(s.weight_version == 1 for mb in batches for g in mb.groups for s in g.samples)
+    loaded = first(log, "spot-old", "loaded-v1")
+    submits = [e.t for e in log if e.instance == "spot-old" and e.method == "submit"]
+    assert submits and min(submits) >= loaded == 1.5
+
+
+def test_window_closes_early_when_every_sample_is_done():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=50.0)
+        add_instance(svc, clock, log, "spot-0", version=None, capacity=8)  # never gets weights
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body, policy=window(100.0))
+    assert outputs(batches) == uninterrupted(GROUPS)
+    assert metrics.planned_window_s == 100.0
+    assert metrics.window_s == pytest.approx(metrics.rollout_time_s) and metrics.window_s < 5.0
+
+
+def test_window_reopens_when_every_preemptible_instance_dies():
+    holder = {}
+
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        holder["spot"] = add_instance(svc, clock, log, "spot-0", capacity=16, sample_tokens_per_s=10.0)
+        later(clock, 2.0, holder["spot"].kill)
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body)
+    assert outputs(batches) == uninterrupted(GROUPS)
+    assert metrics.reopened == 1 and metrics.deaths == 1
+    assert first(log, "reserved-0", "submit", after=1.99) is not None
+
+
+def test_silent_instance_is_declared_lost_after_the_call_timeout():
+    holder = {}
+
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        holder["spot"] = add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-1", capacity=8, sample_tokens_per_s=10.0)
+        later(clock, 2.0, holder["spot"].hang)
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body)
+    assert outputs(batches) == uninterrupted(GROUPS)
+    assert metrics.deaths == 1
+
+
+def test_step_with_nobody_able_to_serve_fails_with_the_missing_samples_after_the_idle_timeout():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "spot-0", version=None, capacity=8)
+        with pytest.raises(StepFailed) as info:
+            await run_step(svc, clock, 0, GROUPS, 0)
+        return info.value, clock.now()
+    (err, when), _ = scenario(body, cfg=config(idle_timeout_s=5.0))
+    assert set(err.missing) == {s for g in GROUPS for s in g.sample_ids}
+    assert "no token arrived" in str(err) and when < 10.0
+
+
+def test_step_fails_when_a_sample_exceeds_its_retry_budget():
+    holder = {}
+
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        holder["spot"] = add_instance(svc, clock, log, "spot-0", capacity=16, sample_tokens_per_s=10.0)
+        later(clock, 2.0, holder["spot"].kill)
+        with pytest.raises(StepFailed) as info:
+            await run_step(svc, clock, 0, GROUPS, 0)
+        return info.value
+    err, log = scenario(body, cfg=config(router=RouterConfig(retry_budget=0)))
+    on_dead = {i for e in log if e.instance == "spot-0" and e.method == "submit" for i in e.ids}
+    assert "retry_budget=0" in str(err) and set(err.missing) & on_dead
+
+
+def test_api_misuse_raises_clear_errors():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved")
+        with pytest.raises(RolloutError, match="start_step"):
+            await svc.next_microbatch(1.0)
+        svc.start_step(0, GROUPS, 0)
+        with pytest.raises(RolloutError, match="end_step"):
+            svc.start_step(1, GROUPS, 0)
+        with pytest.raises(RolloutError, match="end the running step"):
+            svc.set_weight_version(1)
+        await svc.end_step()
+        with pytest.raises(ValueError, match="already registered"):
+            add_instance(svc, clock, log, "reserved-0", "reserved")
+    scenario(body)
+
+
+def test_with_kv_migration_drained_samples_move_with_their_pages():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-1", capacity=8, sample_tokens_per_s=10.0)
+        later(clock, 2.0, lambda: svc.notice("spot-0", 0.0))
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body, cfg=config(migrate_with_kv=True))
+    assert outputs(batches) == uninterrupted(GROUPS)
+    exported = next(e for e in log if e.instance == "spot-0" and e.method == "export" and e.t >= 2.0)
+    imports = [e for e in log if e.method == "import" and e.t >= exported.t and set(e.ids) & set(exported.ids)]
+    assert imports and imports[0].instance == "spot-1"
+    assert metrics.migrations >= len(exported.ids)
+
+
+def test_deregistered_instance_is_lost_and_its_samples_resume():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-1", capacity=8, sample_tokens_per_s=10.0)
+        later(clock, 2.0, lambda: svc.deregister("spot-0"))
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body)
+    assert outputs(batches) == uninterrupted(GROUPS)
+    assert metrics.deaths == 1
+    assert not [e for e in log if e.instance == "spot-0" and e.t > 2.0 and e.method != "poll"]
+
+
+def test_a_crashed_loop_is_reported_to_callers_instead_of_leaving_them_waiting():
+    async def body(svc, clock, log):
+        def broken():
+            raise RuntimeError("registry bug")
+        svc.registry.expire = broken  # a bug inside the loop, outside any step
+        await clock.asleep(1.0)
+        with pytest.raises(RolloutError, match="loop stopped"):
+            svc.start_step(0, GROUPS, 0)
+    scenario(body)
