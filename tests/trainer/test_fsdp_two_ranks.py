@@ -1,0 +1,149 @@
+"""FSDP2 over 2 gloo ranks matches one unsharded process: loss, gradients, optimizer step
+and the bucketed full-weight gather.
+
+Tolerance: float32 sums over different reduction orders, so losses agree to 1e-5
+relative and gradients to rtol 1e-4 / atol 1e-6; the gathered weights are bit-exact.
+"""
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from rlboost.trainer import fsdp
+from rlboost.trainer.batch import ScoredSample, build_micro_batch, micro_batch_loss
+from rlboost.trainer.grpo import GRPOConfig
+from tiny_decoder_for_tests import TinyDecoderForTests
+
+WORLD = 2
+# Adam divides by sqrt(v) + eps: with the default eps, gradients that are zero in exact
+# arithmetic (the key bias) but ~1e-9 in float32 become full-size steps of either sign.
+# eps=1e-4 keeps such noise below the comparison tolerance.
+OPT = fsdp.OptimizerConfig(lr=1e-2, eps=1e-4, max_grad_norm=None)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    # vocab 67 and hidden 32: dim 0 of the embedding splits 34 + 33, an uneven shard
+    return TinyDecoderForTests(vocab=67, hidden=32, layers=2)
+
+
+def _samples() -> list[ScoredSample]:
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for i in range(8):
+        n_out = 2 + i % 4
+        out.append(ScoredSample(
+            sample_id=i, group_id=i // 4,
+            prompt_ids=tuple(torch.randint(1, 67, (3 + i % 3,), generator=g).tolist()),
+            output_ids=tuple(torch.randint(1, 67, (n_out,), generator=g).tolist()),
+            output_logprobs=tuple((-4.3 + 0.2 * i,) * n_out), reward=float(i % 3)))
+    return out
+
+
+def _step_denominator() -> int:
+    return build_micro_batch(_samples(), pad_id=0).num_response_tokens
+
+
+def _worker(rank: int, port: int, out_path: str) -> None:
+    mesh = fsdp.init_distributed(rank, WORLD, "127.0.0.1", port, timeout_s=120)
+    try:
+        model = fsdp.shard_model(_model(), mesh, fsdp.FSDPConfig())
+        before = fsdp.full_state_dict(model, bucket_bytes=1024)
+        bf16 = fsdp.full_state_dict(model, bucket_bytes=4096, dtype=torch.bfloat16)
+        # each rank trains on its own prompt group; FSDP sums the gradients
+        mine = [s for s in _samples() if s.group_id == rank]
+        out = micro_batch_loss(model, build_micro_batch(mine, pad_id=0), GRPOConfig(),
+                               denominator=_step_denominator())
+        out.loss.backward()
+        loss = out.loss.detach().clone()
+        torch.distributed.all_reduce(loss)
+        grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        norm = fsdp.optimizer_step(model, fsdp.build_optimizer(model, OPT), OPT)
+        after = fsdp.full_state_dict(model, bucket_bytes=1 << 20)
+        if rank == 0:
+            torch.save({"before": before, "bf16": bf16, "loss": loss, "grads": grads,
+                        "norm": norm, "after": after}, out_path)
+        else:
+            assert before == {} and after == {}, "only rank 0 receives the gathered weights"
+    finally:
+        fsdp.destroy_distributed()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory):
+    out_path = str(tmp_path_factory.mktemp("fsdp") / "rank0.pt")
+    mp.spawn(_worker, args=(_free_port(), out_path), nprocs=WORLD, join=True)
+    return torch.load(out_path)
+
+
+@pytest.fixture(scope="module")
+def single_run():
+    model = _model()
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out = micro_batch_loss(model, build_micro_batch(_samples(), pad_id=0), GRPOConfig())
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    norm = fsdp.optimizer_step(model, fsdp.build_optimizer(model, OPT), OPT)
+    after = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {"initial": initial, "loss": out.loss.detach(), "grads": grads, "norm": norm,
+            "after": after}
+
+
+def test_two_ranks_give_the_single_process_loss_and_gradients(sharded_run, single_run):
+    assert sharded_run["loss"].item() == pytest.approx(single_run["loss"].item(), rel=1e-5)
+    assert sharded_run["grads"].keys() == single_run["grads"].keys()
+    for name, grad in single_run["grads"].items():
+        assert grad.abs().sum() > 0, f"{name} got no gradient"
+        torch.testing.assert_close(sharded_run["grads"][name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_bucketed_gather_returns_exactly_the_unsharded_parameters(sharded_run, single_run):
+    before = sharded_run["before"]
+    assert list(before) == list(single_run["initial"])  # same names, same order
+    for name, tensor in single_run["initial"].items():
+        assert before[name].dtype == tensor.dtype and before[name].shape == tensor.shape
+        assert torch.equal(before[name], tensor), name
+        assert torch.equal(sharded_run["bf16"][name], tensor.to(torch.bfloat16)), name
+
+
+def test_sharded_optimizer_step_matches_the_single_process_step(sharded_run, single_run):
+    assert sharded_run["norm"] == pytest.approx(single_run["norm"], rel=1e-5)
+    assert single_run["norm"] > 0
+    for name, tensor in single_run["after"].items():
+        assert not torch.equal(tensor, single_run["initial"][name]), f"{name} did not move"
+        torch.testing.assert_close(sharded_run["after"][name], tensor, rtol=1e-4, atol=1e-5)
+
+
+def test_unsharded_module_streams_its_own_parameters():
+    model = _model()
+    got = dict(fsdp.iter_full_parameters(model, bucket_bytes=2048))
+    assert list(got) == [n for n, _ in model.named_parameters()]
+    assert all(torch.equal(got[n], p) for n, p in model.named_parameters())
+
+
+def test_models_without_decoder_layers_are_rejected():
+    with pytest.raises(ValueError, match="model.model.layers"):
+        fsdp.decoder_layers(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"param_dtype": "fp8"}, "param_dtype"), ({"grad_reduction": "max"}, "grad_reduction"),
+    ({"gather_bucket_bytes": 10}, "gather_bucket_bytes")])
+def test_fsdp_config_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        fsdp.FSDPConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"lr": 0.0}, "lr"), ({"beta2": 1.0}, "beta2"), ({"max_grad_norm": 0.0}, "max_grad_norm")])
+def test_optimizer_config_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        fsdp.OptimizerConfig(**kwargs)
