@@ -1,0 +1,8 @@
+list(APPEND RLBOOST_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/crc32c.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/thread_pool.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/state_codec.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/batch_codec.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kv_pages.cpp)
+list(APPEND RLBOOST_CUDA_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/kv_pages_cuda.cu)

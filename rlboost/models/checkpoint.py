@@ -1,0 +1,175 @@
+"""Hugging Face style checkpoint directories: config.json plus model.safetensors, or shards
+listed in model.safetensors.index.json. Also builds seeded tiny checkpoints for tests and
+first runs, since no model hub is reachable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from rlboost.models.config import ModelConfig
+from rlboost.models.decoder import DecoderLM
+from rlboost.models.layers import RotaryEmbedding
+from rlboost.models.tokenizer import ByteTokenizer
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # some old checkpoints store this buffer
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def checkpoint_files(directory: str | Path) -> dict[str, list[str]]:
+    """Map each safetensors file of a checkpoint to the tensor names it holds."""
+    root = Path(directory)
+    index = root / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files: dict[str, list[str]] = {}
+        for name, fname in weight_map.items():
+            files.setdefault(fname, []).append(name)
+        return files
+    if (root / SINGLE_FILE).is_file():
+        with safe_open(root / SINGLE_FILE, framework="pt") as f:
+            return {SINGLE_FILE: list(f.keys())}
+    raise FileNotFoundError(f"{directory} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
+
+
+def empty_model(config: ModelConfig, *, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> DecoderLM:
+    """A DecoderLM with uninitialised parameters (no time spent on random init)."""
+    with torch.device("meta"):
+        model = DecoderLM(config)
+    model.to_empty(device=device)
+    if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb = RotaryEmbedding(config)  # built under meta above
+    return model.to(dtype=dtype)
+
+
+def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu") -> DecoderLM:
+    """Load config.json and the safetensors weights of `directory` into a DecoderLM."""
+    config = ModelConfig.load(directory)
+    model = empty_model(config, dtype=dtype, device=device)
+    params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
+    seen: set[str] = set()
+    for fname, names in checkpoint_files(directory).items():
+        with safe_open(Path(directory) / fname, framework="pt", device=str(device)) as f:
+            for name in names:
+                if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight" and config.tie_word_embeddings:
+                    continue  # HF ignores a stored copy of a tied head too
+                if name not in params:
+                    raise ValueError(f"{directory}: unexpected tensor {name!r} for {config.arch}")
+                tensor = f.get_tensor(name)
+                if tuple(tensor.shape) != tuple(params[name].shape):
+                    raise ValueError(f"{directory}: {name} has shape {tuple(tensor.shape)}, "
+                                     f"expected {tuple(params[name].shape)}")
+                with torch.no_grad():
+                    params[name].copy_(tensor)
+                seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise ValueError(f"{directory}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    return model
+
+
+def save_pretrained(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int | None = None,
+                    dtype: torch.dtype | None = None, tokenizer: ByteTokenizer | None = None) -> Path:
+    """Write config.json and the weights (one file, or shards plus an index when they
+    exceed max_shard_bytes); a tied lm_head is left out as HF does."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in [*root.glob("model*.safetensors"), root / INDEX_FILE]:
+        stale.unlink(missing_ok=True)
+    tensors = {name: t.detach().to(device="cpu", dtype=dtype or t.dtype).contiguous()
+               for name, t in model.named_weights().items()}
+    shards = _split_shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], str(root / SINGLE_FILE), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, start=1):
+            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(root / fname), metadata={"format": "pt"})
+            weight_map.update({name: fname for name in shard})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        (root / INDEX_FILE).write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    stored_dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    dataclasses.replace(model.config, extra={**model.config.extra, "torch_dtype": stored_dtype}).save(root)
+    if tokenizer is not None:
+        tokenizer.save(root)
+    return root
+
+
+def _split_shards(tensors: dict[str, torch.Tensor], max_shard_bytes: int | None):
+    if max_shard_bytes is not None and max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
+def tiny_config(arch: str = "qwen3", *, vocab_size: int = 320, hidden_size: int = 64,
+                intermediate_size: int = 128, num_layers: int = 2, num_heads: int = 4,
+                num_kv_heads: int = 2, head_dim: int = 16, tie_word_embeddings: bool | None = None,
+                rope_theta: float = 10000.0, max_position_embeddings: int = 4096) -> ModelConfig:
+    """A small config of the given family (Qwen2 with q/k/v biases, Qwen3 with q/k norms)."""
+    tok = ByteTokenizer()
+    if vocab_size < tok.vocab_size:
+        raise ValueError(f"vocab_size must be >= {tok.vocab_size} (the byte tokenizer), got {vocab_size}")
+    return ModelConfig(
+        arch=arch, vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=head_dim, rope_theta=rope_theta, max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=(arch == "qwen3") if tie_word_embeddings is None else tie_word_embeddings,
+        qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
+
+
+def init_random(model: DecoderLM, seed: int) -> DecoderLM:
+    """Seeded weights with O(1) logits, so sampling is neither uniform nor one-hot."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                values = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+            elif name.endswith(".bias"):
+                values = 0.1 * torch.randn(p.shape, generator=gen)
+            elif "embed_tokens" in name or name == "lm_head.weight":
+                values = 0.35 * torch.randn(p.shape, generator=gen)
+            else:
+                values = torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5
+            p.copy_(values)
+    return model
+
+
+def build_tiny_checkpoint(directory: str | Path, arch: str = "qwen3", seed: int = 0, *,
+                          max_shard_bytes: int | None = None, **config_overrides) -> Path:
+    """Write a seeded tiny checkpoint (config, weights, byte tokenizer) and return its path.
+
+    config_overrides go to `tiny_config` (e.g. num_layers=2, hidden_size=64, vocab_size=320).
+    """
+    config = tiny_config(arch, **config_overrides)
+    model = init_random(empty_model(config), seed)
+    return save_pretrained(model, directory, max_shard_bytes=max_shard_bytes, tokenizer=ByteTokenizer())
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]

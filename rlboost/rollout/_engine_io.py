@@ -1,0 +1,102 @@
+"""Checks on what enters the embedded engine (submitted states, imported batches, weight
+sets), so bad input is refused whole with a RolloutError before anything changes.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from rlboost.errors import RolloutError
+from rlboost.migration.kv import KVLayout
+from rlboost.migration.state import RequestState
+from rlboost.models.decoder import DecoderLM
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def validate_states(states: list, *, known, version: int, vocab_size: int, max_model_len: int) -> None:
+    """Refuse the whole list if any state cannot run here."""
+    seen: set[int] = set()
+    for s in states:
+        if not isinstance(s, RequestState):
+            raise RolloutError(f"expected RequestState, got {type(s).__name__}")
+        sid = s.sample_id
+        if sid in known or sid in seen:
+            raise RolloutError(f"sample {sid} is already admitted")
+        seen.add(sid)
+        if s.weight_version != version:
+            raise RolloutError(f"sample {sid} is for weight version {s.weight_version}, "
+                               f"this engine has version {version} loaded")
+        if s.finished or s.remaining_tokens <= 0:
+            raise RolloutError(f"sample {sid} has nothing left to generate "
+                               f"(finish_reason={s.finish_reason!r}, {len(s.output_ids)} tokens)")
+        ids = (*s.prompt_ids, *s.output_ids)
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            raise RolloutError(f"sample {sid} has token ids outside [0, {vocab_size})")
+        total = len(s.prompt_ids) + s.params.max_new_tokens
+        if total > max_model_len:
+            raise RolloutError(f"sample {sid} may reach {total} tokens, more than this engine's "
+                               f"max_model_len {max_model_len}")
+
+
+def check_import(batch, layout: KVLayout) -> list:
+    """Per state: None (re-prefill) or (kv_tokens, page bytes) to place in the cache."""
+    from rlboost.migration.batch import MigrationBatch
+
+    if not isinstance(batch, MigrationBatch):
+        raise RolloutError(f"expected MigrationBatch, got {type(batch).__name__}")
+    n = len(batch.states)
+    if batch.kv_layout is None:
+        return [None] * n
+    theirs = batch.kv_layout
+    for name in ("num_layers", "num_kv_heads", "head_dim", "dtype"):
+        if getattr(theirs, name) != getattr(layout, name):
+            raise RolloutError(f"KV pages have {name}={getattr(theirs, name)!r}, this engine "
+                               f"needs {getattr(layout, name)!r}")
+    if len(batch.kv_tokens or ()) != n or len(batch.kv_data or ()) != n:
+        raise RolloutError(f"batch has {n} states but {len(batch.kv_tokens or ())} kv_tokens and "
+                           f"{len(batch.kv_data or ())} kv_data entries")
+    pages = []
+    for state, tokens, data in zip(batch.states, batch.kv_tokens, batch.kv_data):
+        if not 0 <= tokens <= state.position:
+            raise RolloutError(f"sample {state.sample_id}: kv_tokens {tokens} outside "
+                               f"[0, {state.position}]")
+        expected = tokens * layout.token_bytes
+        if data.dtype != torch.uint8 or data.dim() != 1 or data.numel() != expected:
+            raise RolloutError(f"sample {state.sample_id}: KV pages must be {expected} bytes "
+                               f"(1-D uint8), got {tuple(data.shape)} {data.dtype}")
+        pages.append((tokens, data) if tokens > 0 else None)
+    return pages
+
+
+def _as_tensor(name: str, value) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    raise RolloutError(f"weight {name!r} is a {type(value).__name__}, expected a tensor")
+
+
+def load_named_tensors(model: DecoderLM, named: Mapping[str, object], version: int) -> None:
+    """Copy a complete set of HF-named tensors into the model's parameters in place."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise RolloutError(f"version must be a non-negative int, got {version!r}")
+    params = dict(model.named_parameters())  # a tied lm_head is listed once, as embed_tokens
+    tied = model.config.tie_word_embeddings
+    names = [n for n in named if not n.endswith(_IGNORED_SUFFIXES) and not (tied and n == "lm_head.weight")]
+    unknown = sorted(set(names) - set(params))
+    missing = sorted(set(params) - set(names))
+    if unknown or missing:
+        raise RolloutError(f"weights do not match the model: unknown {unknown[:5]}, missing {missing[:5]}")
+    sources = {n: _as_tensor(n, named[n]) for n in names}
+    for n, t in sources.items():
+        if tuple(t.shape) != tuple(params[n].shape):
+            raise RolloutError(f"weight {n!r} has shape {tuple(t.shape)}, expected {tuple(params[n].shape)}")
+        if not (t.is_floating_point()):
+            raise RolloutError(f"weight {n!r} has dtype {t.dtype}, expected a floating point type")
+    with torch.no_grad():
+        for n, t in sources.items():
+            params[n].copy_(t)

@@ -1,0 +1,307 @@
+"""EmbeddedEngine: a continuous-batching torch engine with a paged KV cache, for CPU (tiny
+models, tests, first runs) and GPU. It implements the RolloutEngine protocol, including
+export/import of in-flight samples with or without their KV pages.
+
+One background thread owns all engine state and runs the decode loop; public methods hand
+it commands and wait for their result, so they are thread-safe and take effect between
+two steps. Deltas wait in a buffer that poll() drains under a condition variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable, Mapping, Sequence as Seq, TypeVar
+
+import torch
+
+from rlboost.errors import RolloutError
+from rlboost.migration.state import RequestState
+from rlboost.models.checkpoint import load_pretrained
+from rlboost.models.decoder import DecoderLM
+from rlboost.rollout._engine_io import check_import, load_named_tensors, validate_states
+from rlboost.rollout._paged_forward import PagedForward
+from rlboost.rollout._paged_kv import PagedKVCache
+from rlboost.rollout._scheduler import Scheduler, Sequence
+from rlboost.rollout.embedded_config import EmbeddedEngineConfig
+from rlboost.rollout.engine import EngineLoad, TokenDelta
+from rlboost.rollout.sampling import DrawSpec, draw_key, sample_tokens
+
+__all__ = ["EmbeddedEngine", "EmbeddedEngineConfig"]
+T = TypeVar("T")
+
+
+class EmbeddedEngine:
+    """The embedded rollout engine.
+
+    >>> engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir=ckpt, stream_interval=4))  # doctest: +SKIP
+    >>> engine.submit([RequestState(sample_id=1, prompt_ids=(1, 2), params=SamplingParams(),
+    ...                             seed=0, weight_version=0)])                          # doctest: +SKIP
+    >>> engine.poll(1.0)                                                                  # doctest: +SKIP
+
+    Stop tokens are exactly `params.stop_token_ids` (the stop token is kept in the output).
+    A sample's logprobs are under softmax(logits / temperature), before top-k/top-p.
+    Exported and aborted samples leave no undelivered delta behind: an exported state
+    carries every token, so its unpolled deltas are dropped.
+    """
+
+    def __init__(self, config: EmbeddedEngineConfig, model: DecoderLM | None = None):
+        self.config = config
+        device = torch.device(config.device)
+        if model is None:
+            if config.model_dir is None:
+                raise ValueError("model_dir must be set when no model is given")
+            model = load_pretrained(config.model_dir, dtype=config.torch_dtype, device=device)
+        self._model = model.to(device=device, dtype=config.torch_dtype).requires_grad_(False).eval()
+        mc = self._model.config
+        self._cache = PagedKVCache(
+            num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
+            num_blocks=config.num_blocks, block_size=config.block_size, dtype=config.torch_dtype,
+            device=device)
+        self._forward = PagedForward(self._model, self._cache)
+        self._sched = Scheduler(self._cache, max_batch_size=config.max_batch_size,
+                                max_prefill_tokens=config.max_prefill_tokens, scatter=self._scatter)
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
+                                 self._cache.capacity_tokens)
+        self._version = config.weight_version
+        self._cond = threading.Condition()
+        self._commands: list[tuple[Callable[[], object], Future]] = []
+        self._deltas: dict[int, TokenDelta] = {}
+        self._steps: deque[tuple[float, float, int]] = deque()  # (end time, duration, tokens)
+        self._counts = (0, 0, 0)                                 # running, queued, queued tokens
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rlboost-embedded-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public API (any thread) -------------------------------------------------------
+
+    @property
+    def kv_layout(self):
+        return self._cache.layout
+
+    @property
+    def model_config(self):
+        return self._model.config
+
+    def submit(self, states: Seq[RequestState]) -> None:
+        states = list(states)
+        self._call(lambda: self._add(states, [None] * len(states)))
+
+    def poll(self, timeout_s: float) -> list[TokenDelta]:
+        if not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
+        with self._cond:
+            self._cond.wait_for(lambda: self._deltas or self._closed or self._failure, timeout_s)
+            self._check_usable()
+            out = list(self._deltas.values())
+            self._deltas.clear()
+            return out
+
+    def abort(self, sample_ids: Seq[int]) -> None:
+        ids = list(sample_ids)
+        self._call(lambda: self._remove(ids))
+
+    def export_states(self, sample_ids: Seq[int] | None = None, *, with_kv: bool = False):
+        ids = None if sample_ids is None else list(sample_ids)
+        return self._call(lambda: self._export(ids, with_kv))
+
+    def import_states(self, batch) -> None:
+        self._call(lambda: self._import(batch))
+
+    def load_weights(self, named_tensors: Mapping[str, object], version: int) -> None:
+        self._call(lambda: self._load_weights(named_tensors, version))
+
+    def load(self) -> EngineLoad:
+        with self._cond:
+            self._check_usable()
+            running, queued, queued_tokens = self._counts
+            busy = sum(d for _, d, _ in self._steps)
+            rate = sum(n for _, _, n in self._steps) / busy if busy > 0 else 0.0
+            return EngineLoad(running=running, queued=queued, queued_tokens=queued_tokens,
+                              decode_tokens_per_s=rate, weight_version=self._version)
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        self._cache.tensor = torch.empty(0)  # release the cache memory now
+
+    def __enter__(self) -> EmbeddedEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise RolloutError(f"engine loop failed: {self._failure!r}") from self._failure
+        if self._closed:
+            raise RolloutError("engine is closed")
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        fut: Future = Future()
+        with self._cond:
+            self._check_usable()
+            self._commands.append((fn, fut))
+            self._cond.notify_all()
+        return fut.result()
+
+    # ---- engine thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closed or self._commands or self._sched.by_id)
+                    if self._closed:
+                        break
+                    commands, self._commands = self._commands, []
+                for fn, fut in commands:
+                    try:
+                        result = fn()
+                    except BaseException as e:  # handed to the caller, who re-raises it
+                        self._update_counts()
+                        fut.set_exception(e)
+                    else:
+                        self._update_counts()
+                        fut.set_result(result)
+                if self._sched.running or self._sched.waiting:
+                    self._step()
+        except BaseException as e:
+            with self._cond:
+                self._failure = e
+                self._cond.notify_all()
+        finally:
+            with self._cond:
+                pending, self._commands = self._commands, []
+            for _, fut in pending:
+                fut.set_exception(RolloutError("engine closed before the call ran"))
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        plan = self._sched.plan()
+        if not plan:
+            return
+        logits = self._forward([chunk for _, chunk in plan])
+        sampled, specs = [], []
+        for seq, chunk in plan:
+            seq.kv_len = chunk.start + len(chunk.tokens)
+            if chunk.wants_logits:
+                p = seq.state.params
+                sampled.append(seq)
+                specs.append(DrawSpec(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                                      key=draw_key(seq.state.seed, seq.sample_id, len(seq.out_ids))))
+        ids, logprobs = sample_tokens(logits, specs)
+        for seq, token, logprob in zip(sampled, ids, logprobs):
+            self._append(seq, token, logprob)
+        end = time.perf_counter()
+        counts = self._current_counts()
+        with self._cond:
+            self._counts = counts
+            self._steps.append((end, end - start, len(sampled)))
+            while self._steps and self._steps[0][0] < end - self.config.rate_window_s:
+                self._steps.popleft()
+            released = [self._emit(s) for s in sampled
+                        if s.finish_reason or len(s.out_ids) - s.emitted >= self.config.stream_interval]
+            if released:
+                self._cond.notify_all()
+
+    def _append(self, seq: Sequence, token: int, logprob: float) -> None:
+        seq.tokens.append(token)
+        seq.out_ids.append(token)
+        seq.out_logprobs.append(logprob)
+        if token in seq.state.params.stop_token_ids:
+            seq.finish_reason = "stop"
+        elif len(seq.out_ids) >= seq.state.params.max_new_tokens or len(seq.tokens) >= self.max_model_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason:
+            self._sched.finish(seq)
+
+    def _emit(self, seq: Sequence) -> None:
+        """Move a sample's unreleased tokens into the delta buffer (caller holds _cond)."""
+        ids = tuple(seq.out_ids[seq.emitted:])
+        lps = tuple(seq.out_logprobs[seq.emitted:])
+        prev = self._deltas.get(seq.sample_id)
+        if prev is not None:
+            ids, lps, start = prev.ids + ids, prev.logprobs + lps, prev.start
+        else:
+            start = seq.emitted
+        self._deltas[seq.sample_id] = TokenDelta(
+            sample_id=seq.sample_id, start=start, ids=ids, logprobs=lps,
+            finish_reason=seq.finish_reason, weight_version=self._version)
+        seq.emitted = len(seq.out_ids)
+
+    def _current_counts(self) -> tuple[int, int, int]:
+        return len(self._sched.running), len(self._sched.waiting), self._sched.queued_tokens()
+
+    def _update_counts(self) -> None:
+        counts = self._current_counts()
+        with self._cond:
+            self._counts = counts
+
+    def _add(self, states: list[RequestState], kv: list) -> None:
+        validate_states(states, known=self._sched.by_id, version=self._version,
+                        vocab_size=self._model.config.vocab_size, max_model_len=self.max_model_len)
+        for state, pages in zip(states, kv):
+            seq = Sequence.from_state(state)
+            seq.pending_kv = pages
+            self._sched.add(seq)
+
+    def _remove(self, ids: list[int]) -> list[Sequence]:
+        removed = [seq for seq in map(self._sched.remove, ids) if seq is not None]
+        with self._cond:
+            for seq in removed:
+                self._deltas.pop(seq.sample_id, None)
+        return removed
+
+    def _export(self, ids: list[int] | None, with_kv: bool):
+        from rlboost.migration.batch import MigrationBatch
+        from rlboost.migration.kv import gather_pages
+
+        if ids is None:
+            ids = [s.sample_id for s in (*self._sched.running, *self._sched.waiting)]
+        seqs = [self._sched.by_id[i] for i in dict.fromkeys(ids) if i in self._sched.by_id]
+        states, kv_tokens, kv_data = [], [], []
+        for seq in seqs:
+            states.append(dataclasses.replace(
+                seq.state, output_ids=tuple(seq.out_ids), output_logprobs=tuple(seq.out_logprobs),
+                weight_version=self._version))
+            if not with_kv:
+                continue
+            if seq.pending_kv is not None:
+                tokens, data = seq.pending_kv
+            else:
+                tokens = seq.kv_len
+                data = gather_pages(self._cache.tensor, self._cache.layout, seq.blocks, tokens)
+            kv_tokens.append(tokens)
+            kv_data.append(data)
+        self._remove([s.sample_id for s in seqs])
+        return MigrationBatch(states=tuple(states), kv_layout=self._cache.layout if with_kv else None,
+                              kv_tokens=tuple(kv_tokens) if with_kv else None,
+                              kv_data=tuple(kv_data) if with_kv else None)
+
+    def _import(self, batch) -> None:
+        pages = check_import(batch, self._cache.layout)
+        self._add(list(batch.states), pages)
+
+    def _scatter(self, blocks: list[int], kv_tokens: int, data: torch.Tensor) -> None:
+        from rlboost.migration.kv import scatter_pages
+
+        scatter_pages(self._cache.tensor, self._cache.layout, blocks, kv_tokens,
+                      data.to(self._cache.tensor.device))
+
+    def _load_weights(self, named_tensors: Mapping[str, object], version: int) -> None:
+        if self._sched.by_id:
+            raise RolloutError(f"cannot load weights while {len(self._sched.by_id)} samples are in "
+                               "flight; export or abort them first")
+        load_named_tensors(self._model, named_tensors, version)
+        with self._cond:
+            self._version = version
