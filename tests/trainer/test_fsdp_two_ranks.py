@@ -1,5 +1,6 @@
 """FSDP2 over 2 gloo ranks matches one unsharded process: loss, gradients, optimizer step
-and the bucketed full-weight gather.
+and the bucketed full-weight gather, on tiny DecoderLM checkpoints (Qwen3 with tied
+embeddings and q/k norms, Qwen2 with q/k/v biases and an untied head).
 
 Tolerance: float32 sums over different reduction orders, so losses agree to 1e-5
 relative and gradients to rtol 1e-4 / atol 1e-6; the gathered weights are bit-exact.
@@ -11,22 +12,24 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from rlboost.models import build_tiny_checkpoint, load_pretrained
 from rlboost.trainer import fsdp
 from rlboost.trainer.batch import ScoredSample, build_micro_batch, micro_batch_loss
 from rlboost.trainer.grpo import GRPOConfig
-from tiny_decoder_for_tests import TinyDecoderForTests
 
 WORLD = 2
+ARCHS = ("qwen3", "qwen2")
+VOCAB = 263  # odd: dim 0 of the embedding splits 132 + 131, an uneven shard
 # Adam divides by sqrt(v) + eps: with the default eps, gradients that are zero in exact
 # arithmetic (the key bias) but ~1e-9 in float32 become full-size steps of either sign.
 # eps=1e-4 keeps such noise below the comparison tolerance.
 OPT = fsdp.OptimizerConfig(lr=1e-2, eps=1e-4, max_grad_norm=None)
 
 
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    # vocab 67 and hidden 32: dim 0 of the embedding splits 34 + 33, an uneven shard
-    return TinyDecoderForTests(vocab=67, hidden=32, layers=2)
+def _write_checkpoints(root) -> dict[str, str]:
+    return {arch: str(build_tiny_checkpoint(root / arch, arch=arch, seed=1, vocab_size=VOCAB,
+                                            hidden_size=32, intermediate_size=64, num_layers=2))
+            for arch in ARCHS}
 
 
 def _samples() -> list[ScoredSample]:
@@ -36,9 +39,9 @@ def _samples() -> list[ScoredSample]:
         n_out = 2 + i % 4
         out.append(ScoredSample(
             sample_id=i, group_id=i // 4,
-            prompt_ids=tuple(torch.randint(1, 67, (3 + i % 3,), generator=g).tolist()),
-            output_ids=tuple(torch.randint(1, 67, (n_out,), generator=g).tolist()),
-            output_logprobs=tuple((-4.3 + 0.2 * i,) * n_out), reward=float(i % 3)))
+            prompt_ids=tuple(torch.randint(1, VOCAB, (3 + i % 3,), generator=g).tolist()),
+            output_ids=tuple(torch.randint(1, VOCAB, (n_out,), generator=g).tolist()),
+            output_logprobs=tuple((-5.6 + 0.2 * i,) * n_out), reward=float(i % 3)))
     return out
 
 
@@ -46,29 +49,34 @@ def _step_denominator() -> int:
     return build_micro_batch(_samples(), pad_id=0).num_response_tokens
 
 
-def _worker(rank: int, port: int, out_path: str) -> None:
+def _worker(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None:
     mesh = fsdp.init_distributed(rank, WORLD, "127.0.0.1", port, timeout_s=120)
     try:
-        model = fsdp.shard_model(_model(), mesh, fsdp.FSDPConfig())
-        before = fsdp.full_state_dict(model, bucket_bytes=1024)
-        bf16 = fsdp.full_state_dict(model, bucket_bytes=4096, dtype=torch.bfloat16)
-        # each rank trains on its own prompt group; FSDP sums the gradients
-        mine = [s for s in _samples() if s.group_id == rank]
-        out = micro_batch_loss(model, build_micro_batch(mine, pad_id=0), GRPOConfig(),
-                               denominator=_step_denominator())
-        out.loss.backward()
-        loss = out.loss.detach().clone()
-        torch.distributed.all_reduce(loss)
-        grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
-        norm = fsdp.optimizer_step(model, fsdp.build_optimizer(model, OPT), OPT)
-        after = fsdp.full_state_dict(model, bucket_bytes=1 << 20)
-        if rank == 0:
-            torch.save({"before": before, "bf16": bf16, "loss": loss, "grads": grads,
-                        "norm": norm, "after": after}, out_path)
-        else:
-            assert before == {} and after == {}, "only rank 0 receives the gathered weights"
+        for arch, path in checkpoints.items():
+            _sharded_step(rank, mesh, path, f"{out_dir}/{arch}.pt")
     finally:
         fsdp.destroy_distributed()
+
+
+def _sharded_step(rank, mesh, checkpoint: str, out_path: str) -> None:
+    model = fsdp.shard_model(load_pretrained(checkpoint), mesh, fsdp.FSDPConfig())
+    before = fsdp.full_state_dict(model, bucket_bytes=1024)
+    bf16 = fsdp.full_state_dict(model, bucket_bytes=4096, dtype=torch.bfloat16)
+    # each rank trains on its own prompt group; FSDP sums the gradients
+    mine = [s for s in _samples() if s.group_id == rank]
+    out = micro_batch_loss(model, build_micro_batch(mine, pad_id=0), GRPOConfig(),
+                           denominator=_step_denominator())
+    out.loss.backward()
+    loss = out.loss.detach().clone()
+    torch.distributed.all_reduce(loss)
+    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+    norm = fsdp.optimizer_step(model, fsdp.build_optimizer(model, OPT), OPT)
+    after = fsdp.full_state_dict(model, bucket_bytes=1 << 20)
+    if rank == 0:
+        torch.save({"before": before, "bf16": bf16, "loss": loss, "grads": grads,
+                    "norm": norm, "after": after}, out_path)
+    else:
+        assert before == {} and after == {}, "only rank 0 receives the gathered weights"
 
 
 def _free_port() -> int:
@@ -78,15 +86,30 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def sharded_run(tmp_path_factory):
-    out_path = str(tmp_path_factory.mktemp("fsdp") / "rank0.pt")
-    mp.spawn(_worker, args=(_free_port(), out_path), nprocs=WORLD, join=True)
-    return torch.load(out_path)
+def checkpoints(tmp_path_factory):
+    return _write_checkpoints(tmp_path_factory.mktemp("ckpt"))
 
 
 @pytest.fixture(scope="module")
-def single_run():
-    model = _model()
+def sharded_runs(tmp_path_factory, checkpoints):
+    out_dir = tmp_path_factory.mktemp("fsdp")
+    mp.spawn(_worker, args=(_free_port(), checkpoints, str(out_dir)), nprocs=WORLD, join=True)
+    return {arch: torch.load(out_dir / f"{arch}.pt") for arch in ARCHS}
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def sharded_run(sharded_runs, arch):
+    return sharded_runs[arch]
+
+
+@pytest.fixture(scope="module")
+def single_run(checkpoints, arch):
+    model = load_pretrained(checkpoints[arch])
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     out = micro_batch_loss(model, build_micro_batch(_samples(), pad_id=0), GRPOConfig())
     out.loss.backward()
@@ -122,8 +145,13 @@ def test_sharded_optimizer_step_matches_the_single_process_step(sharded_run, sin
         torch.testing.assert_close(sharded_run["after"][name], tensor, rtol=1e-4, atol=1e-5)
 
 
-def test_unsharded_module_streams_its_own_parameters():
-    model = _model()
+def test_tied_head_is_published_once_as_the_embedding(sharded_runs):
+    assert "lm_head.weight" not in sharded_runs["qwen3"]["before"]
+    assert "lm_head.weight" in sharded_runs["qwen2"]["before"]
+
+
+def test_unsharded_module_streams_its_own_parameters(checkpoints):
+    model = load_pretrained(checkpoints["qwen2"])
     got = dict(fsdp.iter_full_parameters(model, bucket_bytes=2048))
     assert list(got) == [n for n, _ in model.named_parameters()]
     assert all(torch.equal(got[n], p) for n, p in model.named_parameters())

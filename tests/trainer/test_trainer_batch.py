@@ -5,9 +5,14 @@ import math
 import pytest
 import torch
 
+from rlboost.models import empty_model, tiny_config
+from rlboost.models.checkpoint import init_random
 from rlboost.trainer.batch import ScoredSample, build_micro_batch, micro_batch_loss, pack_groups
 from rlboost.trainer.grpo import GRPOConfig, token_logprobs
-from tiny_decoder_for_tests import TinyDecoderForTests
+
+
+def _tiny_model():
+    return init_random(empty_model(tiny_config("qwen2", hidden_size=32, intermediate_size=64)), 0)
 
 
 def _sample(sid, group, prompt, output, reward, lp=None):
@@ -68,8 +73,7 @@ def test_pack_groups_keeps_groups_whole_under_a_token_budget():
 
 
 def test_micro_batch_loss_on_policy_and_split_across_micro_batches():
-    torch.manual_seed(0)
-    model = TinyDecoderForTests()
+    model = _tiny_model()
     g = torch.Generator().manual_seed(1)
     raw = [_sample(i, i // 3, torch.randint(1, 60, (3 + i % 2,), generator=g).tolist(),
                    torch.randint(1, 60, (2 + i % 3,), generator=g).tolist(), float(i % 2))
@@ -92,8 +96,7 @@ def _grads(model):
 
 
 def test_micro_batches_with_a_step_denominator_add_up_to_the_full_batch():
-    torch.manual_seed(0)
-    model = TinyDecoderForTests()
+    model = _tiny_model()
     g = torch.Generator().manual_seed(2)
     samples = [_sample(i, i // 3, torch.randint(1, 60, (3 + i % 2,), generator=g).tolist(),
                        torch.randint(1, 60, (2 + i % 3,), generator=g).tolist(), float(i % 2),
