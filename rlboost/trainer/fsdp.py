@@ -80,12 +80,14 @@ class OptimizerConfig:
 
 def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
                      master_port: int = 29500, backend: str | None = None,
-                     timeout_s: float = 300.0) -> DeviceMesh:
+                     timeout_s: float = 300.0, init_method: str | None = None) -> DeviceMesh:
     """Join the trainer's process group and return its 1-D device mesh.
 
-    backend defaults to NCCL when CUDA is available and gloo otherwise. On GPU the rank
-    uses device rank % device_count (a Ray actor that sees one GPU uses device 0).
-    Call from every rank (each its own process) with the same address and port.
+    Every rank (each its own process) calls this with the same master address and port;
+    rank 0 serves the rendezvous there. init_method (e.g. "file:///tmp/rdzv") replaces
+    that rendezvous when all ranks share a file system. backend defaults to NCCL when
+    CUDA is available and gloo otherwise; on GPU a rank uses device rank % device_count
+    (a Ray actor that sees one GPU uses device 0).
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
@@ -98,15 +100,23 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
     if use_cuda:
         device_id = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device_id)
-    dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}",
+    init_method = init_method or f"tcp://{master_addr}:{master_port}"
+    dist.init_process_group(backend=backend, init_method=init_method,
                             rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s), device_id=device_id)
     return init_device_mesh(device_type, (world_size,))
 
 
-def destroy_distributed() -> None:
-    """Leave the process group (no-op when none was joined)."""
+def destroy_distributed(*, barrier: bool = True) -> None:
+    """Leave the process group (no-op when none was joined).
+
+    With barrier, every rank must call it: a fast rank then cannot close its connections
+    while a slower one still talks to it (gloo aborts a process whose peer vanishes
+    mid-transfer). Pass barrier=False on an error path, where peers may never arrive.
+    """
     if dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 

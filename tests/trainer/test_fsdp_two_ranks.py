@@ -49,13 +49,18 @@ def _step_denominator() -> int:
     return build_micro_batch(_samples(), pad_id=0).num_response_tokens
 
 
-def _worker(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None:
-    mesh = fsdp.init_distributed(rank, WORLD, "127.0.0.1", port, timeout_s=120)
+def _worker(rank: int, rendezvous: str, checkpoints: dict[str, str], out_dir: str) -> None:
+    torch.set_num_threads(1)  # two ranks share two cores
+    # A file rendezvous: no port to race for with other processes on a shared machine.
+    mesh = fsdp.init_distributed(rank, WORLD, timeout_s=120, init_method=rendezvous)
     try:
         for arch, path in checkpoints.items():
             _sharded_step(rank, mesh, path, f"{out_dir}/{arch}.pt")
-    finally:
-        fsdp.destroy_distributed()
+        _bf16_step(rank, mesh, checkpoints["qwen2"], f"{out_dir}/bf16.pt")
+    except BaseException:
+        fsdp.destroy_distributed(barrier=False)
+        raise
+    fsdp.destroy_distributed()
 
 
 def _sharded_step(rank, mesh, checkpoint: str, out_path: str) -> None:
@@ -79,6 +84,22 @@ def _sharded_step(rank, mesh, checkpoint: str, out_path: str) -> None:
         assert before == {} and after == {}, "only rank 0 receives the gathered weights"
 
 
+def _bf16_step(rank, mesh, checkpoint: str, out_path: str) -> None:
+    cfg = fsdp.FSDPConfig(param_dtype="bfloat16", reduce_dtype="float32")
+    model = fsdp.shard_model(load_pretrained(checkpoint), mesh, cfg)
+    mine = [s for s in _samples() if s.group_id == rank]
+    out = micro_batch_loss(model, build_micro_batch(mine, pad_id=0), GRPOConfig(),
+                           denominator=_step_denominator())
+    out.loss.backward()
+    loss = out.loss.detach().float().clone()
+    torch.distributed.all_reduce(loss)
+    grad_dtypes = {p.grad.dtype for p in model.parameters()}
+    weights = fsdp.full_state_dict(model)
+    if rank == 0:
+        torch.save({"loss": loss, "grad_dtypes": grad_dtypes,
+                    "weight_dtypes": {t.dtype for t in weights.values()}}, out_path)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,8 +114,11 @@ def checkpoints(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sharded_runs(tmp_path_factory, checkpoints):
     out_dir = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_worker, args=(_free_port(), checkpoints, str(out_dir)), nprocs=WORLD, join=True)
-    return {arch: torch.load(out_dir / f"{arch}.pt") for arch in ARCHS}
+    rendezvous = f"file://{out_dir / 'rendezvous'}"
+    mp.spawn(_worker, args=(rendezvous, checkpoints, str(out_dir)), nprocs=WORLD, join=True)
+    runs = {arch: torch.load(out_dir / f"{arch}.pt") for arch in ARCHS}
+    runs["bf16"] = torch.load(out_dir / "bf16.pt")
+    return runs
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -143,6 +167,28 @@ def test_sharded_optimizer_step_matches_the_single_process_step(sharded_run, sin
     for name, tensor in single_run["after"].items():
         assert not torch.equal(tensor, single_run["initial"][name]), f"{name} did not move"
         torch.testing.assert_close(sharded_run["after"][name], tensor, rtol=1e-4, atol=1e-5)
+
+
+def test_bfloat16_compute_keeps_float32_master_weights_and_gradients(sharded_runs, checkpoints):
+    run = sharded_runs["bf16"]
+    model = load_pretrained(checkpoints["qwen2"])
+    full = micro_batch_loss(model, build_micro_batch(_samples(), pad_id=0), GRPOConfig())
+    # bfloat16 keeps ~3 significant digits; the loss is a mean of O(1) terms
+    assert run["loss"].item() == pytest.approx(full.loss.item(), rel=2e-2, abs=2e-2)
+    assert run["grad_dtypes"] == {torch.float32} and run["weight_dtypes"] == {torch.float32}
+
+
+def test_tcp_rendezvous_for_one_rank(checkpoints):
+    mesh = fsdp.init_distributed(0, 1, "127.0.0.1", _free_port(), timeout_s=60)
+    try:
+        assert mesh.size() == 1 and torch.distributed.get_backend() == "gloo"
+        model = fsdp.shard_model(load_pretrained(checkpoints["qwen2"]), mesh)
+        reference = load_pretrained(checkpoints["qwen2"])
+        got = fsdp.full_state_dict(model, bucket_bytes=4096)
+        assert all(torch.equal(got[n], p) for n, p in reference.named_parameters())
+    finally:
+        fsdp.destroy_distributed()
+    assert not torch.distributed.is_initialized()
 
 
 def test_tied_head_is_published_once_as_the_embedding(sharded_runs):
