@@ -116,3 +116,36 @@ def test_micro_batches_with_a_step_denominator_add_up_to_the_full_batch():
     assert parts == pytest.approx(whole.loss.item(), rel=1e-5)
     for name, grad in _grads(model).items():
         torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-6)
+
+
+def test_strict_on_policy_batches_reject_other_versions():
+    from rlboost.errors import StaleSampleError
+    samples = [ScoredSample(sample_id=i, group_id=0, prompt_ids=(1,), output_ids=(2,),
+                            output_logprobs=(-0.1,), reward=float(i), weight_version=v)
+               for i, v in enumerate((3, 3, 2))]
+    build_micro_batch(samples, pad_id=0)  # no version asked: accepted
+    with pytest.raises(StaleSampleError, match=r"\(2, 2\)"):
+        build_micro_batch(samples, pad_id=0, weight_version=3)
+
+
+def test_scored_sample_from_a_finished_request_state():
+    from rlboost.migration.state import RequestState, SamplingParams
+    state = RequestState(sample_id=5, prompt_ids=(1, 2), params=SamplingParams(), seed=0,
+                         weight_version=7, output_ids=(3, 4), output_logprobs=(-0.5, -0.25),
+                         finish_reason="stop")
+    s = ScoredSample.from_request(state, group_id=2, reward=1.0)
+    assert (s.sample_id, s.group_id, s.prompt_ids, s.output_ids, s.output_logprobs,
+            s.reward, s.weight_version) == (5, 2, (1, 2), (3, 4), (-0.5, -0.25), 1.0, 7)
+    with pytest.raises(ValueError, match="still running"):
+        ScoredSample.from_request(state.extended((), (), None), group_id=2, reward=0.0)
+
+
+def test_reference_logprobs_feed_the_kl_term():
+    from rlboost.trainer.batch import reference_logprobs
+    model = _tiny_model()
+    samples = [_sample(i, 0, (1, 2, 3), (4, 5), float(i)) for i in range(2)]
+    batch = build_micro_batch(samples, pad_id=0)
+    ref = reference_logprobs(model, batch)
+    assert not ref.requires_grad and ref.shape == batch.input_ids.shape
+    out = micro_batch_loss(model, batch, GRPOConfig(kl_coef=0.5), ref_logprobs=ref)
+    assert out.kl == pytest.approx(0.0, abs=1e-6)  # the policy is its own reference
