@@ -1,4 +1,4 @@
-"""FSDP2 sharding of a decoder model, process-group setup, optimizer, and full-weight gather.
+"""FSDP2 sharding of a decoder model, process-group setup and the optimizer step.
 
 Works on any nn.Module whose decoder blocks are `model.model.layers` (the Hugging Face
 layout rlboost's models follow). FSDP2 only (`fully_shard`): it keeps parameter names
@@ -17,7 +17,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
+
+from rlboost.trainer.gather import full_state_dict, iter_full_parameters
+
+__all__ = ["DTYPES", "FSDPConfig", "OptimizerConfig", "build_optimizer", "decoder_layers",
+           "destroy_distributed", "full_state_dict", "init_distributed", "iter_full_parameters",
+           "optimizer_step", "shard_model"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAD_REDUCTIONS = ("sum", "mean")
@@ -178,98 +184,3 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(norm)
-
-
-def iter_full_parameters(model: nn.Module, *, bucket_bytes: int = 64 << 20,
-                         dtype: torch.dtype | None = None,
-                         dst: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, full tensor) for every parameter on rank dst, one bucket at a time.
-
-    Every rank must drive the iterator to the end (each bucket is one collective); ranks
-    other than dst (a global rank) yield nothing. Shards of a bucket travel as one gather, cast to dtype
-    first when given (halving traffic for bfloat16). A yielded tensor is valid until the
-    next bucket starts: copy it (into a staging buffer) before asking for more, which
-    keeps peak extra memory near two buckets on dst. Tied parameters appear once.
-    """
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    bucket: list[tuple[str, torch.Tensor]] = []
-    bucket_dtype: torch.dtype | None = None
-    size = 0
-    for name, param in model.named_parameters():
-        out_dtype = dtype or param.dtype
-        nbytes = param.numel() * out_dtype.itemsize
-        if bucket and (size + nbytes > bucket_bytes or bucket_dtype != out_dtype):
-            yield from _gather_bucket(bucket, bucket_dtype, dst, rank)
-            bucket, size = [], 0
-        bucket.append((name, param))
-        bucket_dtype = out_dtype
-        size += nbytes
-    if bucket:
-        yield from _gather_bucket(bucket, bucket_dtype, dst, rank)
-
-
-def _is_row_sharded(param: torch.Tensor) -> bool:
-    return (isinstance(param, DTensor) and param.device_mesh.ndim == 1 and param.dim() >= 1
-            and tuple(param.placements) == (Shard(0),))
-
-
-def _rows_per_rank(rows: int, world: int) -> list[int]:
-    # FSDP2 splits dim 0 like torch.chunk: ceil(rows / world) rows each, the tail shorter
-    # and trailing ranks possibly empty.
-    chunk = -(-rows // world)
-    return [max(0, min(chunk, rows - k * chunk)) for k in range(world)]
-
-
-def _gather_bucket(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype, dst: int,
-                   rank: int) -> Iterator[tuple[str, torch.Tensor]]:
-    sharded = [(n, p) for n, p in bucket if _is_row_sharded(p)]
-    for name, param in bucket:
-        if not _is_row_sharded(param):
-            # Replicated, multi-dim-mesh or plain parameters: DTensor handles them itself.
-            full = param.full_tensor() if isinstance(param, DTensor) else param
-            if rank == dst:
-                yield name, full.detach().to(dtype)
-    if sharded:
-        yield from _gather_row_sharded(sharded, dtype, dst, rank)
-
-
-def _gather_row_sharded(params: list[tuple[str, DTensor]], dtype: torch.dtype, dst: int,
-                        rank: int) -> Iterator[tuple[str, torch.Tensor]]:
-    mesh = params[0][1].device_mesh
-    group = mesh.get_group()
-    world = mesh.size()
-    my_index = mesh.get_local_rank()
-    layout = []  # (name, global shape, row numel, rows per rank, offset in the send buffer)
-    offset = 0
-    for name, p in params:
-        rows = _rows_per_rank(p.shape[0], world)
-        row_numel = math.prod(p.shape[1:])
-        layout.append((name, p.shape, row_numel, rows, offset))
-        offset += rows[0] * row_numel
-    device = params[0][1].to_local().device
-    send = torch.zeros(offset, dtype=dtype, device=device)
-    for (name, p), (_, _, row_numel, rows, off) in zip(params, layout):
-        local = p.to_local().detach()
-        if local.numel() != rows[my_index] * row_numel:
-            raise RuntimeError(f"{name}: local shard has {local.numel()} elements, expected "
-                               f"{rows[my_index] * row_numel} for a dim-0 split over {world}")
-        send[off:off + local.numel()].copy_(local.reshape(-1))
-    recv = None
-    if rank == dst:
-        recv = torch.empty((world, offset), dtype=dtype, device=device)
-        dist.gather(send, gather_list=list(recv.unbind(0)), dst=dst, group=group)
-    else:
-        dist.gather(send, dst=dst, group=group)
-    del send
-    if recv is None:
-        return
-    for name, shape, row_numel, rows, off in layout:
-        pieces = [recv[k, off:off + rows[k] * row_numel] for k in range(world) if rows[k]]
-        yield name, torch.cat(pieces).view(shape)
-
-
-def full_state_dict(model: nn.Module, *, dtype: torch.dtype | None = None,
-                    bucket_bytes: int = 64 << 20) -> dict[str, torch.Tensor]:
-    """All parameters as full CPU tensors on rank 0 (empty elsewhere); for checkpoints and tests."""
-    return {name: t.detach().cpu().clone()
-            for name, t in iter_full_parameters(model, bucket_bytes=bucket_bytes, dtype=dtype)}

@@ -57,6 +57,7 @@ def _worker(rank: int, rendezvous: str, checkpoints: dict[str, str], out_dir: st
         for arch, path in checkpoints.items():
             _sharded_step(rank, mesh, path, f"{out_dir}/{arch}.pt")
         _bf16_step(rank, mesh, checkpoints["qwen2"], f"{out_dir}/bf16.pt")
+        _into_step(rank, mesh, checkpoints["qwen3"], f"{out_dir}/into.pt")
     except BaseException:
         fsdp.destroy_distributed(barrier=False)
         raise
@@ -100,6 +101,26 @@ def _bf16_step(rank, mesh, checkpoint: str, out_path: str) -> None:
                     "weight_dtypes": {t.dtype for t in weights.values()}}, out_path)
 
 
+def _into_step(rank, mesh, checkpoint: str, out_path: str) -> None:
+    model = fsdp.shard_model(load_pretrained(checkpoint), mesh)
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    staging = {n: torch.full(shape, -1.0, dtype=torch.bfloat16) for n, shape in shapes.items()}
+    yielded = list(fsdp.iter_full_parameters(model, bucket_bytes=2048, dtype=torch.bfloat16,
+                                             into=staging if rank == 0 else None))
+    assert all(t is staging[n] for n, t in yielded)
+    bad = dict(staging, **{"model.norm.weight": torch.empty(3, dtype=torch.bfloat16)})
+    try:
+        list(fsdp.iter_full_parameters(model, dtype=torch.bfloat16,
+                                       into=bad if rank == 0 else None))
+        error = None
+    except ValueError as exc:
+        error = str(exc)
+    errors = [None] * WORLD
+    torch.distributed.all_gather_object(errors, error)
+    if rank == 0:
+        torch.save({"staging": staging, "errors": errors}, out_path)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -118,6 +139,7 @@ def sharded_runs(tmp_path_factory, checkpoints):
     mp.spawn(_worker, args=(rendezvous, checkpoints, str(out_dir)), nprocs=WORLD, join=True)
     runs = {arch: torch.load(out_dir / f"{arch}.pt") for arch in ARCHS}
     runs["bf16"] = torch.load(out_dir / "bf16.pt")
+    runs["into"] = torch.load(out_dir / "into.pt")
     return runs
 
 
@@ -176,6 +198,16 @@ def test_bfloat16_compute_keeps_float32_master_weights_and_gradients(sharded_run
     # bfloat16 keeps ~3 significant digits; the loss is a mean of O(1) terms
     assert run["loss"].item() == pytest.approx(full.loss.item(), rel=2e-2, abs=2e-2)
     assert run["grad_dtypes"] == {torch.float32} and run["weight_dtypes"] == {torch.float32}
+
+
+def test_gather_writes_into_caller_buffers_and_rejects_bad_ones_on_every_rank(
+        sharded_runs, checkpoints):
+    run = sharded_runs["into"]
+    reference = load_pretrained(checkpoints["qwen3"])
+    for name, p in reference.named_parameters():
+        assert torch.equal(run["staging"][name], p.to(torch.bfloat16)), name
+    assert "model.norm.weight" in run["errors"][0] and "expected" in run["errors"][0]
+    assert run["errors"][1] is not None  # the other rank fails too instead of hanging
 
 
 def test_tcp_rendezvous_for_one_rank(checkpoints):
