@@ -8,6 +8,7 @@ unchanged, which the weight publisher relies on.
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,8 +120,11 @@ def destroy_distributed(*, barrier: bool = True) -> None:
     With barrier, every rank must call it: a fast rank then cannot close its connections
     while a slower one still talks to it (gloo aborts a process whose peer vanishes
     mid-transfer). Pass barrier=False on an error path, where peers may never arrive.
+    Drop sharded models and optimizers first: anything still holding the process group
+    is torn down at interpreter exit instead, where gloo's threads can abort the process.
     """
     if dist.is_initialized():
+        gc.collect()  # sharded modules sit in reference cycles; free them while Python is whole
         if barrier:
             dist.barrier()
         dist.destroy_process_group()
