@@ -1,0 +1,124 @@
+"""Cost ledger: instance-seconds of reserved and preemptible capacity, dollars, tokens per dollar.
+
+Callers pass times explicitly (any one clock), so the same ledger serves live runs,
+compressed trace replays (time_scale) and the simulator.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+KINDS = ("reserved", "preemptible")
+
+
+@dataclass(kw_only=True, slots=True)
+class CostConfig:
+    """Prices per instance-hour and how ledger seconds map to billed seconds.
+
+    Defaults are the RLBoost artifact's cost model (Terra-Flux/PolyRL REPRODUCE.md) for
+    one 8x H100 node: $83.79/h on demand, $21.28/h spot. time_scale is billed seconds per
+    ledger second: 60 when one trace hour is replayed as one minute.
+    """
+
+    reserved_usd_per_hour: float = 83.79
+    preemptible_usd_per_hour: float = 21.28
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("reserved_usd_per_hour", "preemptible_usd_per_hour"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.time_scale > 0.0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+
+    def usd_per_hour(self, kind: str) -> float:
+        return self.reserved_usd_per_hour if kind == "reserved" else self.preemptible_usd_per_hour
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CostSummary:
+    """Totals at one moment (billed seconds, dollars, tokens)."""
+
+    reserved_s: float
+    preemptible_s: float
+    reserved_usd: float
+    preemptible_usd: float
+    tokens: int
+
+    @property
+    def total_usd(self) -> float:
+        return self.reserved_usd + self.preemptible_usd
+
+    @property
+    def tokens_per_dollar(self) -> float:
+        return self.tokens / self.total_usd if self.total_usd > 0 else 0.0
+
+
+class CostLedger:
+    """Accrues instance-seconds per kind as instances start and stop; thread-safe.
+
+    >>> ledger = CostLedger()
+    >>> ledger.start("trainer-0", "reserved", at_s=0.0)
+    >>> ledger.start("spot-0", "preemptible", at_s=0.0)
+    >>> ledger.stop("spot-0", at_s=1800.0)
+    >>> ledger.add_tokens(1_000_000)
+    >>> round(ledger.summary(at_s=3600.0).total_usd, 2)  # 83.79 + 21.28 / 2
+    94.43
+    """
+
+    def __init__(self, config: CostConfig | None = None):
+        self.config = config or CostConfig()
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[str, float]] = {}  # id -> (kind, since)
+        self._closed_s = {kind: 0.0 for kind in KINDS}     # ledger seconds of stopped spans
+        self._tokens = 0
+
+    def start(self, instance_id: str, kind: str, *, at_s: float) -> None:
+        """An instance of kind ("reserved" or "preemptible") starts billing at at_s."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        with self._lock:
+            if instance_id in self._running:
+                raise ValueError(f"instance {instance_id!r} is already running")
+            self._running[instance_id] = (kind, float(at_s))
+
+    def stop(self, instance_id: str, *, at_s: float) -> None:
+        """The instance stops billing at at_s (preempted, released or finished)."""
+        with self._lock:
+            if instance_id not in self._running:
+                raise ValueError(f"instance {instance_id!r} is not running")
+            kind, since = self._running[instance_id]
+            if at_s < since:
+                raise ValueError(f"instance {instance_id!r} stops at {at_s} before its start {since}")
+            del self._running[instance_id]
+            self._closed_s[kind] += at_s - since
+
+    def add_tokens(self, n: int) -> None:
+        """Count n trained (or generated, as the caller defines) tokens."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        with self._lock:
+            self._tokens += n
+
+    def running(self) -> dict[str, str]:
+        """Instance id -> kind of every instance billing now."""
+        with self._lock:
+            return {i: kind for i, (kind, _) in self._running.items()}
+
+    def summary(self, *, at_s: float) -> CostSummary:
+        """Totals up to at_s, counting running instances up to that moment."""
+        with self._lock:
+            seconds = dict(self._closed_s)
+            for kind, since in self._running.values():
+                seconds[kind] += max(0.0, at_s - since)
+            tokens = self._tokens
+        scale = self.config.time_scale
+        billed = {kind: s * scale for kind, s in seconds.items()}
+        usd = {kind: billed[kind] / 3600.0 * self.config.usd_per_hour(kind) for kind in KINDS}
+        return CostSummary(reserved_s=billed["reserved"], preemptible_s=billed["preemptible"],
+                           reserved_usd=usd["reserved"], preemptible_usd=usd["preemptible"],
+                           tokens=tokens)
+
+    def tokens_per_dollar(self, *, at_s: float) -> float:
+        return self.summary(at_s=at_s).tokens_per_dollar

@@ -1,0 +1,4 @@
+"""Training side of rlboost: GRPO objective, micro-batches, FSDP2 sharding and weight gather.
+
+Submodules import torch; importing this package alone does not.
+"""

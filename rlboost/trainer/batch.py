@@ -1,0 +1,202 @@
+"""Finished samples -> padded training micro-batches, and the loss of a model on one.
+
+A micro-batch holds whole prompt groups only, so group-normalised advantages computed
+inside it equal those of the full step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlboost.errors import StaleSampleError
+from rlboost.migration.state import RequestState
+from rlboost.trainer.grpo import GRPOConfig, GRPOLoss, group_advantages, grpo_loss, token_logprobs
+
+SAMPLE_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScoredSample:
+    """One finished generation with its reward: what the collector hands the trainer.
+
+    >>> ScoredSample(sample_id=3, group_id=1, prompt_ids=(5, 6), output_ids=(7, 2),
+    ...              output_logprobs=(-0.5, -0.125), reward=1.0, weight_version=4).num_tokens
+    4
+
+    output_logprobs are the behaviour policy's log-probabilities of output_ids (the
+    engine's float32 values); group_id is shared by the samples of one prompt.
+    """
+
+    sample_id: int
+    group_id: int
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    reward: float
+    weight_version: int = 0
+    format_version: int = SAMPLE_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format_version != SAMPLE_FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version} is not {SAMPLE_FORMAT_VERSION}")
+        if not self.prompt_ids:
+            raise ValueError(f"sample {self.sample_id}: prompt_ids must not be empty")
+        if not self.output_ids:
+            raise ValueError(f"sample {self.sample_id}: output_ids must not be empty")
+        if len(self.output_ids) != len(self.output_logprobs):
+            raise ValueError(f"sample {self.sample_id}: output_ids ({len(self.output_ids)}) and "
+                             f"output_logprobs ({len(self.output_logprobs)}) differ in length")
+        if not math.isfinite(self.reward):
+            raise ValueError(f"sample {self.sample_id}: reward must be finite, got {self.reward}")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @classmethod
+    def from_request(cls, state: RequestState, *, group_id: int, reward: float) -> ScoredSample:
+        """The scored form of a finished engine sample."""
+        if not state.finished:
+            raise ValueError(f"sample {state.sample_id} is still running")
+        return cls(sample_id=state.sample_id, group_id=group_id, prompt_ids=state.prompt_ids,
+                   output_ids=state.output_ids, output_logprobs=state.output_logprobs,
+                   reward=reward, weight_version=state.weight_version)
+
+
+@dataclass(frozen=True, slots=True)
+class MicroBatch:
+    """Right-padded tensors of one micro-batch; every [B, T] tensor is aligned to input_ids.
+
+    response_mask is true exactly on output tokens; old_logprobs holds their behaviour
+    log-probabilities there and 0 elsewhere; advantages is one value per sequence.
+    """
+
+    input_ids: torch.Tensor       # int64 [B, T]
+    attention_mask: torch.Tensor  # int64 [B, T], 1 on real tokens
+    response_mask: torch.Tensor   # bool [B, T]
+    old_logprobs: torch.Tensor    # float32 [B, T]
+    advantages: torch.Tensor      # float32 [B]
+    rewards: torch.Tensor         # float32 [B]
+    group_ids: torch.Tensor       # int64 [B]
+    sample_ids: tuple[int, ...]
+    weight_versions: tuple[int, ...]
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def denominator(self, aggregation: str) -> int:
+        """This micro-batch's share of a step-wide denominator (see grpo.aggregate)."""
+        return self.num_response_tokens if aggregation == "token_mean" else self.num_sequences
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        move = (lambda t: t.to(device, non_blocking=True))
+        return MicroBatch(move(self.input_ids), move(self.attention_mask),
+                          move(self.response_mask), move(self.old_logprobs),
+                          move(self.advantages), move(self.rewards), move(self.group_ids),
+                          self.sample_ids, self.weight_versions)
+
+
+def build_micro_batch(samples: Sequence[ScoredSample], *, pad_id: int,
+                      config: GRPOConfig | None = None, expected_group_size: int | None = None,
+                      weight_version: int | None = None, pad_to_multiple: int = 1) -> MicroBatch:
+    """Pad samples (prompt + output) to one [B, T] batch and compute their advantages.
+
+    expected_group_size, when given, rejects a batch holding a partial group (its
+    advantages would differ from the full group's). weight_version, when given, makes
+    the batch strictly on-policy: a sample generated by any other version raises
+    StaleSampleError. pad_to_multiple rounds T up so kernels see few distinct shapes.
+    """
+    if not samples:
+        raise ValueError("build_micro_batch needs at least one sample")
+    if pad_to_multiple < 1:
+        raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
+    if weight_version is not None:
+        stale = [(s.sample_id, s.weight_version) for s in samples
+                 if s.weight_version != weight_version]
+        if stale:
+            raise StaleSampleError(f"{len(stale)} samples are not from weight version "
+                                   f"{weight_version}; (sample, version): {stale[:5]}")
+    config = config or GRPOConfig()
+    group_ids = torch.tensor([s.group_id for s in samples], dtype=torch.int64)
+    if expected_group_size is not None:
+        _check_group_sizes(group_ids, expected_group_size)
+    width = max(s.num_tokens for s in samples)
+    width = -(-width // pad_to_multiple) * pad_to_multiple
+    n = len(samples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.int64)
+    attention_mask = torch.zeros((n, width), dtype=torch.int64)
+    response_mask = torch.zeros((n, width), dtype=torch.bool)
+    old_logprobs = torch.zeros((n, width), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        p, total = len(s.prompt_ids), s.num_tokens
+        input_ids[row, :p] = torch.tensor(s.prompt_ids, dtype=torch.int64)
+        input_ids[row, p:total] = torch.tensor(s.output_ids, dtype=torch.int64)
+        attention_mask[row, :total] = 1
+        response_mask[row, p:total] = True
+        old_logprobs[row, p:total] = torch.tensor(s.output_logprobs, dtype=torch.float32)
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    advantages = group_advantages(rewards, group_ids, normalize_std=config.normalize_std,
+                                  eps=config.std_eps)
+    return MicroBatch(input_ids, attention_mask, response_mask, old_logprobs, advantages,
+                      rewards, group_ids, tuple(s.sample_id for s in samples),
+                      tuple(s.weight_version for s in samples))
+
+
+def _check_group_sizes(group_ids: torch.Tensor, expected: int) -> None:
+    ids, counts = torch.unique(group_ids, return_counts=True)
+    bad = [(int(g), int(c)) for g, c in zip(ids, counts) if int(c) != expected]
+    if bad:
+        raise ValueError(f"groups must hold {expected} samples each; (group, count) "
+                         f"off: {bad[:5]}")
+
+
+def pack_groups(samples: Sequence[ScoredSample], max_tokens: int) -> list[list[ScoredSample]]:
+    """Split samples into micro-batches of whole groups, each padded size <= max_tokens.
+
+    Padded size is rows * longest row. Groups keep their first-seen order; a single group
+    larger than max_tokens becomes a micro-batch on its own (groups are never split).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    groups: dict[int, list[ScoredSample]] = {}
+    for s in samples:
+        groups.setdefault(s.group_id, []).append(s)
+    batches: list[list[ScoredSample]] = []
+    current: list[ScoredSample] = []
+    longest = 0
+    for members in groups.values():
+        cand_longest = max(longest, max(m.num_tokens for m in members))
+        if current and (len(current) + len(members)) * cand_longest > max_tokens:
+            batches.append(current)
+            current, cand_longest = [], max(m.num_tokens for m in members)
+        current = current + members
+        longest = cand_longest
+    if current:
+        batches.append(current)
+    return batches
+
+
+@torch.no_grad()
+def reference_logprobs(ref_model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+    """Log-probs of the batch's response tokens under a frozen reference model (for KL)."""
+    logits = ref_model(batch.input_ids, batch.attention_mask)
+    return token_logprobs(logits, batch.input_ids, batch.response_mask)
+
+
+def micro_batch_loss(model: torch.nn.Module, batch: MicroBatch, config: GRPOConfig,
+                     denominator: float | None = None,
+                     ref_logprobs: torch.Tensor | None = None) -> GRPOLoss:
+    """Forward the model on a micro-batch and return its GRPO loss (call .loss.backward())."""
+    logits = model(batch.input_ids, batch.attention_mask)
+    logprobs = token_logprobs(logits, batch.input_ids, batch.response_mask)
+    return grpo_loss(logprobs, batch.old_logprobs, batch.advantages, batch.response_mask,
+                     config, ref_logprobs=ref_logprobs, denominator=denominator)

@@ -1,0 +1,184 @@
+"""GRPO objective: group-normalised advantages and the clipped policy-gradient loss.
+
+Pure torch functions over [B, T] tensors aligned with the input ids (position t holds the
+log-probability of token t given tokens < t), so the same code serves any model and any
+micro-batch layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+AGGREGATIONS = ("token_mean", "seq_mean")
+
+
+@dataclass(kw_only=True, slots=True)
+class GRPOConfig:
+    """Hyper-parameters of the GRPO loss.
+
+    clip_eps_low / clip_eps_high bound the importance ratio to [1 - low, 1 + high]
+    (equal values give PPO's symmetric clip; a larger high value is DAPO's clip-higher).
+    kl_coef > 0 adds a k3 estimate of KL(policy || reference) per token.
+    aggregation "token_mean" averages over every response token of the batch (long answers
+    weigh more); "seq_mean" averages per sequence first, then over sequences.
+    """
+
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    normalize_std: bool = True
+    std_eps: float = 1e-6
+    aggregation: str = "token_mean"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.clip_eps_low < 1.0:
+            raise ValueError(f"clip_eps_low must be in (0, 1), got {self.clip_eps_low}")
+        if not 0.0 < self.clip_eps_high <= 10.0:
+            raise ValueError(f"clip_eps_high must be in (0, 10], got {self.clip_eps_high}")
+        if not self.kl_coef >= 0.0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if not self.std_eps > 0.0:
+            raise ValueError(f"std_eps must be > 0, got {self.std_eps}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GRPOLoss:
+    """The differentiable loss plus detached statistics of the batch it was computed on."""
+
+    loss: torch.Tensor
+    policy_loss: float
+    kl: float
+    clip_fraction: float
+    mean_ratio: float
+    num_tokens: int
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, *,
+                     normalize_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Advantage of each sample: (reward - group mean) / (group std + eps).
+
+    rewards: float [N]; group_ids: int [N], samples of one prompt share an id (any order).
+    std is the unbiased (N-1) sample standard deviation, as in the GRPO paper's code; a
+    group of one sample gets advantage 0. With normalize_std=False the result is only
+    centred (Dr. GRPO), which does not up-weight groups whose rewards barely differ.
+    """
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(f"rewards and group_ids must both be 1-D of one length, got "
+                         f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}")
+    rewards = rewards.to(torch.float32)
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    sums = torch.zeros(counts.numel(), dtype=torch.float32).index_add_(0, inverse, rewards)
+    means = sums / counts
+    centred = rewards - means[inverse]
+    if not normalize_std:
+        return centred
+    sq = torch.zeros_like(sums).index_add_(0, inverse, centred * centred)
+    std = torch.sqrt(sq / (counts - 1).clamp(min=1))
+    return centred / (std[inverse] + eps)
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
+    delta = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+    return torch.exp(delta) - delta - 1.0
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str,
+              denominator: float | None = None) -> torch.Tensor:
+    """Reduce per-token values [B, T] over the tokens where mask is true.
+
+    token_mean: sum / (number of masked tokens); seq_mean: mean over sequences of each
+    sequence's masked mean. denominator replaces the token count (token_mean) or the
+    sequence count (seq_mean): pass the whole step's count when a step is split into
+    micro-batches or ranks whose gradients are summed, so the sum equals the full mean.
+    """
+    maskf = mask.to(values.dtype)
+    if mode == "token_mean":
+        total = (values * maskf).sum()
+        count = maskf.sum() if denominator is None else denominator
+    elif mode == "seq_mean":
+        per_seq = (values * maskf).sum(-1) / maskf.sum(-1).clamp(min=1.0)
+        has_tokens = (maskf.sum(-1) > 0).to(values.dtype)
+        total = (per_seq * has_tokens).sum()
+        count = has_tokens.sum() if denominator is None else denominator
+    else:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+    if isinstance(count, torch.Tensor):
+        count = count.clamp(min=1.0)
+    elif count <= 0:
+        raise ValueError(f"denominator must be > 0, got {denominator}")
+    return total / count
+
+
+def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+              mask: torch.Tensor, config: GRPOConfig, ref_logprobs: torch.Tensor | None = None,
+              denominator: float | None = None) -> GRPOLoss:
+    """Clipped-ratio GRPO loss over the response tokens selected by mask.
+
+    logprobs (with grad), old_logprobs (behaviour policy), ref_logprobs: float [B, T];
+    advantages: [B] (one per sequence) or [B, T]; mask: bool [B, T], true on response
+    tokens only (prompt and padding excluded). Per token:
+        -min(r * A, clip(r, 1 - low, 1 + high) * A) + kl_coef * k3(logp, ref)
+    with r = exp(logp - old_logp), then aggregated per config.aggregation.
+    """
+    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
+        raise ValueError(f"logprobs {tuple(logprobs.shape)}, old_logprobs "
+                         f"{tuple(old_logprobs.shape)} and mask {tuple(mask.shape)} must match")
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    advantages = advantages.to(logprobs.dtype)
+    mask = mask.bool()
+    # Masked positions may hold garbage (padding): zero the log-ratio there so exp() is finite.
+    log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio.clamp(max=20.0))
+    clipped = ratio.clamp(1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
+    unclipped_obj = ratio * advantages
+    clipped_obj = clipped * advantages
+    per_token = -torch.minimum(unclipped_obj, clipped_obj)
+    policy = aggregate(per_token, mask, config.aggregation, denominator)
+    loss = policy
+    kl_value = 0.0
+    if config.kl_coef > 0.0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs")
+        kl_tok = torch.where(mask, kl_k3(logprobs, ref_logprobs), torch.zeros_like(logprobs))
+        kl = aggregate(kl_tok, mask, config.aggregation, denominator)
+        loss = loss + config.kl_coef * kl
+        kl_value = float(kl.detach())
+    with torch.no_grad():
+        n = int(mask.sum())
+        was_clipped = (clipped_obj < unclipped_obj) & mask
+        clip_frac = float(was_clipped.sum()) / max(n, 1)
+        mean_ratio = float((ratio * mask).sum()) / max(n, 1)
+    return GRPOLoss(loss=loss, policy_loss=float(policy.detach()), kl=kl_value,
+                    clip_fraction=clip_frac, mean_ratio=mean_ratio, num_tokens=n)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
+                   response_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probability of each input token under a causal LM's logits, aligned to input_ids.
+
+    logits: [B, T, V] from forward(input_ids); input_ids: [B, T]. Returns float32 [B, T]
+    where out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) for t >= 1 and 0 at t = 0;
+    positions outside response_mask (when given) are 0. Computed as gathered logit minus
+    logsumexp in float32, without materialising a second [B, T, V] log-softmax tensor.
+    """
+    if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match input_ids "
+                         f"{tuple(input_ids.shape)}")
+    pred = logits[:, :-1, :].float()
+    targets = input_ids[:, 1:].long().unsqueeze(-1)
+    picked = pred.gather(-1, targets).squeeze(-1) - torch.logsumexp(pred, dim=-1)
+    out = torch.cat([picked.new_zeros(picked.shape[0], 1), picked], dim=1)
+    if response_mask is not None:
+        if response_mask.shape != input_ids.shape:
+            raise ValueError(f"response_mask {tuple(response_mask.shape)} does not match "
+                             f"input_ids {tuple(input_ids.shape)}")
+        if response_mask[:, 0].any():
+            raise ValueError("response_mask must be false at position 0 (no token predicts it)")
+        out = torch.where(response_mask.bool(), out, torch.zeros_like(out))
+    return out
