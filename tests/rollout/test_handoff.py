@@ -1,0 +1,201 @@
+"""Handoff between embedded engines: samples moved tokens-only or with their KV pages continue
+exactly as an uninterrupted run, the result record counts what moved, and a refused or
+failed handoff loses nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine_contract import Collected, absorb, collect, make_state, poll_until
+from rlboost.errors import HandoffFailed, PeerLost, RolloutError, TransferTimeout
+from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.handoff import Handoff, migrate
+
+MAX_NEW = 40
+
+
+def states(v: int = 0, n: int = 3):
+    return [make_state(i, v, prompt_len=4 + 5 * i, max_new=MAX_NEW, temperature=0.9) for i in range(n)]
+
+
+@pytest.fixture
+def make(tiny_ckpt):
+    made = []
+
+    def make(**overrides):
+        cfg = dict(model_dir=str(tiny_ckpt), stream_interval=1)
+        made.append(EmbeddedEngine(EmbeddedEngineConfig(**{**cfg, **overrides})))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_ckpt):
+    with EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_ckpt), stream_interval=8)) as engine:
+        engine.submit(states())
+        return collect(engine, [0, 1, 2])
+
+
+def started(engine, at_least: int = 3) -> dict[int, Collected]:
+    """Submit the samples and poll until each has streamed a few tokens."""
+    engine.submit(states())
+    out: dict[int, Collected] = {}
+    poll_until(engine, out, lambda o: all(len(o.get(i, Collected()).ids) >= at_least for i in range(3)))
+    return out
+
+
+def reset(out: dict[int, Collected], moved) -> None:
+    """A collector takes the drained states as the truth for moved samples."""
+    for s in moved:
+        assert list(s.output_ids[:len(out[s.sample_id].ids)]) == out[s.sample_id].ids
+        out[s.sample_id] = Collected(ids=list(s.output_ids), logprobs=list(s.output_logprobs))
+
+
+def assert_matches(out: dict[int, Collected], reference) -> None:
+    for sid, ref in reference.items():
+        assert out[sid].ids == ref.ids, f"sample {sid} diverged"
+        assert out[sid].logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+        assert out[sid].finish == ref.finish
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_moved_samples_continue_as_if_never_moved(make, reference, mode):
+    src, dst = make(), make(block_size=8)  # pages cross block sizes too
+    out = started(src)
+    result = migrate(src, dst, [0, 1, 2, 404], mode=mode)
+    assert result.sample_ids == (0, 1, 2)
+    reset(out, result.states)
+    assert src.poll(0.0) == [] and src.load().running + src.load().queued == 0
+    collect(dst, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_result_counts_what_moved(make, mode):
+    src, dst = make(), make()
+    started(src)
+    result = Handoff(src, dst, [2, 0, 404], mode).prepare().start().wait(timeout=60)
+    moved = result.states
+    assert [s.sample_id for s in moved] == [2, 0]
+    assert (result.mode, result.samples_moved) == (mode, 2)
+    assert result.tokens_moved == sum(s.position for s in moved)
+    if mode == "kv":  # decoding samples have K/V for every token but the last sampled one
+        assert result.kv_bytes == sum(s.position - 1 for s in moved) * src.kv_layout.token_bytes
+        assert result.reprefill_tokens == 0
+    else:
+        assert result.kv_bytes == 0
+        assert result.reprefill_tokens == sum(s.position - 1 for s in moved)
+    assert result.batch_bytes > result.kv_bytes
+    phases = (result.drain_s, result.pack_s, result.ship_s, result.unpack_s, result.resume_s)
+    assert all(p >= 0 for p in phases) and result.total_s == pytest.approx(sum(phases))
+    empty = migrate(src, dst, [2, 404], mode=mode)  # already gone from the source
+    assert (empty.samples_moved, empty.tokens_moved, empty.kv_bytes, empty.batch_bytes) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_several_hops(make, reference, mode):
+    engines = [make(), make(block_size=8, num_blocks=64, max_batch_size=2)]
+    out = started(engines[0], at_least=1)
+    home = 0
+    for hop in range(4):
+        poll_until(engines[home], out, lambda o, k=hop: all(
+            o[i].finish is not None or len(o[i].ids) >= 5 * (k + 1) for i in range(3)))
+        live = [i for i in range(3) if out[i].finish is None]
+        result = migrate(engines[home], engines[1 - home], live, mode=mode)
+        reset(out, result.states)
+        home = 1 - home
+    collect(engines[home], [i for i in range(3) if out[i].finish is None], out)
+    assert_matches(out, reference)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_refused_samples_go_back_to_the_source(make, reference, mode):
+    src, dst = make(), make(weight_version=5)  # the destination refuses version-0 samples
+    out = started(src)
+    with pytest.raises(HandoffFailed) as info:
+        migrate(src, dst, [0, 1, 2], mode=mode)
+    assert info.value.returned_to_source
+    assert isinstance(info.value.__cause__, RolloutError)
+    reset(out, info.value.batch.states)
+    assert dst.load().running + dst.load().queued == 0
+    collect(src, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_refused_samples_can_stay_with_the_caller(make, reference):
+    src, dst, spare = make(), make(weight_version=5), make()
+    out = started(src)
+    with pytest.raises(HandoffFailed) as info:
+        migrate(src, dst, [0, 1, 2], mode="kv", on_refused="raise")
+    batch = info.value.batch
+    assert not info.value.returned_to_source and batch.has_kv
+    assert src.load().running + src.load().queued == 0
+    reset(out, batch.states)
+    spare.import_states(batch)
+    collect(spare, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_kv_layout_mismatch_is_refused_before_anything_moves(make):
+    src, dst = make(), make(dtype="bfloat16")
+    started(src)
+    handoff = Handoff(src, dst, [0, 1, 2], "kv")
+    with pytest.raises(RolloutError, match="dtype"):
+        handoff.prepare()
+    assert src.load().running + src.load().queued == 3
+    assert migrate(src, dst, [0], mode="tokens").samples_moved == 1  # tokens still move
+
+
+class GatedChannelForTests:
+    """Ships in-process, but only once `gate` is set; fails instead when `error` is set."""
+
+    def __init__(self, error: Exception | None = None):
+        self.gate = threading.Event()
+        self.error = error
+
+    def ship(self, payload, timeout=None):
+        if self.error is not None:
+            raise self.error
+        assert self.gate.wait(60)
+        return payload
+
+
+def test_wait_times_out_and_the_handoff_keeps_going(make, reference):
+    src, dst = make(), make()
+    out = started(src)
+    channel = GatedChannelForTests()
+    handoff = Handoff(src, dst, [0, 1, 2], "kv", channel=channel).prepare().start()
+    with pytest.raises(TransferTimeout):
+        handoff.wait(timeout=0.05)
+    assert not handoff.done
+    channel.gate.set()
+    result = handoff.wait(timeout=60)
+    reset(out, result.states)
+    collect(dst, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_lost_shipment_resumes_on_the_source(make, reference):
+    src, dst = make(), make()
+    out = started(src)
+    with pytest.raises(HandoffFailed) as info:
+        Handoff(src, dst, [0, 1, 2], "kv", channel=GatedChannelForTests(PeerLost("link down"))).wait(timeout=60)
+    assert info.value.returned_to_source and isinstance(info.value.__cause__, PeerLost)
+    reset(out, info.value.batch.states)
+    collect(src, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_bad_arguments_are_refused(make):
+    src, dst = make(), make()
+    with pytest.raises(ValueError, match="mode"):
+        Handoff(src, dst, [0], "pages")
+    with pytest.raises(ValueError, match="on_refused"):
+        Handoff(src, dst, [0], "kv", on_refused="drop")
+    with pytest.raises(ValueError, match="same engine"):
+        Handoff(src, src, [0], "kv")
