@@ -1,24 +1,28 @@
 """Handoff of in-flight samples between two rollout engines: drain them from the source
-(export their states, with KV pages or not), ship the packed batch as bytes, and resume
-them on the destination. A refused or failed handoff never loses a sample.
+(export their states, with KV pages or not), ship the packed batch as bytes (in-process,
+or as a one-tensor payload over rlboost.transfer between processes), and resume them on
+the destination. A refused or failed handoff never loses a sample.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
+import torch
 
-from rlboost.errors import HandoffFailed, RolloutError, TransferTimeout
+from rlboost.errors import HandoffFailed, ProtocolError, RolloutError, TransferTimeout
 from rlboost.migration.batch import MigrationBatch, pack_batch, unpack_batch
 from rlboost.migration.state import RequestState
 from rlboost.rollout.engine import RolloutEngine
+from rlboost.transfer import Manifest, TransferConfig, WeightPublisher, WeightPuller
 
-__all__ = ["HANDOFF_FORMAT_VERSION", "MODES", "Channel", "Handoff", "HandoffResult", "InProcessChannel",
-           "migrate"]
+__all__ = ["HANDOFF_FORMAT_VERSION", "MODES", "Channel", "Handoff", "HandoffResult", "HandoffTicket",
+           "InProcessChannel", "SampleReceiver", "SampleSender", "TransferChannel", "migrate"]
 
 HANDOFF_FORMAT_VERSION = 1
 MODES = ("tokens", "kv")  # tokens: the destination re-prefills; kv: KV pages travel along
@@ -74,16 +78,20 @@ class Channel(Protocol):
 
 
 class InProcessChannel:
-    """Both engines live in this process: the packed bytes are copied once into a receive
-    buffer, as a network would deliver them, and unpacked from there without a copy.
+    """Both engines live in this process: the packed bytes are handed over, not sent.
 
     Packing still runs, so a batch crosses the same codec (and checks) as over a network.
-    The copy is what makes KV pages zero-copy views: unpacking read-only bytes would copy
-    each sample into small fresh buffers, whose 4 KiB first-touch page faults cost ~5x
-    more than one copy into a numpy buffer (numpy asks for transparent huge pages).
+    unpack_batch copies each sample's KV out of read-only bytes; once those copies outgrow
+    the allocator's recycled heap (glibc: 32 MiB) every one lands in fresh 4 KiB pages,
+    whose first-touch faults cost ~5x a copy. Large payloads are therefore copied once
+    into a numpy buffer (numpy asks for transparent huge pages) and unpacked as views.
     """
 
-    def ship(self, payload: bytes, timeout: float | None = None) -> np.ndarray:
+    LARGE_PAYLOAD = 32 << 20
+
+    def ship(self, payload: bytes, timeout: float | None = None):
+        if len(payload) < self.LARGE_PAYLOAD:
+            return payload
         return np.frombuffer(payload, dtype=np.uint8).copy()
 
 
@@ -240,3 +248,190 @@ def migrate(src: RolloutEngine, dst: RolloutEngine, sample_ids: Sequence[int], m
             channel: Channel | None = None, on_refused: str = "return") -> HandoffResult:
     """Move samples from src to dst in one call (see Handoff)."""
     return Handoff(src, dst, sample_ids, mode, channel=channel, on_refused=on_refused).prepare().run()
+
+
+# ---- shipping over rlboost.transfer ---------------------------------------------------
+
+PAYLOAD_NAME = "migration_batch"
+
+
+def _publish(publisher: WeightPublisher, key: int, payload: bytes) -> None:
+    """Serve the packed batch as version `key`: one uint8 tensor, staged with one copy."""
+    manifest = Manifest.from_layout(key, [(PAYLOAD_NAME, "uint8", (len(payload),))],
+                                    publisher.config.alignment)
+    view = publisher.stage(key, manifest)[PAYLOAD_NAME]
+    try:
+        view.numpy()[:] = np.frombuffer(payload, dtype=np.uint8)
+    except BaseException:
+        publisher.discard(key)
+        raise
+    publisher.commit(key)
+
+
+def _pull(puller: WeightPuller, address: str, key: int, nbytes: int, timeout: float | None) -> np.ndarray:
+    """Pull version `key` into a fresh numpy buffer (huge-page backed, so first touch is cheap);
+    unpack_batch then views the KV pages in it, and they keep it alive."""
+    buffer = np.empty(nbytes, dtype=np.uint8)
+    pulled = puller.pull(version=key, into=torch.from_numpy(buffer), timeout=timeout, sources=address)
+    if pulled.manifest.total_bytes != nbytes:
+        raise ProtocolError(f"payload {key} holds {pulled.manifest.total_bytes} bytes, the ticket says {nbytes}")
+    puller.retire(key)  # a relaying puller would otherwise keep serving it
+    return buffer
+
+
+class TransferChannel:
+    """Ships through the transfer layer (shared memory or TCP) although both engines are
+    in this process: the same path as between processes, for measuring it or for engines
+    that only share a host. Closes its publisher and puller on close()."""
+
+    def __init__(self, config: TransferConfig | None = None):
+        config = config if config is not None else TransferConfig(relay=False)
+        self.publisher = WeightPublisher(config)
+        self.puller = WeightPuller((), config)
+        self._keys = itertools.count()
+
+    def ship(self, payload: bytes, timeout: float | None = None) -> np.ndarray:
+        key = next(self._keys)
+        _publish(self.publisher, key, payload)
+        try:
+            return _pull(self.puller, self.publisher.address, key, len(payload), timeout)
+        finally:
+            self.publisher.retire(key)
+
+    def close(self) -> None:
+        self.puller.close()
+        self.publisher.close()
+
+    def __enter__(self) -> TransferChannel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HandoffTicket:
+    """Where a drained batch waits for its destination; the source hands it to whoever
+    tells the destination (a controller), so it crosses processes.
+
+    >>> HandoffTicket(address="127.0.0.1:41000", key=3, nbytes=8192, mode="kv", sample_ids=(7, 9),
+    ...               drain_s=0.002, pack_s=0.001, publish_s=0.001).key
+    3
+    """
+
+    address: str
+    key: int
+    nbytes: int
+    mode: str
+    sample_ids: tuple[int, ...]
+    drain_s: float
+    pack_s: float
+    publish_s: float
+    format_version: int = HANDOFF_FORMAT_VERSION
+
+
+class SampleSender:
+    """Source side of a handoff between processes: drains samples and publishes the packed
+    batch on its own publisher until the destination has them.
+
+        sender = SampleSender()
+        ticket = sender.send(engine, [3, 7], mode="kv")   # give the ticket to the destination
+        sender.release(ticket)                 # destination resumed them, or:
+        sender.take_back(engine, ticket)       # destination refused: resume them here
+
+    Keeps each drained batch until release() or take_back(), so a refusal loses nothing.
+    """
+
+    def __init__(self, config: TransferConfig | None = None):
+        self.publisher = WeightPublisher(config if config is not None else TransferConfig(versions_kept=16))
+        self._keys = itertools.count()
+        self._pending: dict[int, MigrationBatch] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        return self.publisher.address
+
+    def send(self, src: RolloutEngine, sample_ids: Sequence[int], mode: str = "kv") -> HandoffTicket:
+        t0 = time.perf_counter()
+        batch = drain(src, sample_ids, mode)
+        t1 = time.perf_counter()
+        with self._lock:
+            key = next(self._keys)
+        try:
+            payload = pack_batch(batch)
+            t2 = time.perf_counter()
+            _publish(self.publisher, key, payload)
+            t3 = time.perf_counter()
+        except Exception as exc:
+            raise give_back(src, batch, exc, "publishing the batch") from exc
+        with self._lock:
+            self._pending[key] = batch
+        return HandoffTicket(address=self.address, key=key, nbytes=len(payload), mode=mode,
+                             sample_ids=batch.sample_ids, drain_s=t1 - t0, pack_s=t2 - t1, publish_s=t3 - t2)
+
+    def release(self, ticket: HandoffTicket) -> None:
+        """The destination has the samples: stop serving them and drop the kept batch."""
+        with self._lock:
+            self._pending.pop(ticket.key, None)
+        self.publisher.retire(ticket.key)
+
+    def take_back(self, src: RolloutEngine, ticket: HandoffTicket) -> MigrationBatch:
+        """Resume on `src` the samples of a ticket whose destination refused them; returns
+        their batch (its states carry every token generated before the move).
+        Raises HandoffFailed (holding the batch) if the source refuses them too."""
+        with self._lock:
+            batch = self._pending.pop(ticket.key)
+        try:
+            src.import_states(batch)
+        except Exception as exc:
+            raise HandoffFailed(f"the source refused samples {list(batch.sample_ids)[:8]} back ({exc})",
+                                batch=batch) from exc
+        finally:
+            self.publisher.retire(ticket.key)
+        return batch
+
+    def close(self) -> None:
+        self.publisher.close()
+
+    def __enter__(self) -> SampleSender:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SampleReceiver:
+    """Destination side: pulls a ticket's batch from the source's sender and resumes it."""
+
+    def __init__(self, config: TransferConfig | None = None):
+        self.puller = WeightPuller((), config if config is not None else TransferConfig(relay=False))
+
+    def receive(self, dst: RolloutEngine, ticket: HandoffTicket, timeout: float | None = None) -> HandoffResult:
+        """Pull, unpack and import. Transfer errors propagate (the sender still holds the
+        batch); a refusing destination raises HandoffFailed with the batch, and the
+        sender's take_back() resumes it on the source."""
+        _check_mode(ticket.mode)
+        t0 = time.perf_counter()
+        buffer = _pull(self.puller, ticket.address, ticket.key, ticket.nbytes, timeout)
+        t1 = time.perf_counter()
+        batch = unpack_batch(buffer)
+        t2 = time.perf_counter()
+        try:
+            if batch.states:
+                dst.import_states(batch)
+        except Exception as exc:
+            raise HandoffFailed(f"destination refused samples {list(batch.sample_ids)[:8]} ({exc}); "
+                                "the sender still holds them (take_back)", batch=batch) from exc
+        t3 = time.perf_counter()
+        return _result(ticket.mode, batch, ticket.nbytes, ticket.drain_s, ticket.pack_s,
+                       ticket.publish_s + t1 - t0, t2 - t1, t3 - t2)
+
+    def close(self) -> None:
+        self.puller.close()
+
+    def __enter__(self) -> SampleReceiver:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

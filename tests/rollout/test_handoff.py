@@ -4,14 +4,16 @@ failed handoff loses nothing."""
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 
 import pytest
+import torch
 
-from engine_contract import Collected, absorb, collect, make_state, poll_until
+from engine_contract import Collected, collect, make_state, poll_until
 from rlboost.errors import HandoffFailed, PeerLost, RolloutError, TransferTimeout
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.rollout.handoff import Handoff, migrate
+from rlboost.rollout.handoff import Handoff, SampleReceiver, SampleSender, TransferChannel, migrate
 
 MAX_NEW = 40
 
@@ -199,3 +201,89 @@ def test_bad_arguments_are_refused(make):
         Handoff(src, dst, [0], "kv", on_refused="drop")
     with pytest.raises(ValueError, match="same engine"):
         Handoff(src, src, [0], "kv")
+
+
+def test_shipping_over_the_transfer_layer_in_one_process(make, reference):
+    src, dst = make(), make()
+    out = started(src)
+    with TransferChannel() as channel:
+        result = migrate(src, dst, [0, 1, 2], mode="kv", channel=channel)
+        assert channel.publisher.versions == []  # served only until pulled
+    reset(out, result.states)
+    collect(dst, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def destination_process(ckpt: str, weight_version: int, tickets, results) -> None:
+    """A destination engine in its own process: receive one ticket, run its samples out."""
+    torch.set_num_threads(1)
+    config = EmbeddedEngineConfig(model_dir=ckpt, stream_interval=1, weight_version=weight_version)
+    try:
+        with EmbeddedEngine(config) as dst, SampleReceiver() as receiver:
+            ticket = tickets.get(timeout=120)
+            try:
+                result = receiver.receive(dst, ticket, timeout=60)
+            except HandoffFailed as exc:
+                results.put(("refused", exc.batch.sample_ids))
+                return
+            out = {s.sample_id: Collected(ids=list(s.output_ids), logprobs=list(s.output_logprobs))
+                   for s in result.states}
+            collect(dst, result.sample_ids, out)
+            results.put(("done", result, out))
+    except BaseException as exc:  # reported, so the test fails at once with the reason
+        results.put(("error", repr(exc)))
+        raise
+
+
+@pytest.fixture
+def destination(tiny_ckpt):
+    """Start destination_process(weight_version); yields (tickets, results) queues."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = []
+
+    def start(weight_version: int = 0):
+        tickets, results = ctx.Queue(), ctx.Queue()
+        procs.append(ctx.Process(target=destination_process, args=(str(tiny_ckpt), weight_version, tickets,
+                                                                   results), daemon=True))
+        procs[-1].start()
+        return tickets, results
+
+    yield start
+    for proc in procs:
+        proc.join(timeout=60)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_samples_move_to_another_process(make, reference, destination, mode):
+    tickets, results = destination()
+    src = make()
+    out = started(src)
+    with SampleSender() as sender:
+        ticket = sender.send(src, [0, 1, 2, 404], mode=mode)
+        assert ticket.sample_ids == (0, 1, 2) and src.load().running + src.load().queued == 0
+        tickets.put(ticket)
+        status, result, there = results.get(timeout=120)
+        assert status == "done" and result.sample_ids == (0, 1, 2) and result.batch_bytes == ticket.nbytes
+        assert (result.kv_bytes > 0) == (mode == "kv")
+        sender.release(ticket)
+        assert ticket.key not in sender.publisher.versions
+    reset(out, result.states)  # what the source streamed before the move is a prefix of the states
+    assert_matches(there, reference)
+
+
+def test_samples_refused_by_another_process_come_back(make, reference, destination):
+    tickets, results = destination(weight_version=5)
+    src = make()
+    out = started(src)
+    with SampleSender() as sender:
+        ticket = sender.send(src, [0, 1, 2], mode="kv")
+        tickets.put(ticket)
+        assert results.get(timeout=120) == ("refused", (0, 1, 2))
+        back = sender.take_back(src, ticket)
+        assert ticket.key not in sender.publisher.versions
+    reset(out, back.states)
+    collect(src, [0, 1, 2], out)
+    assert_matches(out, reference)
