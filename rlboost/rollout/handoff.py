@@ -20,6 +20,7 @@ from rlboost.migration.batch import MigrationBatch, pack_batch, unpack_batch
 from rlboost.migration.state import RequestState
 from rlboost.rollout.engine import RolloutEngine
 from rlboost.transfer import Manifest, TransferConfig, WeightPublisher, WeightPuller
+from rlboost.transfer.config import parse_address
 
 __all__ = ["HANDOFF_FORMAT_VERSION", "MODES", "Channel", "Handoff", "HandoffResult", "HandoffTicket",
            "InProcessChannel", "SampleReceiver", "SampleSender", "TransferChannel", "migrate"]
@@ -329,6 +330,14 @@ class HandoffTicket:
     publish_s: float
     format_version: int = HANDOFF_FORMAT_VERSION
 
+    def __post_init__(self) -> None:
+        if self.format_version != HANDOFF_FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version} is not {HANDOFF_FORMAT_VERSION}")
+        _check_mode(self.mode)
+        parse_address(self.address)
+        if self.key < 0 or self.nbytes < 1:
+            raise ValueError(f"key must be >= 0 and nbytes >= 1, got key={self.key}, nbytes={self.nbytes}")
+
 
 class SampleSender:
     """Source side of a handoff between processes: drains samples and publishes the packed
@@ -411,7 +420,6 @@ class SampleReceiver:
         """Pull, unpack and import. Transfer errors propagate (the sender still holds the
         batch); a refusing destination raises HandoffFailed with the batch, and the
         sender's take_back() resumes it on the source."""
-        _check_mode(ticket.mode)
         t0 = time.perf_counter()
         buffer = _pull(self.puller, ticket.address, ticket.key, ticket.nbytes, timeout)
         t1 = time.perf_counter()

@@ -4,6 +4,7 @@ failed handoff loses nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import pathlib
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from engine_contract import Collected, collect, make_state, poll_until
-from rlboost.errors import HandoffFailed, PeerLost, RolloutError, TransferTimeout
+from rlboost.errors import HandoffFailed, PeerLost, ProtocolError, RolloutError, TransferTimeout
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.rollout.handoff import Handoff, SampleReceiver, SampleSender, TransferChannel, migrate
 
@@ -215,6 +216,23 @@ def test_shipping_over_the_transfer_layer_in_one_process(make, reference):
         assert channel.publisher.versions == []  # served only until pulled
     reset(out, result.states)
     collect(dst, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_a_ticket_that_does_not_match_its_payload_loses_nothing(make, reference):
+    src, dst = make(), make()
+    out = started(src)
+    with SampleSender() as sender, SampleReceiver() as receiver:
+        ticket = sender.send(src, [0, 1, 2], mode="kv")
+        for wrong in (ticket.nbytes + 1, ticket.nbytes - 1):
+            with pytest.raises((ProtocolError, ValueError)):
+                receiver.receive(dst, dataclasses.replace(ticket, nbytes=wrong), timeout=30)
+        assert dst.load().running + dst.load().queued == 0
+        with pytest.raises(ValueError, match="mode"):
+            dataclasses.replace(ticket, mode="pages")
+        back = sender.take_back(src, ticket)
+    reset(out, back.states)
+    collect(src, [0, 1, 2], out)
     assert_matches(out, reference)
 
 
