@@ -78,10 +78,14 @@ class PullHandle:
         """Starts moving bytes in native threads and returns immediately."""
         if self._job is not None:
             raise ValueError("pull already started")
-        relay = self._owner._register_relay(self)
+        relay, registration = self._owner._register_relay(self)
         addr, nbytes = descriptors.describe(self.buffer)
-        self._job = self._native.start(self._plan, addr, nbytes, relay, self._seed,
-                                       keepalive=(self.buffer, self._region))
+        try:
+            self._job = self._native.start(self._plan, addr, nbytes, relay, registration, self._seed,
+                                           keepalive=(self.buffer, self._region))
+        except BaseException:
+            self._owner.retire(self.version)
+            raise
         self._plan = None
         return self
 

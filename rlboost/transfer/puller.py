@@ -141,10 +141,10 @@ class WeightPuller:
             pass
 
     # ---- internals used by PullHandle ----------------------------------------------
-    def _register_relay(self, handle: PullHandle):
-        """Serves the handle's buffer as a partial version; returns the store, or None."""
+    def _register_relay(self, handle: PullHandle) -> tuple[object | None, int]:
+        """Serves the handle's buffer as a partial version: (store, registration id)."""
         if self._relay_store is None:
-            return None
+            return None, 0
         for v, (buf, _) in list(self._relayed.items()):
             if v == handle.version or descriptors.same_memory(buf, handle.buffer):
                 self.retire(v)
@@ -153,12 +153,12 @@ class WeightPuller:
         nm = _C.Manifest(handle.version, handle.manifest.total_bytes, handle.manifest.chunk_bytes,
                          list(handle.manifest.chunk_crcs), handle.manifest.to_bytes())
         if handle._region is not None:
-            self._relay_store.add_partial(nm, handle._region)
+            registration = self._relay_store.add_partial(nm, handle._region)
         else:
             addr, nbytes = descriptors.describe(handle.buffer)
-            self._relay_store.add_partial_borrowed(nm, addr, nbytes)
+            registration = self._relay_store.add_partial_borrowed(nm, addr, nbytes)
         self._relayed[handle.version] = (handle.buffer, handle._region)
-        return self._relay_store
+        return self._relay_store, registration
 
     def _remember_failed(self, handle: PullHandle, held: bytes) -> None:
         self._failed[handle.version] = (handle.buffer, handle._region, held, handle.manifest.chunk_crcs)
