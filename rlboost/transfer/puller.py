@@ -58,12 +58,15 @@ class WeightPuller:
 
     # ---- pulling -----------------------------------------------------------------
     def prepare(self, version: int | None = None, into: Into = None,
-                progress: ProgressCallback | None = None,
+                progress: ProgressCallback | bool | None = None,
                 sources: str | Sequence[str] | None = None) -> PullHandle:
         """Resolves `version` (None: the newest any source holds) and sizes the destination.
 
         `into`: a contiguous CPU tensor (or a previous PulledWeights) to receive into; None
-        allocates shared memory. Returns a handle to start() and wait() on.
+        allocates shared memory. While relay is on, the buffer is re-served to peers until
+        this version is retired (``retire(version)``): do not modify it before then.
+        `progress`: a callback (bytes_done, total_bytes), or True for a tqdm bar.
+        Returns a handle to start() and wait() on.
         """
         self._check_open()
         addrs = self._parse(sources) if sources is not None else self._sources
@@ -82,7 +85,7 @@ class WeightPuller:
         return handle
 
     def pull(self, version: int | None = None, into: Into = None, timeout: float | None = None,
-             progress: ProgressCallback | None = None,
+             progress: ProgressCallback | bool | None = None,
              sources: str | Sequence[str] | None = None) -> PulledWeights:
         """Pulls a version and returns its named tensor views (blocking)."""
         handle = self.prepare(version, into=into, progress=progress, sources=sources).start()
