@@ -32,8 +32,8 @@ enum class FrameType : uint16_t {
   kManifest = 6,         // server: encoded manifest
   kChunkRequest = 7,     // client: version, chunk index
   kChunk = 8,            // server: prefix + chunk bytes (or a not-held status)
-  kHaveRequest = 9,      // client: version, held count already known, wait ms
-  kHave = 10,            // server: held-chunk bitmap
+  kHaveRequest = 9,      // client: version, generation already known, wait ms
+  kHave = 10,            // server: generation, held and pending chunk bitmaps
   kShmOpenRequest = 11,  // client: version
   kShmOpen = 12,         // server: where the shared region lives
   kShmClose = 13,        // client: version (releases the lease)

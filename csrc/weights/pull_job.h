@@ -59,6 +59,13 @@ struct RelayTarget {
   uint64_t registration = 0;            // from VersionStore::AddPartial
 };
 
+// The order in which a puller claims chunks (see ChunkMap).
+struct ClaimOrder {
+  uint32_t rank = 0;
+  uint32_t pullers = 1;
+  uint32_t seed = 0;
+};
+
 struct PullStats {
   uint64_t chunk_requests = 0;
   uint64_t chunks_fetched = 0;
@@ -69,7 +76,7 @@ struct PullStats {
 class PullJob {
  public:
   PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSource> sources, uint8_t* dst,
-          RelayTarget relay, const std::vector<uint8_t>& held_seed, uint32_t seed);
+          RelayTarget relay, const std::vector<uint8_t>& held_seed, ClaimOrder order);
   ~PullJob();
 
   Status Start();
@@ -92,6 +99,7 @@ class PullJob {
   void FailLane(Lane* lane, const Status& st);
   void OnReadDone(Lane* lane, ChunkRead& read);
   void ReleaseInFlight(Lane* lane, const Status& cause);
+  void AnnouncePending(uint32_t chunk, bool pending);
 
   PullOptions opts_;
   Manifest manifest_;
