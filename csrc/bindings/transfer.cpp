@@ -258,6 +258,7 @@ void BindUtilities(py::module_& m) {
         return Crc32cExtendPortable(0, s.data(), s.size());
       }, py::arg("data"));
   m.def("crc32c_uses_hardware", &Crc32cUsesHardware);
+  m.def("crc32c_uses_folding", &Crc32cUsesFolding);
   m.def("hmac_sha256", [](py::bytes key, py::bytes msg) {
         std::string k = key, s = msg;
         Digest256 d = HmacSha256(k, s.data(), s.size());
