@@ -2,6 +2,8 @@
 // a precomputed "advance by one lane" table) and a portable slicing-by-8 path.
 #include "common/crc32c.h"
 
+#include "common/crc32c_fold.h"
+
 #include <array>
 #include <cstring>
 
@@ -121,6 +123,40 @@ bool DetectHardware() { return false; }
 
 const bool kUseHardware = DetectHardware();
 
+// Below this size the folding setup costs more than it saves.
+constexpr size_t kFoldMin = 1024;
+
+// The folding path is used only if it agrees with the table path on this CPU.
+bool FoldPassesSelfTest() {
+  if (!kUseHardware || !FoldCrc32cSupported()) return false;
+  uint8_t buf[4096 + 77];
+  uint32_t x = 0x12345678u;
+  for (auto& b : buf) {
+    x = x * 1103515245u + 12345u;
+    b = static_cast<uint8_t>(x >> 24);
+  }
+  for (size_t n : {size_t{1024}, size_t{1536}, size_t{4096 + 77}}) {
+    for (uint32_t seed : {0u, 0xFFFFFFFFu, 0xDEADBEEFu}) {
+      uint32_t state = seed;
+      size_t used = FoldCrc32c(&state, buf, n);
+      state = RawPortable(state, buf + used, n - used);
+      if (state != RawPortable(seed, buf, n)) return false;
+    }
+  }
+  return true;
+}
+
+const bool kUseFold = FoldPassesSelfTest();
+
+uint32_t RawBest(uint32_t c, const uint8_t* p, size_t n) {
+  if (kUseFold && n >= kFoldMin) {
+    size_t used = FoldCrc32c(&c, p, n);
+    p += used;
+    n -= used;
+  }
+  return RawHw(c, p, n);
+}
+
 }  // namespace
 
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
@@ -129,9 +165,11 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
-  return kUseHardware ? ~RawHw(~crc, p, n) : ~RawPortable(~crc, p, n);
+  return kUseHardware ? ~RawBest(~crc, p, n) : ~RawPortable(~crc, p, n);
 }
 
 bool Crc32cUsesHardware() { return kUseHardware; }
+
+bool Crc32cUsesFolding() { return kUseFold; }
 
 }  // namespace rlboost

@@ -1,6 +1,7 @@
-// CRC-32C (Castagnoli), the per-chunk checksum of weight transfers. Uses the SSE4.2
-// crc32 instruction over three interleaved lanes when the CPU has it (the lanes hide the
-// instruction's latency), and a slicing-by-8 table otherwise.
+// CRC-32C (Castagnoli), the per-chunk checksum of weight transfers. Large buffers fold
+// with AVX-512 carry-less multiplies when the CPU has them (crc32c_fold.h); otherwise,
+// and for the tails, the SSE4.2 crc32 instruction runs three interleaved lanes (hiding
+// its latency); a slicing-by-8 table covers CPUs with neither.
 #pragma once
 
 #include <cstddef>
@@ -17,5 +18,7 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n);
 
 // True when Crc32cExtend uses the hardware instruction on this CPU.
 bool Crc32cUsesHardware();
+// True when it also folds large buffers with carry-less multiplication.
+bool Crc32cUsesFolding();
 
 }  // namespace rlboost

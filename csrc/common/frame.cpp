@@ -35,6 +35,22 @@ Code CodeOfWire(uint32_t w) {
 
 }  // namespace
 
+bool IsClientFrame(FrameType type) {
+  switch (type) {
+    case FrameType::kHello:
+    case FrameType::kAuth:
+    case FrameType::kManifestRequest:
+    case FrameType::kChunkRequest:
+    case FrameType::kHaveRequest:
+    case FrameType::kShmOpenRequest:
+    case FrameType::kShmClose:
+    case FrameType::kUcxOpenRequest:
+      return true;
+    default:
+      return false;
+  }
+}
+
 uint64_t MaxFrameBody(FrameType type) {
   switch (type) {
     case FrameType::kHello: return kNonceBytes;
@@ -45,8 +61,8 @@ uint64_t MaxFrameBody(FrameType type) {
     case FrameType::kManifest: return 64 + 4ull * kMaxChunks + kMaxManifestMeta;
     case FrameType::kChunkRequest: return 12;
     case FrameType::kChunk: return kChunkPrefixBytes + uint64_t{kMaxChunkBytes};
-    case FrameType::kHaveRequest: return 16;
-    case FrameType::kHave: return 16 + kMaxChunks / 8;
+    case FrameType::kHaveRequest: return 20;
+    case FrameType::kHave: return 24 + 2 * (kMaxChunks / 8);
     case FrameType::kShmOpenRequest: return 8;
     case FrameType::kShmOpen: return 64;
     case FrameType::kShmClose: return 8;

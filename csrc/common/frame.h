@@ -32,8 +32,8 @@ enum class FrameType : uint16_t {
   kManifest = 6,         // server: encoded manifest
   kChunkRequest = 7,     // client: version, chunk index
   kChunk = 8,            // server: prefix + chunk bytes (or a not-held status)
-  kHaveRequest = 9,      // client: version, held count already known, wait ms
-  kHave = 10,            // server: held-chunk bitmap
+  kHaveRequest = 9,      // client: version, generation already known, wait ms
+  kHave = 10,            // server: generation, held and pending chunk bitmaps
   kShmOpenRequest = 11,  // client: version
   kShmOpen = 12,         // server: where the shared region lives
   kShmClose = 13,        // client: version (releases the lease)
@@ -60,6 +60,8 @@ struct FrameHeader {
 void EncodeFrameHeader(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]);
 // Checks magic, format version, type and the body bound for that type.
 Status DecodeFrameHeader(const uint8_t in[kFrameHeaderBytes], FrameHeader* out);
+// Whether a client may send this type to a server (servers read nothing else).
+bool IsClientFrame(FrameType type);
 // The largest body a frame of this type may carry.
 uint64_t MaxFrameBody(FrameType type);
 const char* FrameTypeName(FrameType type);

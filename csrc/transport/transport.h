@@ -93,11 +93,10 @@ struct RegionLease {
   std::shared_ptr<void> pin;
 };
 
-// Paces a server's egress (a token bucket); data is sent in slices of SliceBytes().
+// Paces a server's egress (a token bucket).
 class Pacer {
  public:
   virtual ~Pacer() = default;
-  virtual size_t SliceBytes() const = 0;
   // Blocks until `bytes` may be sent; false when the pacer was closed meanwhile.
   virtual bool Acquire(size_t bytes) = 0;
 };

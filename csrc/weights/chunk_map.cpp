@@ -8,18 +8,28 @@
 
 namespace rlboost {
 
-ChunkMap::ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t seed)
+ChunkMap::ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t rank, uint32_t pullers,
+                   uint32_t seed)
     : n_(num_chunks),
-      order_(num_chunks),
       state_(num_chunks, kMissing),
       rarity_(num_chunks, 0),
+      soon_(num_chunks, 0),
+      claimed_by_(num_chunks, 0),
+      inflight_(num_sources, 0),
       known_(num_sources, std::vector<uint8_t>(num_chunks, kUnknown)),
       known_count_(num_sources, 0),
       alive_(num_sources, true),
       may_grow_(num_sources, false),
       cause_(num_sources) {
-  std::iota(order_.begin(), order_.end(), 0u);
-  std::shuffle(order_.begin(), order_.end(), std::mt19937(seed));
+  if (pullers <= 1) {
+    order_.resize(num_chunks);
+    std::iota(order_.begin(), order_.end(), 0u);
+    std::shuffle(order_.begin(), order_.end(), std::mt19937(seed));
+    return;
+  }
+  for (uint32_t k = 0; k < pullers; ++k) {
+    for (uint32_t c = (rank + k) % pullers; c < num_chunks; c += pullers) order_.push_back(c);
+  }
 }
 
 void ChunkMap::BumpLocked() {
@@ -41,11 +51,21 @@ void ChunkMap::SeedHeld(const std::vector<uint8_t>& bitmap) {
 void ChunkMap::UpdateSource(size_t s, const HeldState& held, bool may_grow) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!alive_[s]) return;
+  auto& known = known_[s];
   for (uint32_t c = 0; c < n_ && c < held.num_chunks; ++c) {
-    if (((held.bitmap[c / 8] >> (c % 8)) & 1u) && known_[s][c] == kUnknown) {
-      known_[s][c] = kHas;
+    bool has = (held.bitmap[c / 8] >> (c % 8)) & 1u;
+    bool soon = !has && c / 8 < held.pending.size() && ((held.pending[c / 8] >> (c % 8)) & 1u);
+    if (has && (known[c] == kUnknown || known[c] == kSoon)) {
+      if (known[c] == kSoon) --soon_[c];
+      known[c] = kHas;
       ++known_count_[s];
       ++rarity_[c];
+    } else if (soon && known[c] == kUnknown) {
+      known[c] = kSoon;
+      ++soon_[c];
+    } else if (!soon && known[c] == kSoon) {
+      known[c] = kUnknown;
+      --soon_[c];
     }
   }
   may_grow_[s] = may_grow && held.held_count < held.num_chunks;
@@ -59,25 +79,42 @@ ChunkMap::Claim ChunkMap::TryClaim(size_t s, uint32_t* chunk) {
   // make this O(1) for pulls of many thousands of chunks.
   const auto& known = known_[s];
   uint32_t best = n_;
-  uint16_t best_rarity = std::numeric_limits<uint16_t>::max();
+  int best_rarity = std::numeric_limits<int>::max();
   for (uint32_t i = 0; i < n_; ++i) {
     uint32_t c = order_[i];
-    if (state_[c] != kMissing || known[c] != kHas || rarity_[c] >= best_rarity) continue;
+    if (state_[c] != kMissing || known[c] != kHas) continue;
+    int rarity = rarity_[c] + soon_[c];
+    if (rarity >= best_rarity || (rarity > 1 && BetterElsewhereLocked(s, c))) continue;
     best = c;
-    best_rarity = rarity_[c];
+    best_rarity = rarity;
     if (best_rarity <= 1) break;
   }
   if (best == n_) return Claim::kNone;
   state_[best] = kInFlight;
+  claimed_by_[best] = static_cast<uint32_t>(s);
+  ++inflight_[s];
   *chunk = best;
   return Claim::kClaimed;
+}
+
+bool ChunkMap::BetterElsewhereLocked(size_t s, uint32_t c) const {
+  for (size_t t = 0; t < known_.size(); ++t) {
+    if (t == s || !alive_[t] || inflight_[t] >= inflight_[s]) continue;
+    if (known_[t][c] == kHas || known_[t][c] == kSoon) return true;
+  }
+  return false;
+}
+
+void ChunkMap::LandLocked(uint32_t c, uint8_t to) {
+  if (state_[c] == kInFlight) --inflight_[claimed_by_[c]];
+  if (state_[c] != kHeldChunk) state_[c] = to;
 }
 
 bool ChunkMap::Held(uint32_t chunk) {
   std::lock_guard<std::mutex> lock(mu_);
   bool fresh = state_[chunk] != kHeldChunk;
+  LandLocked(chunk, kHeldChunk);
   if (fresh) {
-    state_[chunk] = kHeldChunk;
     ++held_;
     last_progress_ = Deadline::Clock::now();
   }
@@ -87,7 +124,7 @@ bool ChunkMap::Held(uint32_t chunk) {
 
 void ChunkMap::Release(uint32_t chunk, const Status& cause) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_[chunk] == kInFlight) state_[chunk] = kMissing;
+  LandLocked(chunk, kMissing);
   CheckServableLocked(cause);
   BumpLocked();
 }
@@ -97,12 +134,13 @@ void ChunkMap::ForgetLocked(size_t s, uint32_t c, uint8_t to) {
     --known_count_[s];
     if (alive_[s]) --rarity_[c];
   }
+  if (known_[s][c] == kSoon && alive_[s]) --soon_[c];
   known_[s][c] = to;
 }
 
 void ChunkMap::NotHeld(size_t s, uint32_t chunk) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_[chunk] == kInFlight) state_[chunk] = kMissing;
+  LandLocked(chunk, kMissing);
   ForgetLocked(s, chunk, kUnknown);
   CheckServableLocked(Status(Code::kUnknownVersion, "no source holds chunk " + std::to_string(chunk)));
   BumpLocked();
@@ -110,7 +148,7 @@ void ChunkMap::NotHeld(size_t s, uint32_t chunk) {
 
 void ChunkMap::Bad(size_t s, uint32_t chunk, const Status& cause) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_[chunk] == kInFlight) state_[chunk] = kMissing;
+  LandLocked(chunk, kMissing);
   ForgetLocked(s, chunk, kExcluded);
   CheckServableLocked(cause);
   BumpLocked();
@@ -124,6 +162,7 @@ void ChunkMap::RetireSource(size_t s, const Status& cause) {
   last_cause_ = cause;
   for (uint32_t c = 0; c < n_; ++c) {
     if (known_[s][c] == kHas) --rarity_[c];
+    if (known_[s][c] == kSoon) --soon_[c];
   }
   CheckServableLocked(cause);
   BumpLocked();
@@ -141,7 +180,8 @@ void ChunkMap::CheckServableLocked(const Status& cause) {
     if (state_[c] != kMissing) continue;
     bool servable = false;
     for (size_t s = 0; s < known_.size() && !servable; ++s) {
-      servable = alive_[s] && (known_[s][c] == kHas || (may_grow_[s] && known_[s][c] == kUnknown));
+      uint8_t k = known_[s][c];
+      servable = alive_[s] && (k == kHas || (may_grow_[s] && (k == kUnknown || k == kSoon)));
     }
     if (!servable) {
       failure_ = cause;

@@ -1,8 +1,12 @@
 // ChunkMap: which chunks of one pull are missing, in flight or held, and what each source
-// is known to hold. Lanes claim the rarest missing chunk their source holds (so the
-// trainer spends its egress on chunks no peer can give yet), ties broken in a per-puller
-// random order (so simultaneous newcomers ask the trainer for different chunks). A held
-// chunk is never requested again; a failed one goes back to missing.
+// is known to hold or to be fetching. A lane claims, from the chunks its source holds:
+//  - none that a less busy source (fewer of our requests outstanding) holds or is about
+//    to hold: that source has spare bandwidth, so it serves them;
+//  - of the rest, the rarest (holders + fetchers), so the trainer spends its egress on
+//    chunks no peer has or will soon have;
+//  - ties in a claim order in which pullers that know each other start on disjoint
+//    chunks (puller r of P first takes the chunks c with c % P == r).
+// A held chunk is never requested again; a failed one goes back to missing.
 #pragma once
 
 #include <condition_variable>
@@ -20,7 +24,9 @@ class ChunkMap {
  public:
   enum class Claim { kClaimed, kNone, kFinished };
 
-  ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t seed);
+  // rank/pullers: this puller's place among the pullers it shares relays with (rank 0 of
+  // 1 when alone: then the order is a random permutation from seed).
+  ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t rank, uint32_t pullers, uint32_t seed);
 
   // Marks chunks held before the pull started (resuming an earlier attempt).
   void SeedHeld(const std::vector<uint8_t>& bitmap);
@@ -53,10 +59,12 @@ class ChunkMap {
 
  private:
   enum : uint8_t { kMissing = 0, kInFlight = 1, kHeldChunk = 2 };
-  enum : uint8_t { kUnknown = 0, kHas = 1, kExcluded = 2 };
+  enum : uint8_t { kUnknown = 0, kHas = 1, kExcluded = 2, kSoon = 3 };
   bool FinishedLocked() const { return held_ == n_ || !failure_.ok(); }
   void CheckServableLocked(const Status& cause);
   void ForgetLocked(size_t s, uint32_t c, uint8_t to);
+  bool BetterElsewhereLocked(size_t s, uint32_t c) const;
+  void LandLocked(uint32_t c, uint8_t to);  // an in-flight chunk leaves flight
   void BumpLocked();
 
   mutable std::mutex mu_;
@@ -65,6 +73,9 @@ class ChunkMap {
   std::vector<uint32_t> order_;  // claim order: a random permutation
   std::vector<uint8_t> state_;
   std::vector<uint16_t> rarity_;  // alive sources known to hold each chunk
+  std::vector<uint16_t> soon_;    // alive sources known to be fetching it
+  std::vector<uint32_t> claimed_by_;  // source of each in-flight chunk
+  std::vector<uint32_t> inflight_;    // our outstanding requests per source
   std::vector<std::vector<uint8_t>> known_;
   std::vector<uint32_t> known_count_;
   std::vector<bool> alive_, may_grow_;

@@ -13,7 +13,7 @@ struct PullJob::Source {
   std::mutex mu;
   std::unique_ptr<Transport> transport;
   bool auto_choice = false;
-  std::atomic<uint32_t> last_have{0};
+  std::atomic<uint64_t> generation{0};  // of the relay's held state last seen
   bool pending = false;
   std::atomic<uint64_t> bytes{0}, chunks{0}, not_held{0}, bad{0}, reconnects{0};
   std::string error;
@@ -41,23 +41,23 @@ constexpr int kMaxBadChunksPerSource = 3;
 }  // namespace
 
 PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSource> sources,
-                 uint8_t* dst, std::shared_ptr<VersionStore> relay,
-                 const std::vector<uint8_t>& held_seed, uint32_t start)
+                 uint8_t* dst, RelayTarget relay, const std::vector<uint8_t>& held_seed,
+                 ClaimOrder order)
     : opts_(opts),
       manifest_(std::move(manifest)),
       dst_(dst),
       relay_(std::move(relay)),
-      map_(manifest_.num_chunks(), sources.size(), start) {
+      map_(manifest_.num_chunks(), sources.size(), order.rank, order.pullers, order.seed) {
   map_.SeedHeld(held_seed);
-  if (relay_) {
+  if (relay_.store) {
     for (uint32_t c = 0; c < manifest_.num_chunks() && c / 8 < held_seed.size(); ++c) {
-      if ((held_seed[c / 8] >> (c % 8)) & 1u) relay_->MarkHeld(manifest_.version, c);
+      if ((held_seed[c / 8] >> (c % 8)) & 1u) relay_.store->MarkHeld(manifest_.version, relay_.registration, c);
     }
   }
   for (size_t s = 0; s < sources.size(); ++s) {
     auto src = std::make_unique<Source>();
     src->session = std::move(sources[s].session);
-    src->last_have = sources[s].held.held_count;
+    src->generation = sources[s].held.generation;
     src->pending = sources[s].pending;
     map_.UpdateSource(s, sources[s].held, true);
     sources_.push_back(std::move(src));
@@ -150,8 +150,15 @@ Status PullJob::OpenStream(Lane* lane) {
 }
 
 void PullJob::ReleaseInFlight(Lane* lane, const Status& cause) {
-  for (auto& r : lane->in_flight) map_.Release(r.first.index, cause);
+  for (auto& r : lane->in_flight) {
+    AnnouncePending(r.first.index, false);
+    map_.Release(r.first.index, cause);
+  }
   lane->in_flight.clear();
+}
+
+void PullJob::AnnouncePending(uint32_t chunk, bool pending) {
+  if (relay_.store) relay_.store->MarkPending(manifest_.version, relay_.registration, chunk, pending);
 }
 
 void PullJob::FailLane(Lane* lane, const Status& st) {
@@ -172,6 +179,7 @@ void PullJob::FailLane(Lane* lane, const Status& st) {
 
 void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
   Source& src = *sources_[lane->source];
+  if (r.reply != ReplyStatus::kOk || r.crc != manifest_.crcs[r.index]) AnnouncePending(r.index, false);
   if (r.reply == ReplyStatus::kNotHeld) {
     ++src.not_held;
     map_.NotHeld(lane->source, r.index);
@@ -195,7 +203,7 @@ void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
     if (++src.bad >= kMaxBadChunksPerSource) map_.RetireSource(lane->source, st);
     return;
   }
-  if (relay_) relay_->MarkHeld(manifest_.version, r.index);
+  if (relay_.store) relay_.store->MarkHeld(manifest_.version, relay_.registration, r.index);
   if (map_.Held(r.index)) {
     bytes_done_ += r.length;
     ++fetched_;
@@ -211,7 +219,7 @@ void PullJob::RunWatcher(size_t s) {
   bool seen = !src.pending;
   while (!map_.finished() && map_.source_may_grow(s)) {
     HeldState held;
-    Status st = src.session->FetchHave(manifest_.version, src.last_have, opts_.have_wait_ms, &held,
+    Status st = src.session->FetchHave(manifest_.version, src.generation, opts_.have_wait_ms, &held,
                                        Deadline::After(opts_.request_timeout_s));
     if (map_.finished()) return;
     if (!seen && st.code() == Code::kUnknownVersion) continue;  // not started there yet
@@ -231,7 +239,7 @@ void PullJob::RunWatcher(size_t s) {
       map_.RetireSource(s, st);
       return;
     }
-    src.last_have = held.held_count;
+    src.generation = held.generation;
     map_.UpdateSource(s, held, true);
   }
 }
@@ -258,6 +266,7 @@ void PullJob::RunLane(Lane* lane) {
       r.dst = dst_ + r.offset;
       Deadline d = Deadline::After(opts_.request_timeout_s);
       lane->in_flight.emplace_back(r, d);
+      AnnouncePending(c, true);
       ++requests_;
       Status st = lane->stream->Submit(r, d);
       if (!st.ok()) FailLane(lane, st);

@@ -53,6 +53,19 @@ struct SourceStats {
   std::string error;
 };
 
+// Where a pull reports the chunks it holds, so its process can re-serve them.
+struct RelayTarget {
+  std::shared_ptr<VersionStore> store;  // null: no relay
+  uint64_t registration = 0;            // from VersionStore::AddPartial
+};
+
+// The order in which a puller claims chunks (see ChunkMap).
+struct ClaimOrder {
+  uint32_t rank = 0;
+  uint32_t pullers = 1;
+  uint32_t seed = 0;
+};
+
 struct PullStats {
   uint64_t chunk_requests = 0;
   uint64_t chunks_fetched = 0;
@@ -63,7 +76,7 @@ struct PullStats {
 class PullJob {
  public:
   PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSource> sources, uint8_t* dst,
-          std::shared_ptr<VersionStore> relay, const std::vector<uint8_t>& held_seed, uint32_t start);
+          RelayTarget relay, const std::vector<uint8_t>& held_seed, ClaimOrder order);
   ~PullJob();
 
   Status Start();
@@ -86,11 +99,12 @@ class PullJob {
   void FailLane(Lane* lane, const Status& st);
   void OnReadDone(Lane* lane, ChunkRead& read);
   void ReleaseInFlight(Lane* lane, const Status& cause);
+  void AnnouncePending(uint32_t chunk, bool pending);
 
   PullOptions opts_;
   Manifest manifest_;
   uint8_t* dst_;
-  std::shared_ptr<VersionStore> relay_;
+  RelayTarget relay_;
   ChunkMap map_;
   std::vector<std::unique_ptr<Source>> sources_;
   std::vector<std::unique_ptr<Lane>> lanes_;

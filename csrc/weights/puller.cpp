@@ -3,6 +3,7 @@
 // no source can serve.
 #include "weights/puller.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "common/random.h"
@@ -116,12 +117,21 @@ Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
   return Status::Ok();
 }
 
-Status Puller::Start(PullPlan&& plan, uint8_t* dst, std::shared_ptr<VersionStore> relay,
+Status Puller::Start(PullPlan&& plan, uint8_t* dst, RelayTarget relay,
                      const std::vector<uint8_t>& held_seed, std::unique_ptr<PullJob>* out) {
-  uint32_t start = 0;
-  RLB_RETURN_IF_ERROR(SecureRandom(&start, sizeof(start)));
+  ClaimOrder order;
+  RLB_RETURN_IF_ERROR(SecureRandom(&order.seed, sizeof(order.seed)));
+  // Pullers that relay to each other (the sources still pulling, and this one) agree on
+  // their ranks without talking: each sorts the same set of relay server ids.
+  std::vector<uint64_t> ids = {self_server_id_};
+  for (auto& s : plan.sources) {
+    if (s.pending || s.held.held_count < s.held.num_chunks) ids.push_back(s.session->peer().server_id);
+  }
+  std::sort(ids.begin(), ids.end());
+  order.pullers = static_cast<uint32_t>(ids.size());
+  order.rank = static_cast<uint32_t>(std::find(ids.begin(), ids.end(), self_server_id_) - ids.begin());
   auto job = std::make_unique<PullJob>(opts_, std::move(plan.manifest), std::move(plan.sources), dst,
-                                       std::move(relay), held_seed, start);
+                                       std::move(relay), held_seed, order);
   RLB_RETURN_IF_ERROR(job->Start());
   *out = std::move(job);
   return Status::Ok();

@@ -8,9 +8,8 @@ namespace rlboost {
 
 RateLimiter::RateLimiter(uint64_t bytes_per_s)
     : rate_(static_cast<double>(bytes_per_s)), last_(Clock::now()) {
-  // Slices of ~5 ms of traffic keep pacing smooth without many tiny sends.
-  slice_ = static_cast<size_t>(std::clamp(rate_ / 200.0, 16.0 * 1024, 1024.0 * 1024));
-  burst_ = std::max(rate_ / 100.0, static_cast<double>(slice_));
+  // A 10 ms burst: enough to absorb scheduling jitter, too little to exceed the cap.
+  burst_ = std::max(rate_ / 100.0, 16.0 * 1024);
   tokens_ = burst_;
 }
 

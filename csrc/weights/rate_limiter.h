@@ -1,7 +1,7 @@
 // RateLimiter: a token bucket that caps a server's egress in bytes per second, so weight
 // serving leaves the trainer's own traffic its share of the link (and so one machine can
-// emulate per-host link speeds). Senders reserve tokens in slices and wait out any debt,
-// which keeps concurrent connections fair.
+// emulate per-host link speeds). Senders reserve tokens and wait out any debt, so
+// concurrent senders are served in arrival order.
 #pragma once
 
 #include <chrono>
@@ -16,7 +16,6 @@ namespace rlboost {
 class RateLimiter : public Pacer {
  public:
   explicit RateLimiter(uint64_t bytes_per_s);
-  size_t SliceBytes() const override { return slice_; }
   bool Acquire(size_t bytes) override;
   void Close();
 
@@ -28,7 +27,6 @@ class RateLimiter : public Pacer {
   double burst_;
   double tokens_;
   Clock::time_point last_;
-  size_t slice_;
   bool closed_ = false;
 };
 

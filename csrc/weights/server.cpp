@@ -126,6 +126,9 @@ Status WeightServer::ServeFrames(Socket& s) {
     Status st = RecvHeader(s, &h, frame_deadline);
     if (st.code() == Code::kPeerLost) return Status::Ok();  // orderly close between frames
     RLB_RETURN_IF_ERROR(st);
+    if (!IsClientFrame(h.type)) {
+      return Status(Code::kProtocol, std::string("unexpected ") + FrameTypeName(h.type) + " frame from a client");
+    }
     std::string body;
     RLB_RETURN_IF_ERROR(RecvBody(s, h, &body, frame_deadline));
     RLB_RETURN_IF_ERROR(Dispatch(h, body, conn));
@@ -193,9 +196,10 @@ Status WeightServer::ServeChunk(const FrameHeader& h, const std::string& body, S
 Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, Socket& s) {
   ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
   int64_t version;
-  uint32_t known, wait_ms;
+  uint64_t known;
+  uint32_t wait_ms;
   RLB_RETURN_IF_ERROR(r.I64(&version));
-  RLB_RETURN_IF_ERROR(r.U32(&known));
+  RLB_RETURN_IF_ERROR(r.U64(&known));
   RLB_RETURN_IF_ERROR(r.U32(&wait_ms));
   RLB_RETURN_IF_ERROR(r.ExpectEnd());
   HeldState held;
@@ -207,7 +211,9 @@ Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, So
   w.I64(version);
   w.U32(held.num_chunks);
   w.U32(held.held_count);
+  w.U64(held.generation);
   w.Raw(held.bitmap.data(), held.bitmap.size());
+  w.Raw(held.pending.data(), held.pending.size());
   return SendFrame(s, FrameType::kHave, 0, h.request_id, reply, d);
 }
 

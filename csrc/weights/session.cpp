@@ -44,12 +44,12 @@ Status SourceSession::FetchManifest(int64_t version, Manifest* out, Deadline d) 
   return Status::Ok();
 }
 
-Status SourceSession::FetchHave(int64_t version, uint32_t known, uint32_t wait_ms, HeldState* out,
+Status SourceSession::FetchHave(int64_t version, uint64_t known, uint32_t wait_ms, HeldState* out,
                                 Deadline d) {
   std::string body, reply;
   ByteWriter w(&body);
   w.I64(version);
-  w.U32(known);
+  w.U64(known);
   w.U32(wait_ms);
   FrameHeader h;
   RLB_RETURN_IF_ERROR(Call(FrameType::kHaveRequest, body, FrameType::kHave, &h, &reply, d));
@@ -58,12 +58,15 @@ Status SourceSession::FetchHave(int64_t version, uint32_t known, uint32_t wait_m
   RLB_RETURN_IF_ERROR(r.I64(&got_version));
   RLB_RETURN_IF_ERROR(r.U32(&out->num_chunks));
   RLB_RETURN_IF_ERROR(r.U32(&out->held_count));
-  if (got_version != version || out->held_count > out->num_chunks ||
-      r.remaining() != (uint64_t{out->num_chunks} + 7) / 8) {
+  RLB_RETURN_IF_ERROR(r.U64(&out->generation));
+  uint64_t bytes = (uint64_t{out->num_chunks} + 7) / 8;
+  if (got_version != version || out->held_count > out->num_chunks || r.remaining() != 2 * bytes) {
     return Status(Code::kProtocol, "malformed held-chunk bitmap");
   }
-  out->bitmap.resize(r.remaining());
-  return r.Raw(out->bitmap.data(), out->bitmap.size());
+  out->bitmap.resize(bytes);
+  out->pending.resize(bytes);
+  RLB_RETURN_IF_ERROR(r.Raw(out->bitmap.data(), bytes));
+  return r.Raw(out->pending.data(), bytes);
 }
 
 }  // namespace rlboost

@@ -20,8 +20,9 @@ class SourceSession : public SourceLink {
                      std::unique_ptr<SourceSession>* out);
 
   Status FetchManifest(int64_t version, Manifest* out, Deadline d);  // -1 = latest
-  // The source's held chunks; waits up to wait_ms on the source for more than `known`.
-  Status FetchHave(int64_t version, uint32_t known, uint32_t wait_ms, HeldState* out, Deadline d);
+  // The source's held chunks; waits up to wait_ms on the source for a generation newer
+  // than `known`.
+  Status FetchHave(int64_t version, uint64_t known, uint32_t wait_ms, HeldState* out, Deadline d);
 
   const std::string& host() const override { return host_; }
   int port() const override { return port_; }

@@ -16,6 +16,7 @@ struct VersionStore::Entry {
   std::shared_ptr<Region> region;
   HeldState held;
   bool partial = false;  // registered by a relay: retired only explicitly
+  uint64_t registration = 0;
   int pins = 0;
   bool complete() const { return held.held_count == held.num_chunks; }
 };
@@ -27,6 +28,7 @@ HeldState AllHeld(uint32_t n) {
   h.num_chunks = n;
   h.held_count = n;
   h.bitmap.assign((n + 7) / 8, 0xFF);
+  h.pending.assign((n + 7) / 8, 0);
   return h;
 }
 
@@ -148,7 +150,8 @@ void VersionStore::DiscardStaged(int64_t version) {
   staged_.erase(version);
 }
 
-Status VersionStore::AddPartial(const Manifest& m, std::shared_ptr<Region> region) {
+Status VersionStore::AddPartial(const Manifest& m, std::shared_ptr<Region> region,
+                                uint64_t* registration) {
   if (region->size() < m.total_bytes) return Status(Code::kInvalidArgument, "region smaller than the manifest");
   auto e = std::make_shared<Entry>();
   e->manifest = m;
@@ -157,21 +160,44 @@ Status VersionStore::AddPartial(const Manifest& m, std::shared_ptr<Region> regio
   e->partial = true;
   e->held.num_chunks = m.num_chunks();
   e->held.bitmap.assign((m.num_chunks() + 7) / 8, 0);
+  e->held.pending.assign((m.num_chunks() + 7) / 8, 0);
   std::lock_guard<std::mutex> lock(sync_->mu);
   if (live_.count(m.version)) {
     return Status(Code::kInvalidArgument, "version " + std::to_string(m.version) + " is already served");
   }
+  e->registration = ++next_registration_;
+  *registration = e->registration;
   live_[m.version] = e;
   sync_->cv.notify_all();
   return Status::Ok();
 }
 
-void VersionStore::MarkHeld(int64_t version, uint32_t index) {
+void VersionStore::MarkHeld(int64_t version, uint64_t registration, uint32_t index) {
   std::lock_guard<std::mutex> lock(sync_->mu);
   auto e = FindLocked(version);
-  if (e == nullptr || index >= e->held.num_chunks || IsHeld(e->held, index)) return;
+  if (e == nullptr || e->registration != registration || index >= e->held.num_chunks ||
+      IsHeld(e->held, index)) {
+    return;
+  }
   e->held.bitmap[index / 8] |= static_cast<uint8_t>(1u << (index % 8));
+  e->held.pending[index / 8] &= static_cast<uint8_t>(~(1u << (index % 8)));
   ++e->held.held_count;
+  ++e->held.generation;
+  sync_->cv.notify_all();
+}
+
+void VersionStore::MarkPending(int64_t version, uint64_t registration, uint32_t index, bool pending) {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  auto e = FindLocked(version);
+  if (e == nullptr || e->registration != registration || index >= e->held.num_chunks ||
+      IsHeld(e->held, index)) {
+    return;
+  }
+  uint8_t bit = static_cast<uint8_t>(1u << (index % 8));
+  uint8_t& byte = e->held.pending[index / 8];
+  if (((byte & bit) != 0) == pending) return;
+  byte = pending ? (byte | bit) : (byte & ~bit);
+  ++e->held.generation;
   sync_->cv.notify_all();
 }
 
@@ -226,7 +252,7 @@ Status VersionStore::EncodedManifest(int64_t version, std::string* out) const {
   return Status::Ok();
 }
 
-Status VersionStore::Have(int64_t version, uint32_t known, uint32_t wait_ms,
+Status VersionStore::Have(int64_t version, uint64_t known, uint32_t wait_ms,
                           const std::function<bool()>& stop, HeldState* out) {
   std::unique_lock<std::mutex> lock(sync_->mu);
   auto until = Deadline::After(std::min<uint32_t>(wait_ms, 2000) / 1000.0).at();
@@ -234,7 +260,7 @@ Status VersionStore::Have(int64_t version, uint32_t known, uint32_t wait_ms,
   sync_->cv.wait_until(lock, until, [&] {
     e = FindLocked(version);
     // A version not (yet) held is waited for too: a peer may register it any moment.
-    return (e != nullptr && (e->held.held_count > known || e->complete())) || stop();
+    return (e != nullptr && (e->held.generation > known || e->complete())) || stop();
   });
   if (e == nullptr) return Status(Code::kUnknownVersion, "version " + std::to_string(version) + " is not held here");
   *out = e->held;

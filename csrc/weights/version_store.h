@@ -23,7 +23,9 @@ namespace rlboost {
 struct HeldState {
   uint32_t num_chunks = 0;
   uint32_t held_count = 0;
-  std::vector<uint8_t> bitmap;  // bit i of byte i/8: chunk i is held
+  uint64_t generation = 0;       // bumped by every change of either bitmap
+  std::vector<uint8_t> bitmap;   // bit i of byte i/8: chunk i is held
+  std::vector<uint8_t> pending;  // chunks the relay's own pull is fetching right now
 };
 
 class VersionStore : public ServingBackend {
@@ -42,8 +44,13 @@ class VersionStore : public ServingBackend {
 
   // --- relay side -----------------------------------------------------------------
   // Serves chunks of a version as MarkHeld reports them; retired only explicitly.
-  Status AddPartial(const Manifest& m, std::shared_ptr<Region> region);
-  void MarkHeld(int64_t version, uint32_t index);
+  // `registration` names this entry, so a pull that outlives it (the version was
+  // retired and registered again over other memory) cannot mark the new one.
+  Status AddPartial(const Manifest& m, std::shared_ptr<Region> region, uint64_t* registration);
+  void MarkHeld(int64_t version, uint64_t registration, uint32_t index);
+  // Announces (or withdraws) a chunk the relay's pull is fetching, so peers deciding
+  // what to ask the trainer for can leave it to this relay.
+  void MarkPending(int64_t version, uint64_t registration, uint32_t index, bool pending);
 
   // Stops serving `version` and waits until no read is in flight (kTimeout otherwise).
   Status Retire(int64_t version, Deadline d);
@@ -51,9 +58,9 @@ class VersionStore : public ServingBackend {
   int64_t Latest() const;
   std::vector<int64_t> Versions() const;
   Status EncodedManifest(int64_t version, std::string* out) const;  // -1 = latest
-  // Held chunks of a version; waits up to wait_ms for more than `known` (or for the
-  // version to appear) before answering.
-  Status Have(int64_t version, uint32_t known, uint32_t wait_ms, const std::function<bool()>& stop,
+  // Held chunks of a version; waits up to wait_ms for a generation newer than `known`
+  // (or for the version to appear) before answering.
+  Status Have(int64_t version, uint64_t known, uint32_t wait_ms, const std::function<bool()>& stop,
               HeldState* out);
   // Wakes Have() waiters so a closing server's threads return promptly.
   void WakeAll();
@@ -74,6 +81,7 @@ class VersionStore : public ServingBackend {
   std::shared_ptr<Entry> FindLocked(int64_t version) const;
 
   int versions_kept_;
+  uint64_t next_registration_ = 0;
   std::shared_ptr<Sync> sync_;
   std::map<int64_t, std::shared_ptr<Entry>> live_;
   std::map<int64_t, std::shared_ptr<Region>> staged_;

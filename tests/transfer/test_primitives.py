@@ -4,6 +4,8 @@ import hashlib
 import hmac
 import random
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,12 +35,14 @@ def test_crc32c_matches_bitwise_reference(data):
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(12 * 1024, 40 * 1024), st.integers(0, 2**32), st.integers(0, 40 * 1024))
-def test_crc32c_interleaved_path_matches_and_extends(size, seed, cut):
-    # Buffers over three 4 KiB lanes take the interleaved hardware path.
+def test_crc32c_fast_paths_match_and_extend(size, seed, cut):
+    # These sizes take the folding path (>= 1 KiB) and the three-lane path (tails).
     data = random.Random(seed).randbytes(size)
     cut = min(cut, len(data))
     assert _C.crc32c(data) == _C.crc32c_portable(data)
     assert _C.crc32c(data[cut:], _C.crc32c(data[:cut])) == _C.crc32c(data)
+    # Unaligned starts (memoryview slices do not copy).
+    assert _C.crc32c(memoryview(data)[cut % 61:]) == _C.crc32c_portable(data[cut % 61:])
 
 
 @settings(max_examples=40, deadline=None)
@@ -50,6 +54,13 @@ def test_hmac_sha256_matches_python(key, msg):
 def test_hmac_rfc4231_case_2():
     want = bytes.fromhex("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
     assert _C.hmac_sha256(b"Jefe", b"what do ya want for nothing?") == want
+
+
+def test_non_contiguous_buffers_are_refused():
+    import numpy as np
+
+    with pytest.raises((BufferError, ValueError)):
+        _C.crc32c(np.zeros((4, 4), dtype=np.uint8)[:, 0])
 
 
 def test_transports_report_capabilities():

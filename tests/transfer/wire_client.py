@@ -154,7 +154,8 @@ class HostileSourceForTests:
             elif ftype == W["have_request"]:
                 n = len(crcs)
                 bits = bytes([0xFF] * (n // 8)) + (bytes([(1 << (n % 8)) - 1]) if n % 8 else b"")
-                conn.sendall(frame(W["have"], struct.pack("<qII", 1, n, n) + bits, request_id=rid))
+                reply = struct.pack("<qIIQ", 1, n, n, 0) + bits + bytes(len(bits))
+                conn.sendall(frame(W["have"], reply, request_id=rid))
             elif ftype == W["chunk_request"]:
                 version, index = struct.unpack("<qI", head[24:36])
                 data = self.payload[index * chunk:(index + 1) * chunk]

@@ -11,8 +11,8 @@
 namespace rlboost {
 namespace {
 
-// Received bytes are checksummed in pieces this large, while they are still in cache.
-constexpr size_t kRecvPiece = 1u << 20;
+// Received bytes are checksummed in pieces this large, while they are still in L2.
+constexpr size_t kRecvPiece = 512u << 10;
 
 std::string ChunkPrefix(int64_t version, uint32_t index) {
   std::string b;
@@ -123,21 +123,16 @@ Status SendChunkOverTcp(Socket& s, uint64_t request_id, int64_t version, uint32_
   h.request_id = request_id;
   uint8_t head[kFrameHeaderBytes];
   EncodeFrameHeader(h, head);
-  size_t first = pacer == nullptr ? len : std::min<size_t>(len, pacer->SliceBytes());
-  if (pacer != nullptr && !pacer->Acquire(first + kFrameHeaderBytes + kChunkPrefixBytes)) {
+  // The whole chunk's tokens are reserved at once: under a cap, chunks then finish one
+  // after another in request order instead of all crawling in parallel, so pullers get
+  // whole chunks early and can relay them to each other sooner.
+  if (pacer != nullptr && !pacer->Acquire(kFrameHeaderBytes + kChunkPrefixBytes + len)) {
     return Status(Code::kClosed, "server closing");
   }
   struct iovec iov[3] = {{head, kFrameHeaderBytes},
                          {&prefix[0], kChunkPrefixBytes},
-                         {const_cast<uint8_t*>(lease.data), first}};
-  RLB_RETURN_IF_ERROR(s.SendV(iov, 3, d));
-  for (size_t done = first; done < len;) {
-    size_t n = std::min<size_t>(len - done, pacer->SliceBytes());
-    if (!pacer->Acquire(n)) return Status(Code::kClosed, "server closing");
-    RLB_RETURN_IF_ERROR(s.SendAll(lease.data + done, n, d));
-    done += n;
-  }
-  return Status::Ok();
+                         {const_cast<uint8_t*>(lease.data), len}};
+  return s.SendV(iov, 3, d);
 }
 
 }  // namespace rlboost
