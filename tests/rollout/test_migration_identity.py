@@ -1,15 +1,15 @@
 """Migration is invisible in the tokens: samples that hop between two engines at random
-positions (tokens only, or with their KV pages) generate exactly what they would have
-generated without moving."""
+positions (through rlboost.rollout.handoff, tokens only or with their KV pages) generate
+exactly what they would have generated without moving."""
 
 import random
 
 import pytest
 
 from engine_contract import Collected, absorb, collect
-from rlboost.migration.batch import pack_batch, unpack_batch
 from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.handoff import migrate
 
 N_SAMPLES, MAX_NEW, HOPS = 16, 64, 3
 PARAMS = [SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW),
@@ -58,8 +58,8 @@ def test_migrated_samples_match_uninterrupted_run(tiny_ckpt, reference, with_kv)
                 if not ids:
                     continue
                 rng.shuffle(ids)
-                batch = engines[src].export_states(ids, with_kv=with_kv)
-                for state in batch.states:
+                result = migrate(engines[src], engines[1 - src], ids, mode="kv" if with_kv else "tokens")
+                for state in result.states:
                     assert list(state.output_ids[:len(out[state.sample_id].ids)]) == out[state.sample_id].ids
                     out[state.sample_id] = Collected(ids=list(state.output_ids),
                                                      logprobs=list(state.output_logprobs))
@@ -67,7 +67,6 @@ def test_migrated_samples_match_uninterrupted_run(tiny_ckpt, reference, with_kv)
                     moved += 1
                 for sid in ids:
                     hops[sid].pop(0)
-                engines[1 - src].import_states(unpack_batch(pack_batch(batch)))
         assert moved >= N_SAMPLES  # on average every sample hopped at least once
         for sid, ref in reference.items():
             assert out[sid].ids == ref.ids, f"sample {sid} diverged"

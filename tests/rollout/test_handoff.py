@@ -1,0 +1,323 @@
+"""Handoff between embedded engines: samples moved tokens-only or with their KV pages continue
+exactly as an uninterrupted run, the result record counts what moved, and a refused or
+failed handoff loses nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import pathlib
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from engine_contract import Collected, collect, make_state, poll_until
+from rlboost.errors import HandoffFailed, PeerLost, ProtocolError, RolloutError, TransferTimeout
+from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.handoff import Handoff, SampleReceiver, SampleSender, TransferChannel, migrate
+
+MAX_NEW = 40
+
+
+def states(v: int = 0, n: int = 3):
+    return [make_state(i, v, prompt_len=4 + 5 * i, max_new=MAX_NEW, temperature=0.9) for i in range(n)]
+
+
+@pytest.fixture
+def make(tiny_ckpt):
+    made = []
+
+    def make(**overrides):
+        cfg = dict(model_dir=str(tiny_ckpt), stream_interval=1)
+        made.append(EmbeddedEngine(EmbeddedEngineConfig(**{**cfg, **overrides})))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_ckpt):
+    with EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_ckpt), stream_interval=8)) as engine:
+        engine.submit(states())
+        return collect(engine, [0, 1, 2])
+
+
+def started(engine, at_least: int = 3) -> dict[int, Collected]:
+    """Submit the samples and poll until each has streamed a few tokens."""
+    engine.submit(states())
+    out: dict[int, Collected] = {}
+    poll_until(engine, out, lambda o: all(len(o.get(i, Collected()).ids) >= at_least for i in range(3)))
+    return out
+
+
+def reset(out: dict[int, Collected], moved) -> None:
+    """A collector takes the drained states as the truth for moved samples."""
+    for s in moved:
+        assert list(s.output_ids[:len(out[s.sample_id].ids)]) == out[s.sample_id].ids
+        out[s.sample_id] = Collected(ids=list(s.output_ids), logprobs=list(s.output_logprobs))
+
+
+def assert_matches(out: dict[int, Collected], reference) -> None:
+    for sid, ref in reference.items():
+        assert out[sid].ids == ref.ids, f"sample {sid} diverged"
+        assert out[sid].logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+        assert out[sid].finish == ref.finish
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_moved_samples_continue_as_if_never_moved(make, reference, mode):
+    src, dst = make(), make(block_size=8)  # pages cross block sizes too
+    out = started(src)
+    result = migrate(src, dst, [0, 1, 2, 404], mode=mode)
+    assert result.sample_ids == (0, 1, 2)
+    reset(out, result.states)
+    assert src.poll(0.0) == [] and src.load().running + src.load().queued == 0
+    collect(dst, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_result_counts_what_moved(make, mode):
+    src, dst = make(), make()
+    started(src)
+    result = Handoff(src, dst, [2, 0, 404], mode).prepare().start().wait(timeout=60)
+    moved = result.states
+    assert [s.sample_id for s in moved] == [2, 0]
+    assert (result.mode, result.samples_moved) == (mode, 2)
+    assert result.tokens_moved == sum(s.position for s in moved)
+    if mode == "kv":  # decoding samples have K/V for every token but the last sampled one
+        assert result.kv_bytes == sum(s.position - 1 for s in moved) * src.kv_layout.token_bytes
+        assert result.reprefill_tokens == 0
+    else:
+        assert result.kv_bytes == 0
+        assert result.reprefill_tokens == sum(s.position - 1 for s in moved)
+    assert result.batch_bytes > result.kv_bytes
+    phases = (result.drain_s, result.pack_s, result.ship_s, result.unpack_s, result.resume_s)
+    assert all(p >= 0 for p in phases) and result.total_s == pytest.approx(sum(phases))
+    empty = migrate(src, dst, [2, 404], mode=mode)  # already gone from the source
+    assert (empty.samples_moved, empty.tokens_moved, empty.kv_bytes, empty.batch_bytes) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_several_hops(make, reference, mode):
+    engines = [make(), make(block_size=8, num_blocks=64, max_batch_size=2)]
+    out = started(engines[0], at_least=1)
+    home = 0
+    for hop in range(4):
+        poll_until(engines[home], out, lambda o, k=hop: all(
+            o[i].finish is not None or len(o[i].ids) >= 5 * (k + 1) for i in range(3)))
+        live = [i for i in range(3) if out[i].finish is None]
+        result = migrate(engines[home], engines[1 - home], live, mode=mode)
+        reset(out, result.states)
+        home = 1 - home
+    collect(engines[home], [i for i in range(3) if out[i].finish is None], out)
+    assert_matches(out, reference)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_refused_samples_go_back_to_the_source(make, reference, mode):
+    src, dst = make(), make(weight_version=5)  # the destination refuses version-0 samples
+    out = started(src)
+    with pytest.raises(HandoffFailed) as info:
+        migrate(src, dst, [0, 1, 2], mode=mode)
+    assert info.value.returned_to_source
+    assert isinstance(info.value.__cause__, RolloutError)
+    reset(out, info.value.batch.states)
+    assert dst.load().running + dst.load().queued == 0
+    collect(src, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_refused_samples_can_stay_with_the_caller(make, reference):
+    src, dst, spare = make(), make(weight_version=5), make()
+    out = started(src)
+    with pytest.raises(HandoffFailed) as info:
+        migrate(src, dst, [0, 1, 2], mode="kv", on_refused="raise")
+    batch = info.value.batch
+    assert not info.value.returned_to_source and batch.has_kv
+    assert src.load().running + src.load().queued == 0
+    reset(out, batch.states)
+    spare.import_states(batch)
+    collect(spare, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_kv_layout_mismatch_is_refused_before_anything_moves(make):
+    src, dst = make(), make(dtype="bfloat16")
+    started(src)
+    handoff = Handoff(src, dst, [0, 1, 2], "kv")
+    with pytest.raises(RolloutError, match="dtype"):
+        handoff.prepare()
+    assert src.load().running + src.load().queued == 3
+    assert migrate(src, dst, [0], mode="tokens").samples_moved == 1  # tokens still move
+
+
+class GatedChannelForTests:
+    """Ships in-process, but only once `gate` is set; fails instead when `error` is set."""
+
+    def __init__(self, error: Exception | None = None):
+        self.gate = threading.Event()
+        self.error = error
+
+    def ship(self, payload, timeout=None):
+        if self.error is not None:
+            raise self.error
+        assert self.gate.wait(60)
+        return payload
+
+
+def test_wait_times_out_and_the_handoff_keeps_going(make, reference):
+    src, dst = make(), make()
+    out = started(src)
+    channel = GatedChannelForTests()
+    handoff = Handoff(src, dst, [0, 1, 2], "kv", channel=channel).prepare().start()
+    with pytest.raises(TransferTimeout):
+        handoff.wait(timeout=0.05)
+    assert not handoff.done
+    channel.gate.set()
+    result = handoff.wait(timeout=60)
+    reset(out, result.states)
+    collect(dst, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_lost_shipment_resumes_on_the_source(make, reference):
+    src, dst = make(), make()
+    out = started(src)
+    with pytest.raises(HandoffFailed) as info:
+        Handoff(src, dst, [0, 1, 2], "kv", channel=GatedChannelForTests(PeerLost("link down"))).wait(timeout=60)
+    assert info.value.returned_to_source and isinstance(info.value.__cause__, PeerLost)
+    reset(out, info.value.batch.states)
+    collect(src, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_bad_arguments_are_refused(make):
+    src, dst = make(), make()
+    with pytest.raises(ValueError, match="mode"):
+        Handoff(src, dst, [0], "pages")
+    with pytest.raises(ValueError, match="on_refused"):
+        Handoff(src, dst, [0], "kv", on_refused="drop")
+    with pytest.raises(ValueError, match="same engine"):
+        Handoff(src, src, [0], "kv")
+
+
+def test_shipping_over_the_transfer_layer_in_one_process(make, reference):
+    src, dst = make(), make()
+    out = started(src)
+    with TransferChannel() as channel:
+        result = migrate(src, dst, [0, 1, 2], mode="kv", channel=channel)
+        assert channel.publisher.versions == []  # served only until pulled
+    reset(out, result.states)
+    collect(dst, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_a_ticket_that_does_not_match_its_payload_loses_nothing(make, reference):
+    src, dst = make(), make()
+    out = started(src)
+    with SampleSender() as sender, SampleReceiver() as receiver:
+        ticket = sender.send(src, [0, 1, 2], mode="kv")
+        for wrong in (ticket.nbytes + 1, ticket.nbytes - 1):
+            with pytest.raises((ProtocolError, ValueError)):
+                receiver.receive(dst, dataclasses.replace(ticket, nbytes=wrong), timeout=30)
+        assert dst.load().running + dst.load().queued == 0
+        with pytest.raises(ValueError, match="mode"):
+            dataclasses.replace(ticket, mode="pages")
+        back = sender.take_back(src, ticket)
+    reset(out, back.states)
+    collect(src, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def destination_process(ckpt: str, weight_version: int, tickets, results) -> None:
+    """A destination engine in its own process: receive one ticket, run its samples out."""
+    torch.set_num_threads(1)
+    config = EmbeddedEngineConfig(model_dir=ckpt, stream_interval=1, weight_version=weight_version)
+    try:
+        with EmbeddedEngine(config) as dst, SampleReceiver() as receiver:
+            ticket = tickets.get(timeout=120)
+            try:
+                result = receiver.receive(dst, ticket, timeout=60)
+            except HandoffFailed as exc:
+                results.put(("refused", exc.batch.sample_ids))
+                return
+            out = {s.sample_id: Collected(ids=list(s.output_ids), logprobs=list(s.output_logprobs))
+                   for s in result.states}
+            collect(dst, result.sample_ids, out)
+            results.put(("done", result, out))
+    except BaseException as exc:  # reported, so the test fails at once with the reason
+        results.put(("error", repr(exc)))
+        raise
+
+
+@pytest.fixture
+def destination(tiny_ckpt):
+    """Start destination_process(weight_version); yields (tickets, results) queues."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = []
+
+    def start(weight_version: int = 0):
+        tickets, results = ctx.Queue(), ctx.Queue()
+        procs.append(ctx.Process(target=destination_process, args=(str(tiny_ckpt), weight_version, tickets,
+                                                                   results), daemon=True))
+        procs[-1].start()
+        return tickets, results
+
+    yield start
+    for proc in procs:
+        proc.join(timeout=60)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_samples_move_to_another_process(make, reference, destination, mode):
+    tickets, results = destination()
+    src = make()
+    out = started(src)
+    with SampleSender() as sender:
+        ticket = sender.send(src, [0, 1, 2, 404], mode=mode)
+        assert ticket.sample_ids == (0, 1, 2) and src.load().running + src.load().queued == 0
+        tickets.put(ticket)
+        status, result, there = results.get(timeout=120)
+        assert status == "done" and result.sample_ids == (0, 1, 2) and result.batch_bytes == ticket.nbytes
+        assert (result.kv_bytes > 0) == (mode == "kv")
+        sender.release(ticket)
+        assert ticket.key not in sender.publisher.versions
+    reset(out, result.states)  # what the source streamed before the move is a prefix of the states
+    assert_matches(there, reference)
+
+
+def test_samples_refused_by_another_process_come_back(make, reference, destination):
+    tickets, results = destination(weight_version=5)
+    src = make()
+    out = started(src)
+    with SampleSender() as sender:
+        ticket = sender.send(src, [0, 1, 2], mode="kv")
+        tickets.put(ticket)
+        assert results.get(timeout=120) == ("refused", (0, 1, 2))
+        back = sender.take_back(src, ticket)
+        assert ticket.key not in sender.publisher.versions
+    reset(out, back.states)
+    collect(src, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_migration_cost_bench_runs_in_quick_mode():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "bench" / "migration_cost.py"), "--quick"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    record = json.loads(lines[-1])
+    assert record["metric"] == "kv_resume_speedup_256" and record["value"] > 0 and record["ceiling"] > 0
+    assert {"reprefill_ms_256", "kv_ms_256", "kv_transfer_ms_256", "scratch_ms_256"} <= set(record["peers"])
+    assert any(line.startswith("tiny") and "kv_transfer" in line for line in lines)
