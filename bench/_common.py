@@ -1,0 +1,247 @@
+"""Helpers shared by the bench/ scripts: pre-faulted buffers, timing, child processes, output.
+
+Every figure a bench prints is measured on buffers that were faulted in before the clock
+starts (first touch of fresh memory runs ~0.55 GB/s on small VMs and would dominate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import mmap
+import multiprocessing as mp
+import os
+import platform
+import socket
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import xxhash
+
+MiB = 1 << 20
+GiB = 1 << 30
+_PATTERN_BLOCK = MiB
+
+
+# --------------------------------------------------------------------------- buffers
+def alloc_prefaulted(nbytes: int) -> np.ndarray:
+    """A writable uint8 array whose pages are resident before it is returned.
+
+    MAP_POPULATE faults the whole mapping in one kernel call, about 6x faster here
+    than touching every page from Python.
+    """
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    region = mmap.mmap(-1, max(nbytes, 1), flags=flags)
+    array = np.frombuffer(region, dtype=np.uint8)[:nbytes]
+    if not hasattr(mmap, "MAP_POPULATE"):
+        array[:: mmap.PAGESIZE] = 0
+    return array
+
+
+def fill_pattern(buf: np.ndarray, seed: int = 0) -> None:
+    """Fill buf with deterministic pseudo-random bytes (the same for every process)."""
+    block = np.random.default_rng(seed).integers(0, 256, _PATTERN_BLOCK, dtype=np.uint8)
+    whole = len(buf) // _PATTERN_BLOCK
+    if whole:
+        np.copyto(buf[: whole * _PATTERN_BLOCK].reshape(whole, _PATTERN_BLOCK), block)
+    tail = len(buf) - whole * _PATTERN_BLOCK
+    buf[whole * _PATTERN_BLOCK :] = block[:tail]
+
+
+def source_buffer(nbytes: int, seed: int) -> np.ndarray:
+    """A pre-faulted buffer holding the benchmark payload."""
+    buf = alloc_prefaulted(nbytes)
+    fill_pattern(buf, seed)
+    return buf
+
+
+def digest(buf: np.ndarray) -> str:
+    """Content hash used to check that a measured transfer moved the right bytes."""
+    return xxhash.xxh3_64_hexdigest(memoryview(buf))
+
+
+# --------------------------------------------------------------------------- timing
+@dataclasses.dataclass(slots=True)
+class Schedule:
+    """Which payload sizes to move and how often (warm-up runs are not reported)."""
+
+    sizes: tuple[int, ...]
+    repeats: int = 3
+    warmup: int = 1
+
+    def runs(self) -> int:
+        return self.warmup + self.repeats
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / 1e9 / seconds
+
+
+def time_runs(fn: Callable[[], Any], schedule: Schedule) -> list[float]:
+    """Call fn warmup + repeats times; return the reported (post warm-up) durations."""
+    out = []
+    for i in range(schedule.runs()):
+        t0 = time.perf_counter()
+        fn()
+        if i >= schedule.warmup:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+@dataclasses.dataclass(slots=True)
+class Row:
+    """One measured (peer, payload) cell; bandwidths in GB/s (1e9 bytes per second)."""
+
+    key: str  # short name used in the JSON line, e.g. "socket"
+    peer: str  # what the table shows
+    nbytes: int
+    seconds: list[float]
+    note: str = ""
+
+    @property
+    def best(self) -> float:
+        return gbps(self.nbytes, min(self.seconds))
+
+    @property
+    def median(self) -> float:
+        return gbps(self.nbytes, statistics.median(self.seconds))
+
+
+@dataclasses.dataclass(slots=True)
+class Missing:
+    """A peer that could not be measured in this run, and why."""
+
+    peer: str
+    reason: str
+
+
+# --------------------------------------------------------------------------- children
+class ChildFailed(RuntimeError):
+    """A benchmark child process raised or died."""
+
+
+def _child_entry(target: Callable, conn, env: dict[str, str], args: tuple) -> None:
+    os.environ.update(env)
+    try:
+        target(conn, *args)
+    except BaseException:  # report everything, the parent decides
+        conn.send(("error", traceback.format_exc()))
+        raise
+    finally:
+        conn.close()
+
+
+class Child:
+    """A spawned process that talks to the parent over a pipe of (kind, payload) tuples."""
+
+    def __init__(self, target: Callable, *args: Any, env: dict[str, str] | None = None):
+        ctx = mp.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe()
+        self.name = getattr(target, "__name__", "child")
+        self.proc = ctx.Process(
+            target=_child_entry, args=(target, child_conn, env or {}, args), daemon=True
+        )
+        self.proc.start()
+        child_conn.close()
+
+    def send(self, kind: str, payload: Any = None) -> None:
+        self.conn.send((kind, payload))
+
+    def expect(self, kind: str, timeout: float = 120.0) -> Any:
+        """Wait for a message of this kind; raise ChildFailed on error, death or timeout."""
+        if not self.conn.poll(timeout):
+            raise ChildFailed(f"{self.name}: no {kind!r} within {timeout:.0f} s")
+        try:
+            got, payload = self.conn.recv()
+        except EOFError:
+            raise ChildFailed(f"{self.name}: exited with {self.proc.exitcode}") from None
+        if got == "error":
+            raise ChildFailed(f"{self.name} failed:\n{payload}")
+        if got != kind:
+            raise ChildFailed(f"{self.name}: expected {kind!r}, got {got!r}")
+        return payload
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout)
+        self.conn.close()
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(timeout=10.0 if exc[0] is None else 1.0)
+
+
+def wait_command(conn, timeout: float = 300.0) -> tuple[str, Any]:
+    """Child side: the next (kind, payload) from the parent; stop if the parent is gone."""
+    if not conn.poll(timeout):
+        raise TimeoutError(f"no command from the parent within {timeout:.0f} s")
+    return conn.recv()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- output
+def fmt_size(nbytes: int, compact: bool = False) -> str:
+    """'256 MiB' for tables, '256MiB' (compact) for JSON keys."""
+    sep = "" if compact else " "
+    if nbytes % GiB == 0:
+        return f"{nbytes // GiB}{sep}GiB"
+    return f"{nbytes // MiB}{sep}MiB" if nbytes % MiB == 0 else f"{nbytes}{sep}B"
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    units = {"K": 1 << 10, "M": MiB, "G": GiB}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def hardware_tag() -> str:
+    """Short machine name for results files, e.g. 'x86_64-2c-24g'."""
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"{platform.machine()}-{os.cpu_count()}c-{round(mem / GiB)}g"
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def render_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Print a table to the terminal with rich and return it as markdown."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    Console(width=120).print(table)
+    lines = [f"**{title}**", "", "| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join(["---"] * len(header)) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def emit_json(metric: str, value: float | None, unit: str, ceiling: float | None,
+              peers: dict[str, Any]) -> str:
+    """Print the one machine-readable line every bench ends with; return it."""
+    line = json.dumps(
+        {"metric": metric, "value": value, "unit": unit, "ceiling": ceiling, "peers": peers}
+    )
+    print(line, flush=True)
+    return line

@@ -1,0 +1,217 @@
+"""Weight-transfer bandwidth: rlboost pulls against memcpy, a raw socket, gloo, Ray and UCX.
+
+Every peer moves the same bytes between two processes into pre-faulted memory in the same
+run, so the ratios hold even on a shared, noisy machine.
+
+    python bench/transfer_bandwidth.py            # 64 MiB, 256 MiB, 1 GiB (~3 min)
+    python bench/transfer_bandwidth.py --quick    # 64 MiB, fewer peers' repeats (~20 s)
+    python bench/transfer_bandwidth.py --big      # adds 2 GiB
+    python bench/transfer_bandwidth.py --save     # also writes bench/results/transfer_*.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _peers  # noqa: E402
+from _common import (  # noqa: E402
+    GiB,
+    MiB,
+    ChildFailed,
+    Missing,
+    Row,
+    Schedule,
+    alloc_prefaulted,
+    digest,
+    emit_json,
+    fmt_size,
+    hardware_tag,
+    parse_size,
+    render_table,
+    source_buffer,
+    today,
+)
+
+SEED = 20251129
+DEFAULT_SIZES = (64 * MiB, 256 * MiB, 1 * GiB)
+LARGE = 256 * MiB  # "beats gloo / Ray" is judged on payloads at least this big
+ALL_PEERS = ("memcpy", "socket", "gloo", "ray", "ucxx")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=lambda s: tuple(parse_size(x) for x in s.split(",")),
+                   help="comma-separated payload sizes, e.g. 64M,256M,1G")
+    p.add_argument("--quick", action="store_true", help="64 MiB only, 2 repeats (~20 s)")
+    p.add_argument("--big", action="store_true", help="add a 2 GiB payload (needs ~10 GiB)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per cell (after 1 warm-up)")
+    p.add_argument("--peers", default=",".join(ALL_PEERS),
+                   help=f"which baselines to run (default: all of {','.join(ALL_PEERS)})")
+    p.add_argument("--save", action="store_true",
+                   help="also write bench/results/transfer_<hardware>_<date>.md")
+    args = p.parse_args(argv)
+    args.peers = tuple(x for x in args.peers.split(",") if x)
+    unknown = set(args.peers) - set(ALL_PEERS)
+    if unknown:
+        p.error(f"unknown peers {sorted(unknown)}; choose from {ALL_PEERS}")
+    return args
+
+
+def build_schedule(args: argparse.Namespace) -> Schedule:
+    if args.sizes:
+        sizes = args.sizes
+    elif args.quick:
+        sizes = (64 * MiB,)
+    else:
+        sizes = DEFAULT_SIZES + ((2 * GiB,) if args.big else ())
+    repeats = 2 if args.quick else args.repeats
+    if repeats < 1 or min(sizes) < 1:
+        raise SystemExit("--repeats and every size must be positive")
+    return Schedule(sizes=tuple(sorted(set(sizes))), repeats=repeats, warmup=1)
+
+
+# --------------------------------------------------------------------------- running
+def run_baselines(args, ref, dst, schedule, expect) -> tuple[list[Row], list[Missing]]:
+    rows: list[Row] = []
+    missing: list[Missing] = []
+    jobs = {
+        "memcpy": lambda: _peers.measure_memcpy(ref, dst, schedule),
+        "socket": lambda: _peers.measure_socket(dst, schedule, SEED, expect),
+        "gloo": lambda: _peers.measure_gloo(dst, schedule, SEED, expect),
+        "ray": lambda: _peers.measure_ray(dst, schedule, SEED, expect),
+        "ucxx": lambda: _run_ucx(schedule, expect),
+    }
+    for name in args.peers:
+        _run_one(name, jobs[name], rows, missing)
+    return rows, missing
+
+
+def _run_ucx(schedule: Schedule, expect: dict[int, str]) -> list[Row]:
+    if not _peers.ucx_installed():
+        raise ModuleNotFoundError("not installed (pip install ucxx-cu12)")
+    return (_peers.measure_ucx(schedule, SEED, expect, tls="tcp")
+            + _peers.measure_ucx(schedule, SEED, expect, tls=None))
+
+
+def _run_one(name: str, job, rows: list[Row], missing: list[Missing]) -> None:
+    """Run one peer; a peer that cannot run here is reported, not fatal."""
+    t0 = time.perf_counter()
+    print(f"[{name}] ...", file=sys.stderr, flush=True)
+    try:
+        rows.extend(job())
+    except (ModuleNotFoundError, ImportError) as exc:
+        missing.append(Missing(name, str(exc).splitlines()[0]))
+    except (ChildFailed, OSError, RuntimeError) as exc:
+        if isinstance(exc, _peers.WrongBytes):
+            raise
+        traceback.print_exc(file=sys.stderr)
+        missing.append(Missing(name, f"failed: {str(exc).splitlines()[0][:80]}"))
+    print(f"[{name}] done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- reporting
+def best_by_size(rows: list[Row], key: str) -> dict[int, float]:
+    return {r.nbytes: r.best for r in rows if r.key == key}
+
+
+def ceiling_by_size(rows: list[Row]) -> dict[int, float]:
+    """memcpy ceiling per size: the faster of the numpy and torch copies."""
+    out: dict[int, float] = {}
+    for key in ("memcpy_numpy", "memcpy_torch"):
+        for n, v in best_by_size(rows, key).items():
+            out[n] = max(out.get(n, 0.0), v)
+    return out
+
+
+def _ratio(num: dict[int, float], den: dict[int, float], sizes) -> dict[str, float]:
+    both = [n for n in sizes if n in num and n in den]
+    return {fmt_size(n, compact=True): round(num[n] / den[n], 3) for n in both}
+
+
+def compute_ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """The ratios the targets are stated in (best of the repeats on both sides)."""
+    by = {key: best_by_size(rows, key) for key in {r.key for r in rows}}
+    memcpy, sizes = ceiling_by_size(rows), sorted({r.nbytes for r in rows})
+    large = [n for n in sizes if n >= LARGE]
+    out = {
+        "tcp_pull/socket (>=0.8)": _ratio(by.get("tcp_pull", {}), by.get("socket", {}), sizes),
+        "shm_pull/memcpy (>=0.5)": _ratio(by.get("shm_pull", {}), memcpy, sizes),
+        "socket/memcpy": _ratio(by.get("socket", {}), memcpy, sizes),
+        "gloo/socket": _ratio(by.get("gloo", {}), by.get("socket", {}), sizes),
+        "ray/memcpy": _ratio(by.get("ray", {}), memcpy, sizes),
+    }
+    for mine in ("tcp_pull", "shm_pull"):
+        for other in ("gloo", "ray"):
+            out[f"{mine}/{other} (>1)"] = _ratio(by.get(mine, {}), by.get(other, {}), large)
+    return {k: v for k, v in out.items() if v}
+
+
+def bandwidth_table(rows: list[Row], missing: list[Missing]) -> str:
+    body = [[r.peer, fmt_size(r.nbytes), f"{r.best:.2f}", f"{r.median:.2f}", r.note] for r in rows]
+    body += [[m.peer, "-", "-", "-", m.reason] for m in missing]
+    return render_table("Transfer bandwidth (GB/s = 1e9 B/s, best and median of the repeats)",
+                        ["path", "payload", "best GB/s", "median GB/s", "note"], body)
+
+
+def ratio_table(ratios: dict[str, dict[str, float]]) -> str:
+    body = [[name, size, f"{value:.2f}"]
+            for name, per in ratios.items() for size, value in per.items()]
+    return render_table("Ratios (best vs best, same run, same bytes)",
+                        ["ratio", "payload", "value"], body)
+
+
+def json_peers(rows: list[Row], missing: list[Missing], ratios) -> dict:
+    peers: dict = {}
+    for r in rows:
+        size = fmt_size(r.nbytes, compact=True)
+        peers.setdefault(f"{r.key}_GBps", {})[size] = round(r.best, 3)
+        peers.setdefault(f"{r.key}_median_GBps", {})[size] = round(r.median, 3)
+    peers["ratios"] = ratios
+    peers["missing"] = {m.peer: m.reason for m in missing}
+    return peers
+
+
+def headline(rows: list[Row]) -> tuple[float | None, float | None]:
+    """tcp pull and memcpy best GB/s at the largest payload both were measured on."""
+    tcp, memcpy = best_by_size(rows, "tcp_pull"), ceiling_by_size(rows)
+    common = sorted(set(tcp) & set(memcpy))
+    if common:
+        return round(tcp[common[-1]], 3), round(memcpy[common[-1]], 3)
+    return None, (round(memcpy[max(memcpy)], 3) if memcpy else None)
+
+
+def save_results(markdown: str, argv: list[str]) -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "results", f"transfer_{hardware_tag()}_{today()}.md")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    command = " ".join(["python bench/transfer_bandwidth.py", *argv])
+    with open(path, "w") as f:
+        f.write(f"# Transfer bandwidth, {hardware_tag()}, {today()}\n\n")
+        f.write(f"Command: `{command}`\n\n{markdown}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    schedule = build_schedule(args)
+    biggest = max(schedule.sizes)
+    ref, dst = source_buffer(biggest, SEED), alloc_prefaulted(biggest)
+    expect = {n: digest(ref[:n]) for n in schedule.sizes}
+    rows, missing = run_baselines(args, ref, dst, schedule, expect)
+    ratios = compute_ratios(rows)
+    markdown = bandwidth_table(rows, missing) + "\n" + ratio_table(ratios)
+    if args.save:
+        print(f"saved {save_results(markdown, argv)}", file=sys.stderr)
+    value, ceiling = headline(rows)
+    emit_json("tcp_pull_GBps", value, "GB/s", ceiling, json_peers(rows, missing, ratios))
+
+
+if __name__ == "__main__":
+    main()
