@@ -42,6 +42,23 @@ SEED = 20251129
 DEFAULT_SIZES = (64 * MiB, 256 * MiB, 1 * GiB)
 LARGE = 256 * MiB  # "beats gloo / Ray" is judged on payloads at least this big
 ALL_PEERS = ("memcpy", "socket", "gloo", "ray", "ucxx")
+METHOD = """\
+What each row measures (every buffer pre-faulted with MAP_POPULATE and reused; one
+warm-up run, then best and median of the timed runs; every cell's bytes are checked
+against the payload's xxh3 digest afterwards):
+- memcpy: one process copies a resident buffer into another (numpy: 1 thread, torch
+  copy_: all threads); the faster of the two is the ceiling.
+- raw socket: a child answers an 8-byte size request on 127.0.0.1 with sendall of 4 MiB
+  slices; the receiver times request -> last recv_into byte.
+- gloo broadcast: torch.distributed over gloo, 2 processes; the receiver times one
+  broadcast after a barrier.
+- ray object store: an actor returns a numpy slice (Ray serializes it into plasma: the
+  put), the driver gets it (a zero-copy map) and copies it into the destination: put +
+  get + one copy. Same host, so this is Ray's shared-memory best case.
+- ucxx tag: two children, endpoints from worker addresses, tag send/recv of the payload
+  after an 8-byte request; UCX_NET_DEVICES=lo; "tcp" forces UCX_TLS=tcp, "auto" lets UCX
+  pick its same-host transports (cma, posix, sysv).
+"""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -193,7 +210,7 @@ def save_results(markdown: str, argv: list[str]) -> str:
     command = " ".join(["python bench/transfer_bandwidth.py", *argv])
     with open(path, "w") as f:
         f.write(f"# Transfer bandwidth, {hardware_tag()}, {today()}\n\n")
-        f.write(f"Command: `{command}`\n\n{markdown}")
+        f.write(f"Command: `{command}`\n\n{METHOD}\n{markdown}")
     return path
 
 
