@@ -1,0 +1,21 @@
+// CRC-32C (Castagnoli), the per-chunk checksum of weight transfers. Uses the SSE4.2
+// crc32 instruction over three interleaved lanes when the CPU has it (the lanes hide the
+// instruction's latency), and a slicing-by-8 table otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rlboost {
+
+// Continues a running checksum: Crc32cExtend(Crc32c(a), b) == Crc32c(a + b).
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
+inline uint32_t Crc32c(const void* data, size_t n) { return Crc32cExtend(0, data, n); }
+
+// The table-driven path, always available; exposed so tests can compare both paths.
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n);
+
+// True when Crc32cExtend uses the hardware instruction on this CPU.
+bool Crc32cUsesHardware();
+
+}  // namespace rlboost

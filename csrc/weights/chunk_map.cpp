@@ -1,0 +1,198 @@
+// Chunk claiming, source knowledge and the "can anyone still serve this?" check.
+#include "weights/chunk_map.h"
+
+#include <limits>
+
+namespace rlboost {
+
+ChunkMap::ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t start)
+    : n_(num_chunks),
+      start_(num_chunks ? start % num_chunks : 0),
+      state_(num_chunks, kMissing),
+      rarity_(num_chunks, 0),
+      known_(num_sources, std::vector<uint8_t>(num_chunks, kUnknown)),
+      known_count_(num_sources, 0),
+      alive_(num_sources, true),
+      may_grow_(num_sources, false),
+      cause_(num_sources) {}
+
+void ChunkMap::BumpLocked() {
+  ++epoch_;
+  cv_.notify_all();
+}
+
+void ChunkMap::SeedHeld(const std::vector<uint8_t>& bitmap) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t c = 0; c < n_ && c / 8 < bitmap.size(); ++c) {
+    if (((bitmap[c / 8] >> (c % 8)) & 1u) && state_[c] != kHeldChunk) {
+      state_[c] = kHeldChunk;
+      ++held_;
+    }
+  }
+  BumpLocked();
+}
+
+void ChunkMap::UpdateSource(size_t s, const HeldState& held, bool may_grow) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!alive_[s]) return;
+  for (uint32_t c = 0; c < n_ && c < held.num_chunks; ++c) {
+    if (((held.bitmap[c / 8] >> (c % 8)) & 1u) && known_[s][c] == kUnknown) {
+      known_[s][c] = kHas;
+      ++known_count_[s];
+      ++rarity_[c];
+    }
+  }
+  may_grow_[s] = may_grow && held.held_count < held.num_chunks;
+  BumpLocked();
+}
+
+ChunkMap::Claim ChunkMap::TryClaim(size_t s, uint32_t* chunk) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FinishedLocked() || !alive_[s]) return Claim::kFinished;
+  // TODO(perf): a linear scan per claim; an index of missing chunks per rarity would
+  // make this O(1) for pulls of many thousands of chunks.
+  const auto& known = known_[s];
+  uint32_t best = n_;
+  uint16_t best_rarity = std::numeric_limits<uint16_t>::max();
+  for (uint32_t i = 0; i < n_; ++i) {
+    uint32_t c = start_ + i < n_ ? start_ + i : start_ + i - n_;
+    if (state_[c] != kMissing || known[c] != kHas || rarity_[c] >= best_rarity) continue;
+    best = c;
+    best_rarity = rarity_[c];
+    if (best_rarity <= 1) break;
+  }
+  if (best == n_) return Claim::kNone;
+  state_[best] = kInFlight;
+  *chunk = best;
+  return Claim::kClaimed;
+}
+
+bool ChunkMap::Held(uint32_t chunk) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool fresh = state_[chunk] != kHeldChunk;
+  if (fresh) {
+    state_[chunk] = kHeldChunk;
+    ++held_;
+  }
+  BumpLocked();
+  return fresh;
+}
+
+void ChunkMap::Release(uint32_t chunk, const Status& cause) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_[chunk] == kInFlight) state_[chunk] = kMissing;
+  CheckServableLocked(cause);
+  BumpLocked();
+}
+
+void ChunkMap::ForgetLocked(size_t s, uint32_t c, uint8_t to) {
+  if (known_[s][c] == kHas) {
+    --known_count_[s];
+    if (alive_[s]) --rarity_[c];
+  }
+  known_[s][c] = to;
+}
+
+void ChunkMap::NotHeld(size_t s, uint32_t chunk) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_[chunk] == kInFlight) state_[chunk] = kMissing;
+  ForgetLocked(s, chunk, kUnknown);
+  CheckServableLocked(Status(Code::kUnknownVersion, "no source holds chunk " + std::to_string(chunk)));
+  BumpLocked();
+}
+
+void ChunkMap::Bad(size_t s, uint32_t chunk, const Status& cause) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_[chunk] == kInFlight) state_[chunk] = kMissing;
+  ForgetLocked(s, chunk, kExcluded);
+  CheckServableLocked(cause);
+  BumpLocked();
+}
+
+void ChunkMap::RetireSource(size_t s, const Status& cause) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!alive_[s]) return;
+  alive_[s] = false;
+  cause_[s] = cause;
+  for (uint32_t c = 0; c < n_; ++c) {
+    if (known_[s][c] == kHas) --rarity_[c];
+  }
+  CheckServableLocked(cause);
+  BumpLocked();
+}
+
+void ChunkMap::Cancel(const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held_ != n_ && failure_.ok()) failure_ = why;
+  BumpLocked();
+}
+
+void ChunkMap::CheckServableLocked(const Status& cause) {
+  if (FinishedLocked()) return;
+  for (uint32_t c = 0; c < n_; ++c) {
+    if (state_[c] != kMissing) continue;
+    bool servable = false;
+    for (size_t s = 0; s < known_.size() && !servable; ++s) {
+      servable = alive_[s] && (known_[s][c] == kHas || (may_grow_[s] && known_[s][c] == kUnknown));
+    }
+    if (!servable) {
+      failure_ = cause;
+      return;
+    }
+  }
+}
+
+void ChunkMap::WaitForChange(uint64_t* epoch, Deadline d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, d.never() ? Deadline::After(1e8).at() : d.at(),
+                 [&] { return epoch_ != *epoch || FinishedLocked(); });
+  *epoch = epoch_;
+}
+
+bool ChunkMap::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return FinishedLocked();
+}
+
+Status ChunkMap::result() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held_ == n_) return Status::Ok();
+  if (!failure_.ok()) return failure_;
+  return Status(Code::kInternal, "pull not finished");
+}
+
+bool ChunkMap::source_alive(size_t s) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return alive_[s];
+}
+
+bool ChunkMap::source_may_grow(size_t s) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return alive_[s] && may_grow_[s];
+}
+
+uint32_t ChunkMap::source_known(size_t s) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return known_count_[s];
+}
+
+Status ChunkMap::source_cause(size_t s) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cause_[s];
+}
+
+uint32_t ChunkMap::held_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_;
+}
+
+std::vector<uint8_t> ChunkMap::HeldBitmap() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint8_t> bits((n_ + 7) / 8, 0);
+  for (uint32_t c = 0; c < n_; ++c) {
+    if (state_[c] == kHeldChunk) bits[c / 8] |= static_cast<uint8_t>(1u << (c % 8));
+  }
+  return bits;
+}
+
+}  // namespace rlboost

@@ -1,0 +1,115 @@
+// Version resolution across sources: two parallel rounds (each source's own answer, then
+// the chosen version from the rest), layout agreement, and the most telling error when
+// no source can serve.
+#include "weights/puller.h"
+
+#include <thread>
+
+#include "common/random.h"
+
+namespace rlboost {
+
+struct Puller::Probe {
+  std::unique_ptr<SourceSession> session;
+  Manifest manifest;
+  HeldState held;
+  Status status;
+};
+
+namespace {
+
+// Which failure best explains "no source could serve": the user's mistake before the
+// network's.
+int Severity(Code c) {
+  switch (c) {
+    case Code::kAuth: return 6;
+    case Code::kProtocol: return 5;
+    case Code::kUnknownVersion: return 4;
+    case Code::kTimeout: return 3;
+    case Code::kPeerLost: return 2;
+    default: return 1;
+  }
+}
+
+template <typename F>
+void ForEachParallel(size_t n, F f) {
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) threads.emplace_back(f, i);
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+Puller::Puller(PullOptions opts, std::vector<SourceAddress> sources, uint64_t self_server_id)
+    : opts_(std::move(opts)), sources_(std::move(sources)), self_server_id_(self_server_id) {}
+
+Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
+  if (sources_.empty()) return Status(Code::kInvalidArgument, "no sources to pull from");
+  Deadline d = Deadline::After(timeout_s);
+  std::vector<Probe> probes(sources_.size());
+  ForEachParallel(sources_.size(), [&](size_t i) {
+    Probe& p = probes[i];
+    Deadline cd = d.Min(Deadline::After(opts_.connect_timeout_s));
+    p.status = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.secret, cd, &p.session);
+    if (p.status.ok() && self_server_id_ != 0 && p.session->peer().server_id == self_server_id_) {
+      p.status = Status(Code::kInvalidArgument, "this process's own relay");
+    }
+    if (p.status.ok()) p.status = p.session->FetchManifest(version, &p.manifest, d);
+  });
+  int64_t target = version;
+  for (auto& p : probes) {
+    if (version < 0 && p.status.ok()) target = std::max(target, p.manifest.version);
+  }
+  if (target >= 0) {
+    ForEachParallel(sources_.size(), [&](size_t i) {
+      Probe& p = probes[i];
+      bool retry = p.session && (p.status.code() == Code::kUnknownVersion ||
+                                 (p.status.ok() && p.manifest.version != target));
+      if (retry) p.status = p.session->FetchManifest(target, &p.manifest, d);
+      if (p.status.ok()) p.status = p.session->FetchHave(target, 0, 0, &p.held, d);
+    });
+  }
+  const Manifest* reference = nullptr;
+  Status worst;
+  out->sources.clear();
+  out->skipped.clear();
+  for (size_t i = 0; i < probes.size(); ++i) {
+    Probe& p = probes[i];
+    if (p.status.ok() && reference != nullptr && !p.manifest.SameLayout(*reference)) {
+      p.status = Status(Code::kProtocol, "manifest differs from the other sources' for version " +
+                                             std::to_string(target));
+    }
+    if (!p.status.ok()) {
+      std::string where = sources_[i].host + ":" + std::to_string(sources_[i].port);
+      out->skipped.push_back(where + ": " + p.status.message());
+      if (p.status.code() != Code::kInvalidArgument &&
+          (worst.ok() || Severity(p.status.code()) > Severity(worst.code()))) {
+        worst = Status(p.status.code(), where + ": " + p.status.message());
+      }
+      continue;
+    }
+    if (reference == nullptr) {
+      reference = &p.manifest;
+      out->manifest = p.manifest;
+    }
+    out->sources.push_back(PullSource{std::move(p.session), std::move(p.held)});
+  }
+  if (out->sources.empty()) {
+    if (worst.ok()) worst = Status(Code::kInvalidArgument, "no usable source (only this process's own relay)");
+    return worst;
+  }
+  return Status::Ok();
+}
+
+Status Puller::Start(PullPlan&& plan, uint8_t* dst, std::shared_ptr<VersionStore> relay,
+                     const std::vector<uint8_t>& held_seed, std::unique_ptr<PullJob>* out) {
+  uint32_t start = 0;
+  RLB_RETURN_IF_ERROR(SecureRandom(&start, sizeof(start)));
+  auto job = std::make_unique<PullJob>(opts_, std::move(plan.manifest), std::move(plan.sources), dst,
+                                       std::move(relay), held_seed, start);
+  RLB_RETURN_IF_ERROR(job->Start());
+  *out = std::move(job);
+  return Status::Ok();
+}
+
+}  // namespace rlboost
