@@ -15,10 +15,11 @@ import os
 import platform
 import socket
 import statistics
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import xxhash
@@ -118,6 +119,69 @@ class Missing:
 
     peer: str
     reason: str
+
+
+class WrongBytes(RuntimeError):
+    """A measured transfer delivered bytes that differ from the payload."""
+
+
+Expect = dict[int, str]  # payload size -> digest of the payload's first `size` bytes
+
+
+def check(peer: str, got: str, expect: Expect, nbytes: int) -> None:
+    if got != expect[nbytes]:
+        raise WrongBytes(f"{peer}: {nbytes} bytes arrived with the wrong content")
+
+
+class Session(Protocol):
+    """One way of moving the payload into the shared destination, open across all runs."""
+
+    key: str
+    peer: str
+    note: str
+
+    def prepare(self, nbytes: int) -> None:
+        """Untimed setup before the runs of one payload size (e.g. publish it)."""
+
+    def once(self, nbytes: int) -> None:
+        """Move the first nbytes of the payload into the destination (timed)."""
+
+
+def run_interleaved(sessions: Sequence[Session], schedule: Schedule, dst: np.ndarray,
+                    expect: Expect, tolerate: tuple[type[BaseException], ...] = ()
+                    ) -> tuple[list[Row], list[Missing]]:
+    """Time every session on every size, alternating sessions within each repetition, so
+    that a burst of load on a shared machine hits all of them alike. The destination is
+    zeroed before each session's last run and checked after it. A session raising one of
+    `tolerate` is reported as missing and dropped; the others go on."""
+    rows: list[Row] = []
+    failed: dict[str, Missing] = {}
+    for n in schedule.sizes:
+        times: dict[str, list[float]] = {s.key: [] for s in sessions}
+        for i in range(schedule.runs()):
+            last = i == schedule.runs() - 1
+            for s in sessions:
+                if s.key in failed:
+                    continue
+                if last:
+                    dst[:n] = 0
+                try:
+                    if i == 0:
+                        s.prepare(n)
+                    t0 = time.perf_counter()
+                    s.once(n)
+                    took = time.perf_counter() - t0
+                except tolerate as exc:
+                    traceback.print_exc(file=sys.stderr)
+                    failed[s.key] = Missing(s.peer, f"failed: {str(exc).splitlines()[0][:80]}")
+                    continue
+                if i >= schedule.warmup:
+                    times[s.key].append(took)
+                if last:
+                    check(s.peer, digest(dst[:n]), expect, n)
+        rows += [Row(s.key, s.peer, n, times[s.key], s.note) for s in sessions
+                 if s.key not in failed]
+    return rows, list(failed.values())
 
 
 # --------------------------------------------------------------------------- children

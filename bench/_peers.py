@@ -1,7 +1,8 @@
 """Baseline ways to move one payload between two processes, measured beside rlboost.transfer.
 
-Each `measure_*` runs the sending side in a child process, receives into the caller's
-pre-faulted buffer (or a pre-faulted buffer of a second child) and checks the bytes.
+Each `measure_*` (or `*Session`) runs the sending side in a child process, receives into
+the caller's pre-faulted buffer (or a pre-faulted buffer of a second child) and checks
+the bytes.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import numpy as np
 from _common import (
     MiB,
     Child,
+    Expect,
     Row,
     Schedule,
     alloc_prefaulted,
+    check,
     digest,
     free_port,
     source_buffer,
@@ -30,31 +33,30 @@ from _common import (
 )
 
 SOCKET_CHUNK = 4 * MiB
-Expect = dict[int, str]  # payload size -> digest of the payload's first `size` bytes
-
-
-class WrongBytes(RuntimeError):
-    """A measured transfer delivered bytes that differ from the payload."""
-
-
-def check(peer: str, got: str, expect: Expect, nbytes: int) -> None:
-    if got != expect[nbytes]:
-        raise WrongBytes(f"{peer}: {nbytes} bytes arrived with the wrong content")
 
 
 # --------------------------------------------------------------------------- memcpy
-def measure_memcpy(ref: np.ndarray, dst: np.ndarray, schedule: Schedule) -> list[Row]:
+class MemcpySession:
     """The ceiling: one copy between two resident buffers in one process."""
-    import torch
 
-    ref_t, dst_t = torch.from_numpy(ref), torch.from_numpy(dst)
-    threads, rows = f"{torch.get_num_threads()} threads", []
-    for n in schedule.sizes:
-        numpy_times = time_runs(lambda: np.copyto(dst[:n], ref[:n]), schedule)
-        torch_times = time_runs(lambda: dst_t[:n].copy_(ref_t[:n]), schedule)
-        rows.append(Row("memcpy_numpy", "memcpy (numpy)", n, numpy_times, "1 thread"))
-        rows.append(Row("memcpy_torch", "memcpy (torch)", n, torch_times, threads))
-    return rows
+    def __init__(self, ref: np.ndarray, dst: np.ndarray, use_torch: bool):
+        import torch
+
+        self.ref, self.dst = ref, dst
+        self.ref_t, self.dst_t = torch.from_numpy(ref), torch.from_numpy(dst)
+        self.use_torch = use_torch
+        self.key = "memcpy_torch" if use_torch else "memcpy_numpy"
+        self.peer = "memcpy (torch)" if use_torch else "memcpy (numpy)"
+        self.note = f"{torch.get_num_threads()} threads" if use_torch else "1 thread"
+
+    def prepare(self, nbytes: int) -> None:
+        pass
+
+    def once(self, n: int) -> None:
+        if self.use_torch:
+            self.dst_t[:n].copy_(self.ref_t[:n])
+        else:
+            np.copyto(self.dst[:n], self.ref[:n])
 
 
 # --------------------------------------------------------------------------- raw socket
@@ -84,25 +86,31 @@ def serve_socket(conn, max_bytes: int, seed: int, chunk: int) -> None:
                 sock.sendall(view[off : min(off + chunk, n)])
 
 
-def measure_socket(dst: np.ndarray, schedule: Schedule, seed: int, expect: Expect) -> list[Row]:
+class SocketSession:
     """One TCP stream on 127.0.0.1, Python sendall / recv_into, 4 MiB chunks."""
-    rows = []
-    with Child(serve_socket, max(schedule.sizes), seed, SOCKET_CHUNK) as child:
-        port = child.expect("ready")
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            view = memoryview(dst)
-            for n in schedule.sizes:
-                dst[:n] = 0
 
-                def once(n=n):
-                    sock.sendall(n.to_bytes(8, "little"))
-                    _recv_into(sock, view[:n], SOCKET_CHUNK)
+    key, peer, note = "socket", "raw socket (1 stream)", "4 MiB chunks"
 
-                times = time_runs(once, schedule)
-                rows.append(Row("socket", "raw socket (1 stream)", n, times, "4 MiB chunks"))
-                check("socket", digest(dst[:n]), expect, n)
-            sock.sendall(bytes(8))
-    return rows
+    def __init__(self, dst: np.ndarray, max_bytes: int, seed: int):
+        self.view = memoryview(dst)
+        self.child = Child(serve_socket, max_bytes, seed, SOCKET_CHUNK)
+        try:
+            self.sock = socket.create_connection(("127.0.0.1", self.child.expect("ready")))
+        except BaseException:
+            self.child.close(timeout=1.0)
+            raise
+
+    def prepare(self, nbytes: int) -> None:
+        pass
+
+    def once(self, n: int) -> None:
+        self.sock.sendall(n.to_bytes(8, "little"))
+        _recv_into(self.sock, self.view[:n], SOCKET_CHUNK)
+
+    def close(self) -> None:
+        with self.sock:
+            self.sock.sendall(bytes(8))
+        self.child.close()
 
 
 # --------------------------------------------------------------------------- gloo

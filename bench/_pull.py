@@ -9,26 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import sys
 import time
-import traceback
 
 import numpy as np
-from rlboost.errors import TransferError
 
-from _common import (
-    MiB,
-    Child,
-    Missing,
-    Row,
-    Schedule,
-    alloc_prefaulted,
-    digest,
-    source_buffer,
-    time_runs,
-    wait_command,
-)
-from _peers import Expect, WrongBytes, check
+from _common import MiB, Child, WrongBytes, alloc_prefaulted, digest, source_buffer, wait_command
 
 PARAM_BYTES = 32 * MiB  # the payload is cut into tensors of this size, like parameters
 PULL_TIMEOUT_S = 300.0
@@ -75,44 +60,48 @@ def serve_publisher(conn, seed: int, max_bytes: int, transport: str,
             conn.send(("published", version))
 
 
-def measure_pulls(dst: np.ndarray, schedule: Schedule, seed: int, expect: Expect,
-                  transports: list[str]) -> tuple[list[Row], list[Missing]]:
-    """Pull each payload from one publisher in another process, into the same destination,
-    over each transport in turn (interleaved per size, so load changes hit all alike)."""
-    import torch
-    from rlboost.transfer import WeightPuller
+class Publisher:
+    """A publisher child with its address; publishes each payload size once, on demand."""
 
-    rows, failed, into = [], {}, torch.from_numpy(dst)
-    with Child(serve_publisher, seed, max(schedule.sizes), "auto", None) as pub:
-        address = pub.expect("ready")
-        pullers = {t: WeightPuller([address], _config(t)) for t in transports}
-        try:
-            for version, n in enumerate(schedule.sizes, start=1):
-                pub.send("publish", (version, n))
-                pub.expect("published")
-                for t, puller in pullers.items():
-                    if t in failed:
-                        continue
-                    try:
-                        rows.append(_time_pull(puller, t, version, n, into, schedule, expect))
-                    except TransferError as exc:
-                        traceback.print_exc(file=sys.stderr)
-                        failed[t] = f"failed: {str(exc).splitlines()[0][:80]}"
-        finally:
-            for puller in pullers.values():
-                puller.close()
-        pub.send("stop")
-    return rows, [Missing(f"rlboost pull ({t})", why) for t, why in failed.items()]
+    def __init__(self, seed: int, max_bytes: int, egress_cap: int | None = None):
+        self.child = Child(serve_publisher, seed, max_bytes, "auto", egress_cap)
+        self.address = self.child.expect("ready")
+        self.versions: dict[int, int] = {}
+
+    def publish(self, nbytes: int) -> int:
+        """The version holding the payload's first nbytes (published on first use)."""
+        if nbytes not in self.versions:
+            version = len(self.versions) + 1
+            self.child.send("publish", (version, nbytes))
+            self.child.expect("published")
+            self.versions[nbytes] = version
+        return self.versions[nbytes]
+
+    def close(self) -> None:
+        self.child.send("stop")
+        self.child.close()
 
 
-def _time_pull(puller, transport: str, version: int, n: int, into, schedule: Schedule,
-               expect: Expect) -> Row:
-    dst = into.numpy()
-    dst[:n] = 0
-    times = time_runs(lambda: puller.pull(version=version, into=into, timeout=PULL_TIMEOUT_S),
-                      schedule)
-    check(f"{transport} pull", digest(dst[:n]), expect, n)
-    return Row(f"{transport}_pull", f"rlboost pull ({transport})", n, times)
+class PullSession:
+    """rlboost pull over one transport into the shared destination (relay off)."""
+
+    def __init__(self, publisher: Publisher, transport: str, dst: np.ndarray):
+        import torch
+        from rlboost.transfer import WeightPuller
+
+        self.publisher, self.into = publisher, torch.from_numpy(dst)
+        self.puller = WeightPuller([publisher.address], _config(transport))
+        self.key, self.peer, self.note = f"{transport}_pull", f"rlboost pull ({transport})", ""
+        self.version = 0
+
+    def prepare(self, nbytes: int) -> None:
+        self.version = self.publisher.publish(nbytes)
+
+    def once(self, nbytes: int) -> None:
+        self.puller.pull(version=self.version, into=self.into, timeout=PULL_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.puller.close()
 
 
 # --------------------------------------------------------------------------- provisioning

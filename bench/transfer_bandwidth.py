@@ -13,6 +13,7 @@ run, so the ratios hold even on a shared, noisy machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -22,6 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _peers  # noqa: E402
 import _pull  # noqa: E402
+from rlboost.errors import RlboostError  # noqa: E402
+
 from _common import (  # noqa: E402
     GiB,
     MiB,
@@ -29,6 +32,7 @@ from _common import (  # noqa: E402
     Missing,
     Row,
     Schedule,
+    WrongBytes,
     alloc_prefaulted,
     digest,
     emit_json,
@@ -36,6 +40,7 @@ from _common import (  # noqa: E402
     hardware_tag,
     parse_size,
     render_table,
+    run_interleaved,
     source_buffer,
     today,
 )
@@ -44,10 +49,14 @@ SEED = 20251129
 DEFAULT_SIZES = (64 * MiB, 256 * MiB, 1 * GiB)
 LARGE = 256 * MiB  # "beats gloo / Ray" is judged on payloads at least this big
 ALL_PEERS = ("memcpy", "socket", "gloo", "ray", "ucxx", "pull", "provision")
+INTERLEAVED = ("memcpy", "socket", "pull")
+TRANSPORTS = ("tcp", "shm", "ucx")
 METHOD = """\
 What each row measures (every buffer pre-faulted with MAP_POPULATE and reused; one
 warm-up run, then best and median of the timed runs; every cell's bytes are checked
-against the payload's xxh3 digest afterwards):
+against the payload's xxh3 digest afterwards). memcpy, the raw socket and the rlboost
+pulls alternate run by run (the targets compare them, and load on a shared machine then
+hits them alike); gloo, Ray and ucxx run one after the other:
 - memcpy: one process copies a resident buffer into another (numpy: 1 thread, torch
   copy_: all threads); the faster of the two is the ceiling.
 - raw socket: a child answers an 8-byte size request on 127.0.0.1 with sendall of 4 MiB
@@ -114,22 +123,47 @@ def build_schedule(args: argparse.Namespace) -> Schedule:
 
 # --------------------------------------------------------------------------- running
 def run_all(args, ref, dst, schedule, expect) -> tuple[list[Row], list[Missing], list]:
-    """Every selected peer, one after the other (they would contend for 2 cores)."""
+    """Every selected peer. memcpy, the raw socket and the rlboost pulls (the pairs the
+    targets compare) run interleaved; the rest one after the other (2 cores here)."""
     rows: list[Row] = []
     missing: list[Missing] = []
     provisions: list[_pull.Provision] = []
     jobs = {
-        "memcpy": lambda: _peers.measure_memcpy(ref, dst, schedule),
-        "socket": lambda: _peers.measure_socket(dst, schedule, SEED, expect),
         "gloo": lambda: _peers.measure_gloo(dst, schedule, SEED, expect),
         "ray": lambda: _peers.measure_ray(dst, schedule, SEED, expect),
         "ucxx": lambda: _run_ucx(schedule, expect),
-        "pull": lambda: _run_pulls(dst, schedule, expect, missing),
         "provision": lambda: _run_provisioning(args, ref, provisions),
     }
+    paired = [p for p in args.peers if p in INTERLEAVED]
+    if paired:
+        _run_one("+".join(paired), lambda: _run_interleaved(paired, ref, dst, schedule, expect,
+                                                             missing), rows, missing)
     for name in args.peers:
-        _run_one(name, jobs[name], rows, missing)
+        if name not in INTERLEAVED:
+            _run_one(name, jobs[name], rows, missing)
     return rows, missing, provisions
+
+
+def _run_interleaved(names, ref, dst, schedule: Schedule, expect, missing) -> list[Row]:
+    with contextlib.ExitStack() as stack:
+        sessions = []
+        if "memcpy" in names:
+            sessions += [_peers.MemcpySession(ref, dst, use_torch=t) for t in (False, True)]
+        if "socket" in names:
+            sessions.append(_peers.SocketSession(dst, max(schedule.sizes), SEED))
+            stack.callback(sessions[-1].close)
+        if "pull" in names:
+            built = _pull.built_transports()
+            missing += [Missing(f"rlboost pull ({t})", "transport not built")
+                        for t in TRANSPORTS if t not in built]
+            publisher = _pull.Publisher(SEED, max(schedule.sizes))
+            stack.callback(publisher.close)
+            for transport in (t for t in TRANSPORTS if t in built):
+                sessions.append(_pull.PullSession(publisher, transport, dst))
+                stack.callback(sessions[-1].close)
+        rows, failed = run_interleaved(sessions, schedule, dst, expect, tolerate=(RlboostError,))
+    missing += failed
+    return rows
 
 
 def _run_ucx(schedule: Schedule, expect: dict[int, str]) -> list[Row]:
@@ -137,16 +171,6 @@ def _run_ucx(schedule: Schedule, expect: dict[int, str]) -> list[Row]:
         raise ModuleNotFoundError("not installed (pip install ucxx-cu12)")
     return (_peers.measure_ucx(schedule, SEED, expect, tls="tcp")
             + _peers.measure_ucx(schedule, SEED, expect, tls=None))
-
-
-def _run_pulls(dst, schedule: Schedule, expect, missing: list[Missing]) -> list[Row]:
-    built = _pull.built_transports()
-    wanted = [t for t in ("tcp", "shm", "ucx") if t in built]
-    missing += [Missing(f"rlboost pull ({t})", "transport not built")
-                for t in ("tcp", "shm", "ucx") if t not in built]
-    rows, failed = _pull.measure_pulls(dst, schedule, SEED, expect, wanted)
-    missing += failed
-    return rows
 
 
 def _run_provisioning(args, ref, out: list) -> list[Row]:
@@ -166,7 +190,7 @@ def _run_one(name: str, job, rows: list[Row], missing: list[Missing]) -> None:
         rows.extend(job())
     except (ModuleNotFoundError, ImportError) as exc:
         missing.append(Missing(name, str(exc).splitlines()[0]))
-    except _peers.WrongBytes:
+    except WrongBytes:
         raise
     except Exception as exc:  # reported in the table and the JSON line, traceback on stderr
         traceback.print_exc(file=sys.stderr)
