@@ -1,8 +1,8 @@
 """Baseline ways to move one payload between two processes, measured beside rlboost.transfer.
 
-Each `measure_*` (or `*Session`) runs the sending side in a child process, receives into
-the caller's pre-faulted buffer (or a pre-faulted buffer of a second child) and checks
-the bytes.
+Every sender maps the same shared payload (see _common.SharedPayload). Sessions keep their
+processes open across runs so that `run_interleaved` can alternate them; ucxx runs on
+its own in two children (UCX options are per process).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from _common import (
     check,
     digest,
     free_port,
-    source_buffer,
-    time_runs,
+    open_payload,
     wait_command,
 )
 
@@ -58,6 +57,9 @@ class MemcpySession:
         else:
             np.copyto(self.dst[:n], self.ref[:n])
 
+    def close(self) -> None:
+        pass
+
 
 # --------------------------------------------------------------------------- raw socket
 def _recv_into(sock: socket.socket, view: memoryview, chunk: int) -> None:
@@ -69,9 +71,9 @@ def _recv_into(sock: socket.socket, view: memoryview, chunk: int) -> None:
         got += n
 
 
-def serve_socket(conn, max_bytes: int, seed: int, chunk: int) -> None:
+def serve_socket(conn, path: str, max_bytes: int, chunk: int) -> None:
     """Child: answer each 8-byte size request with that many payload bytes."""
-    view = memoryview(source_buffer(max_bytes, seed))
+    view = memoryview(open_payload(path, max_bytes))
     with socket.create_server(("127.0.0.1", 0)) as server:
         conn.send(("ready", server.getsockname()[1]))
         sock, _ = server.accept()
@@ -91,9 +93,9 @@ class SocketSession:
 
     key, peer, note = "socket", "raw socket (1 stream)", "4 MiB chunks"
 
-    def __init__(self, dst: np.ndarray, max_bytes: int, seed: int):
+    def __init__(self, dst: np.ndarray, path: str, max_bytes: int):
         self.view = memoryview(dst)
-        self.child = Child(serve_socket, max_bytes, seed, SOCKET_CHUNK)
+        self.child = Child(serve_socket, path, max_bytes, SOCKET_CHUNK)
         try:
             self.sock = socket.create_connection(("127.0.0.1", self.child.expect("ready")))
         except BaseException:
@@ -121,91 +123,103 @@ def _gloo_init(port: int, rank: int) -> None:
                             world_size=2, timeout=datetime.timedelta(seconds=120))
 
 
-def serve_gloo(conn, seed: int, port: int, schedule: Schedule) -> None:
-    """Child: rank 0 broadcasts the payload once per scheduled run."""
+def serve_gloo(conn, path: str, max_bytes: int, port: int) -> None:
+    """Child: rank 0, broadcasts the first n payload bytes on each ("bcast", n)."""
     import torch
     import torch.distributed as dist
 
-    src = torch.from_numpy(source_buffer(max(schedule.sizes), seed))
+    src = torch.from_numpy(open_payload(path, max_bytes))
     conn.send(("ready", None))
     _gloo_init(port, rank=0)
-    for n in schedule.sizes:
-        for _ in range(schedule.runs()):
+    try:
+        while (command := wait_command(conn))[0] == "bcast":
             dist.barrier()
-            dist.broadcast(src[:n], src=0)
-    dist.destroy_process_group()
+            dist.broadcast(src[: command[1]], src=0)
+    finally:
+        dist.destroy_process_group()
 
 
-def measure_gloo(dst: np.ndarray, schedule: Schedule, seed: int, expect: Expect) -> list[Row]:
+class GlooSession:
     """torch.distributed broadcast over gloo, two processes; receiver-timed after a barrier."""
-    import torch
-    import torch.distributed as dist
 
-    port, dst_t, rows = free_port(), torch.from_numpy(dst), []
-    with Child(serve_gloo, seed, port, schedule) as child:
-        child.expect("ready")
-        _gloo_init(port, rank=1)
+    key, peer, note = "gloo", "gloo broadcast", "timed after a barrier"
+
+    def __init__(self, dst: np.ndarray, path: str, max_bytes: int):
+        import torch
+
+        self.dst_t = torch.from_numpy(dst)
+        port = free_port()
+        self.child = Child(serve_gloo, path, max_bytes, port)
         try:
-            for n in schedule.sizes:
-                dst[:n] = 0
-                times = []
-                for i in range(schedule.runs()):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    dist.broadcast(dst_t[:n], src=0)
-                    if i >= schedule.warmup:
-                        times.append(time.perf_counter() - t0)
-                rows.append(Row("gloo", "gloo broadcast", n, times))
-                check("gloo", digest(dst[:n]), expect, n)
-        finally:
-            dist.destroy_process_group()
-    return rows
+            self.child.expect("ready")
+            _gloo_init(port, rank=1)
+        except BaseException:
+            self.child.close(timeout=1.0)
+            raise
+
+    def prepare(self, nbytes: int) -> None:
+        pass
+
+    def once(self, n: int) -> float:
+        import torch.distributed as dist
+
+        self.child.send("bcast", n)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.broadcast(self.dst_t[:n], src=0)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        self.child.send("stop")
+        dist.destroy_process_group()
+        self.child.close()
 
 
 # --------------------------------------------------------------------------- Ray
 class RaySource:
     """Actor holding the payload; each call returns a slice, which Ray puts in plasma."""
 
-    def __init__(self, max_bytes: int, seed: int):
-        self.src = source_buffer(max_bytes, seed)
+    def __init__(self, path: str, max_bytes: int):
+        self.src = open_payload(path, max_bytes)
 
     def produce(self, n: int) -> np.ndarray:
         return self.src[:n]
 
 
-def measure_ray(dst: np.ndarray, schedule: Schedule, seed: int, expect: Expect) -> list[Row]:
+class RaySession:
     """Ray object store: actor put (serialize into plasma) + driver get + one copy into dst.
 
     A get of a numpy array maps plasma zero-copy, so the copy into the destination is
     what makes the bytes usable where a puller would put them.
     """
-    import ray
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    # Workers start from the raylet's environment and must import this module.
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(num_cpus=1, object_store_memory=2 * max(schedule.sizes) + 256 * MiB,
-             include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-    rows = []
-    try:
-        actor = ray.remote(num_cpus=0)(RaySource).remote(max(schedule.sizes), seed)
+    key, peer, note = "ray", "ray object store", "put+get+copy"
+
+    def __init__(self, dst: np.ndarray, path: str, max_bytes: int):
+        import ray
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        # Workers start from the raylet's environment and must import this module.
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (here, os.environ.get("PYTHONPATH")) if p)
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        ray.init(num_cpus=1, object_store_memory=2 * max_bytes + 256 * MiB,
+                 include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+        self.ray, self.dst = ray, dst
+        self.actor = ray.remote(num_cpus=0)(RaySource).remote(path, max_bytes)
         # Fault in the object store's memory first, as every other peer's buffers are.
-        warm = [actor.produce.remote(max(schedule.sizes)) for _ in range(2)]
-        ray.get(warm)
-        del warm
-        for n in schedule.sizes:
-            dst[:n] = 0
+        ray.get([self.actor.produce.remote(max_bytes) for _ in range(2)])
 
-            def once(n=n):
-                np.copyto(dst[:n], ray.get(actor.produce.remote(n)))
+    def prepare(self, nbytes: int) -> None:
+        pass
 
-            times = time_runs(once, schedule)
-            rows.append(Row("ray", "ray object store", n, times, "put+get+copy"))
-            check("ray", digest(dst[:n]), expect, n)
-    finally:
-        ray.shutdown()
-    return rows
+    def once(self, n: int) -> None:
+        np.copyto(self.dst[:n], self.ray.get(self.actor.produce.remote(n)))
+
+    def close(self) -> None:
+        self.ray.shutdown()
 
 
 # --------------------------------------------------------------------------- UCX (ucxx)
@@ -213,11 +227,11 @@ def ucx_installed() -> bool:
     return importlib.util.find_spec("ucxx") is not None
 
 
-async def _ucx_main(conn, role: str, seed: int, schedule: Schedule) -> None:
+async def _ucx_main(conn, role: str, path: str, schedule: Schedule) -> None:
     import ucxx
 
     max_bytes = max(schedule.sizes)
-    buf = source_buffer(max_bytes, seed) if role == "server" else alloc_prefaulted(max_bytes)
+    buf = open_payload(path, max_bytes) if role == "server" else alloc_prefaulted(max_bytes)
     conn.send(("address", bytes(ucxx.get_worker_address())))
     _, peer = wait_command(conn)
     # Error handling off: with it on UCX refuses the shared-memory transports.
@@ -249,18 +263,18 @@ async def _ucx_main(conn, role: str, seed: int, schedule: Schedule) -> None:
     wait_command(conn)  # keep the endpoint alive until the other side is done
 
 
-def ucx_side(conn, role: str, seed: int, schedule: Schedule) -> None:
-    asyncio.run(_ucx_main(conn, role, seed, schedule))
+def ucx_side(conn, role: str, path: str, schedule: Schedule) -> None:
+    asyncio.run(_ucx_main(conn, role, path, schedule))
 
 
-def measure_ucx(schedule: Schedule, seed: int, expect: Expect, tls: str | None) -> list[Row]:
+def measure_ucx(schedule: Schedule, path: str, expect: Expect, tls: str | None) -> list[Row]:
     """ucxx tag send/recv between two children; tls=None lets UCX pick (cma/shm on one host)."""
     env = {"UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
     if tls:
         env["UCX_TLS"] = tls
     name, key = f"ucxx tag ({tls or 'auto'})", f"ucxx_{tls or 'auto'}"
-    with Child(ucx_side, "server", seed, schedule, env=env) as server, \
-            Child(ucx_side, "client", seed, schedule, env=env) as client:
+    with Child(ucx_side, "server", path, schedule, env=env) as server, \
+            Child(ucx_side, "client", path, schedule, env=env) as client:
         server_addr, client_addr = server.expect("address"), client.expect("address")
         server.send("peer", client_addr)
         client.send("peer", server_addr)

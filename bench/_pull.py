@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from _common import MiB, Child, WrongBytes, alloc_prefaulted, digest, source_buffer, wait_command
+from _common import MiB, Child, WrongBytes, alloc_prefaulted, digest, open_payload, wait_command
 
 PARAM_BYTES = 32 * MiB  # the payload is cut into tensors of this size, like parameters
 PULL_TIMEOUT_S = 300.0
@@ -43,12 +43,12 @@ def _config(transport: str, relay: bool = False, egress_cap: int | None = None):
 
 
 # --------------------------------------------------------------------------- publisher
-def serve_publisher(conn, seed: int, max_bytes: int, transport: str,
+def serve_publisher(conn, path: str, max_bytes: int, transport: str,
                     egress_cap: int | None) -> None:
     """Child: a trainer-side publisher that publishes the payload's first n bytes on demand."""
     from rlboost.transfer import WeightPublisher
 
-    src = source_buffer(max_bytes, seed)
+    src = open_payload(path, max_bytes)
     with WeightPublisher(_config(transport, egress_cap=egress_cap)) as pub:
         conn.send(("ready", pub.address))
         while True:
@@ -63,8 +63,8 @@ def serve_publisher(conn, seed: int, max_bytes: int, transport: str,
 class Publisher:
     """A publisher child with its address; publishes each payload size once, on demand."""
 
-    def __init__(self, seed: int, max_bytes: int, egress_cap: int | None = None):
-        self.child = Child(serve_publisher, seed, max_bytes, "auto", egress_cap)
+    def __init__(self, path: str, max_bytes: int, egress_cap: int | None = None):
+        self.child = Child(serve_publisher, path, max_bytes, "auto", egress_cap)
         self.address = self.child.expect("ready")
         self.versions: dict[int, int] = {}
 
@@ -176,10 +176,10 @@ def _one_round(trainer: Child, trainer_addr: str, comers: list[Child], version: 
 
 
 def measure_provisioning(nbytes: int, counts: tuple[int, ...], egress_cap: int, repeats: int,
-                         seed: int, expect: str, transport: str = "tcp") -> list[Provision]:
+                         path: str, expect: str, transport: str = "tcp") -> list[Provision]:
     """Time to provision 1..N simultaneous newcomers, without and with relay."""
     out = []
-    with Child(serve_publisher, seed, nbytes, transport, egress_cap) as trainer:
+    with Child(serve_publisher, path, nbytes, transport, egress_cap) as trainer:
         trainer_addr = trainer.expect("ready")
         comers = [Child(serve_newcomer, nbytes, transport) for _ in range(max(counts))]
         try:

@@ -41,7 +41,7 @@ from _common import (  # noqa: E402
     parse_size,
     render_table,
     run_interleaved,
-    source_buffer,
+    SharedPayload,
     today,
 )
 
@@ -49,14 +49,15 @@ SEED = 20251129
 DEFAULT_SIZES = (64 * MiB, 256 * MiB, 1 * GiB)
 LARGE = 256 * MiB  # "beats gloo / Ray" is judged on payloads at least this big
 ALL_PEERS = ("memcpy", "socket", "gloo", "ray", "ucxx", "pull", "provision")
-INTERLEAVED = ("memcpy", "socket", "pull")
+INTERLEAVED = ("memcpy", "socket", "gloo", "ray", "pull")
 TRANSPORTS = ("tcp", "shm", "ucx")
 METHOD = """\
-What each row measures (every buffer pre-faulted with MAP_POPULATE and reused; one
-warm-up run, then best and median of the timed runs; every cell's bytes are checked
-against the payload's xxh3 digest afterwards). memcpy, the raw socket and the rlboost
-pulls alternate run by run (the targets compare them, and load on a shared machine then
-hits them alike); gloo, Ray and ucxx run one after the other:
+What each row measures. The payload is written once into a /dev/shm file that every
+sender maps, so all peers send the same physical bytes; every destination is pre-faulted
+(MAP_POPULATE) and reused; one warm-up run, then best and median of the timed runs; each
+cell's bytes are checked against the payload's xxh3 digest after its last run. memcpy,
+the raw socket, gloo, Ray and the rlboost pulls alternate run by run, so a burst of load
+on the shared machine hits them alike; ucxx and provisioning run on their own.
 - memcpy: one process copies a resident buffer into another (numpy: 1 thread, torch
   copy_: all threads); the faster of the two is the ceiling.
 - raw socket: a child answers an 8-byte size request on 127.0.0.1 with sendall of 4 MiB
@@ -122,72 +123,77 @@ def build_schedule(args: argparse.Namespace) -> Schedule:
 
 
 # --------------------------------------------------------------------------- running
-def run_all(args, ref, dst, schedule, expect) -> tuple[list[Row], list[Missing], list]:
-    """Every selected peer. memcpy, the raw socket and the rlboost pulls (the pairs the
-    targets compare) run interleaved; the rest one after the other (2 cores here)."""
+def run_all(args, payload: SharedPayload, dst, schedule, expect) -> tuple[list, list, list]:
+    """Every selected peer: the in-process and two-process ones alternate run by run
+    (so load bursts hit all alike); ucxx and provisioning run on their own."""
     rows: list[Row] = []
     missing: list[Missing] = []
     provisions: list[_pull.Provision] = []
     jobs = {
-        "gloo": lambda: _peers.measure_gloo(dst, schedule, SEED, expect),
-        "ray": lambda: _peers.measure_ray(dst, schedule, SEED, expect),
-        "ucxx": lambda: _run_ucx(schedule, expect),
-        "provision": lambda: _run_provisioning(args, ref, provisions),
+        "ucxx": lambda: _run_ucx(schedule, payload.path, expect),
+        "provision": lambda: _run_provisioning(args, payload, provisions),
     }
-    paired = [p for p in args.peers if p in INTERLEAVED]
-    if paired:
-        _run_one("+".join(paired), lambda: _run_interleaved(paired, ref, dst, schedule, expect,
-                                                             missing), rows, missing)
+    together = [p for p in args.peers if p in INTERLEAVED]
+    if together:
+        _run_one("+".join(together), lambda: _run_interleaved(
+            together, payload, dst, schedule, expect, missing), rows, missing)
     for name in args.peers:
         if name not in INTERLEAVED:
             _run_one(name, jobs[name], rows, missing)
     return rows, missing, provisions
 
 
-def _run_interleaved(names, ref, dst, schedule: Schedule, expect, missing) -> list[Row]:
+def _run_interleaved(names, payload: SharedPayload, dst, schedule: Schedule, expect,
+                     missing: list[Missing]) -> list[Row]:
+    biggest, path = max(schedule.sizes), payload.path
+    makers = {
+        "memcpy": lambda: [_peers.MemcpySession(payload.array, dst, use_torch=t)
+                           for t in (False, True)],
+        "socket": lambda: [_peers.SocketSession(dst, path, biggest)],
+        "gloo": lambda: [_peers.GlooSession(dst, path, biggest)],
+        "ray": lambda: [_peers.RaySession(dst, path, biggest)],
+        "pull": lambda: _pull_sessions(stack, path, biggest, dst, missing),
+    }
     with contextlib.ExitStack() as stack:
         sessions = []
-        if "memcpy" in names:
-            sessions += [_peers.MemcpySession(ref, dst, use_torch=t) for t in (False, True)]
-        if "socket" in names:
-            sessions.append(_peers.SocketSession(dst, max(schedule.sizes), SEED))
-            stack.callback(sessions[-1].close)
-        if "pull" in names:
-            built = _pull.built_transports()
-            missing += [Missing(f"rlboost pull ({t})", "transport not built")
-                        for t in TRANSPORTS if t not in built]
-            publisher = _pull.Publisher(SEED, max(schedule.sizes))
-            stack.callback(publisher.close)
-            for transport in (t for t in TRANSPORTS if t in built):
-                sessions.append(_pull.PullSession(publisher, transport, dst))
-                stack.callback(sessions[-1].close)
+        for name in names:
+            opened = _guarded(name, makers[name], missing)
+            for session in opened or []:
+                stack.callback(session.close)
+            sessions += opened or []
         rows, failed = run_interleaved(sessions, schedule, dst, expect, tolerate=(RlboostError,))
     missing += failed
     return rows
 
 
-def _run_ucx(schedule: Schedule, expect: dict[int, str]) -> list[Row]:
+def _pull_sessions(stack, path: str, biggest: int, dst, missing: list[Missing]) -> list:
+    built = _pull.built_transports()
+    missing += [Missing(f"rlboost pull ({t})", "transport not built")
+                for t in TRANSPORTS if t not in built]
+    publisher = _pull.Publisher(path, biggest)
+    stack.callback(publisher.close)
+    return [_pull.PullSession(publisher, t, dst) for t in TRANSPORTS if t in built]
+
+
+def _run_ucx(schedule: Schedule, path: str, expect) -> list[Row]:
     if not _peers.ucx_installed():
         raise ModuleNotFoundError("not installed (pip install ucxx-cu12)")
-    return (_peers.measure_ucx(schedule, SEED, expect, tls="tcp")
-            + _peers.measure_ucx(schedule, SEED, expect, tls=None))
+    return (_peers.measure_ucx(schedule, path, expect, tls="tcp")
+            + _peers.measure_ucx(schedule, path, expect, tls=None))
 
 
-def _run_provisioning(args, ref, out: list) -> list[Row]:
+def _run_provisioning(args, payload: SharedPayload, out: list) -> list[Row]:
     n = args.provision_size
-    if n > len(ref):
-        ref = source_buffer(n, SEED)
     out.extend(_pull.measure_provisioning(n, args.newcomers, int(args.egress_cap),
-                                          1 if args.quick else 3, SEED, digest(ref[:n])))
+                                          1 if args.quick else 3, payload.path,
+                                          digest(payload.array[:n])))
     return []
 
 
-def _run_one(name: str, job, rows: list[Row], missing: list[Missing]) -> None:
-    """Run one peer; a peer that cannot run here is reported, not fatal."""
-    t0 = time.perf_counter()
-    print(f"[{name}] ...", file=sys.stderr, flush=True)
+def _guarded(name: str, job, missing: list[Missing]):
+    """job(), or None with the reason recorded when this peer cannot run here."""
     try:
-        rows.extend(job())
+        return job()
     except (ModuleNotFoundError, ImportError) as exc:
         missing.append(Missing(name, str(exc).splitlines()[0]))
     except WrongBytes:
@@ -195,6 +201,13 @@ def _run_one(name: str, job, rows: list[Row], missing: list[Missing]) -> None:
     except Exception as exc:  # reported in the table and the JSON line, traceback on stderr
         traceback.print_exc(file=sys.stderr)
         missing.append(Missing(name, f"failed: {str(exc).splitlines()[0][:80]}"))
+    return None
+
+
+def _run_one(name: str, job, rows: list[Row], missing: list[Missing]) -> None:
+    t0 = time.perf_counter()
+    print(f"[{name}] ...", file=sys.stderr, flush=True)
+    rows.extend(_guarded(name, job, missing) or [])
     print(f"[{name}] done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
 
@@ -320,14 +333,17 @@ def headline(rows: list[Row]) -> tuple[float | None, float | None]:
     return None, (round(memcpy[max(memcpy)], 3) if memcpy else None)
 
 
-def save_results(markdown: str, argv: list[str]) -> str:
+def save_results(markdown: str, argv: list[str], load: tuple[float, float]) -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(here, "results", f"transfer_{hardware_tag()}_{today()}.md")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     command = " ".join(["python bench/transfer_bandwidth.py", *argv])
     with open(path, "w") as f:
         f.write(f"# Transfer bandwidth, {hardware_tag()}, {today()}\n\n")
-        f.write(f"Command: `{command}`\n\n{METHOD}\n{markdown}")
+        f.write(f"Command: `{command}`\n\n")
+        f.write(f"Load average (1 min) at start / end: {load[0]:.1f} / {load[1]:.1f} on "
+                f"{os.cpu_count()} cores (the machine is shared; compare ratios, not "
+                f"absolute figures).\n\n{METHOD}\n{markdown}")
     return path
 
 
@@ -335,17 +351,20 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     schedule = build_schedule(args)
+    load_at_start = os.getloadavg()[0]
     biggest = max(schedule.sizes)
-    ref, dst = source_buffer(biggest, SEED), alloc_prefaulted(biggest)
-    expect = {n: digest(ref[:n]) for n in schedule.sizes}
-    rows, missing, provisions = run_all(args, ref, dst, schedule, expect)
+    dst = alloc_prefaulted(biggest)
+    with SharedPayload(max(biggest, args.provision_size), SEED) as payload:
+        expect = {n: digest(payload.array[:n]) for n in schedule.sizes}
+        rows, missing, provisions = run_all(args, payload, dst, schedule, expect)
     ratios = compute_ratios(rows, provisions)
     markdown = bandwidth_table(rows, missing) + "\n"
     if provisions:
         markdown += provision_table(provisions, args.egress_cap) + "\n"
     markdown += ratio_table(ratios)
     if args.save:
-        print(f"saved {save_results(markdown, argv)}", file=sys.stderr)
+        path = save_results(markdown, argv, (load_at_start, os.getloadavg()[0]))
+        print(f"saved {path}", file=sys.stderr)
     value, ceiling = headline(rows)
     peers = json_peers(rows, missing, ratios, provisions, args)
     emit_json("tcp_pull_GBps", value, "GB/s", ceiling, peers)
