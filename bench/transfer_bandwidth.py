@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 import traceback
@@ -350,6 +351,8 @@ def save_results(markdown: str, argv: list[str], load: tuple[float, float]) -> s
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    # A terminated run still unwinds, so the shared payload file is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     schedule = build_schedule(args)
     load_at_start = os.getloadavg()[0]
     biggest = max(schedule.sizes)
