@@ -289,7 +289,13 @@ void BindUtilities(py::module_& m) {
       py::arg("manifest") = static_cast<int>(FrameType::kManifest),
       py::arg("chunk_request") = static_cast<int>(FrameType::kChunkRequest),
       py::arg("chunk") = static_cast<int>(FrameType::kChunk),
-      py::arg("error") = static_cast<int>(FrameType::kError));
+      py::arg("have_request") = static_cast<int>(FrameType::kHaveRequest),
+      py::arg("have") = static_cast<int>(FrameType::kHave),
+      py::arg("shm_open_request") = static_cast<int>(FrameType::kShmOpenRequest),
+      py::arg("error") = static_cast<int>(FrameType::kError),
+      py::arg("reply_ok") = static_cast<int>(ReplyStatus::kOk),
+      py::arg("reply_not_held") = static_cast<int>(ReplyStatus::kNotHeld),
+      py::arg("reply_unknown_version") = static_cast<int>(ReplyStatus::kUnknownVersion));
 }
 
 }  // namespace

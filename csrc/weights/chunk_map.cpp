@@ -1,20 +1,26 @@
 // Chunk claiming, source knowledge and the "can anyone still serve this?" check.
 #include "weights/chunk_map.h"
 
+#include <algorithm>
 #include <limits>
+#include <numeric>
+#include <random>
 
 namespace rlboost {
 
-ChunkMap::ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t start)
+ChunkMap::ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t seed)
     : n_(num_chunks),
-      start_(num_chunks ? start % num_chunks : 0),
+      order_(num_chunks),
       state_(num_chunks, kMissing),
       rarity_(num_chunks, 0),
       known_(num_sources, std::vector<uint8_t>(num_chunks, kUnknown)),
       known_count_(num_sources, 0),
       alive_(num_sources, true),
       may_grow_(num_sources, false),
-      cause_(num_sources) {}
+      cause_(num_sources) {
+  std::iota(order_.begin(), order_.end(), 0u);
+  std::shuffle(order_.begin(), order_.end(), std::mt19937(seed));
+}
 
 void ChunkMap::BumpLocked() {
   ++epoch_;
@@ -55,7 +61,7 @@ ChunkMap::Claim ChunkMap::TryClaim(size_t s, uint32_t* chunk) {
   uint32_t best = n_;
   uint16_t best_rarity = std::numeric_limits<uint16_t>::max();
   for (uint32_t i = 0; i < n_; ++i) {
-    uint32_t c = start_ + i < n_ ? start_ + i : start_ + i - n_;
+    uint32_t c = order_[i];
     if (state_[c] != kMissing || known[c] != kHas || rarity_[c] >= best_rarity) continue;
     best = c;
     best_rarity = rarity_[c];
@@ -73,6 +79,7 @@ bool ChunkMap::Held(uint32_t chunk) {
   if (fresh) {
     state_[chunk] = kHeldChunk;
     ++held_;
+    last_progress_ = Deadline::Clock::now();
   }
   BumpLocked();
   return fresh;
@@ -114,6 +121,7 @@ void ChunkMap::RetireSource(size_t s, const Status& cause) {
   if (!alive_[s]) return;
   alive_[s] = false;
   cause_[s] = cause;
+  last_cause_ = cause;
   for (uint32_t c = 0; c < n_; ++c) {
     if (known_[s][c] == kHas) --rarity_[c];
   }
@@ -140,6 +148,17 @@ void ChunkMap::CheckServableLocked(const Status& cause) {
       return;
     }
   }
+}
+
+void ChunkMap::FailIfStalled(double stall_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FinishedLocked()) return;
+  double idle = std::chrono::duration<double>(Deadline::Clock::now() - last_progress_).count();
+  if (idle < stall_s) return;
+  std::string why = "no chunk arrived for " + std::to_string(static_cast<int>(idle)) + " s";
+  if (!last_cause_.ok()) why += "; last source failure: " + last_cause_.message();
+  failure_ = Status(Code::kTimeout, why);
+  BumpLocked();
 }
 
 void ChunkMap::WaitForChange(uint64_t* epoch, Deadline d) {

@@ -1,7 +1,7 @@
 // ChunkMap: which chunks of one pull are missing, in flight or held, and what each source
 // is known to hold. Lanes claim the rarest missing chunk their source holds (so the
-// trainer spends its egress on chunks no peer can give yet), starting from a per-puller
-// random offset (so simultaneous newcomers ask the trainer for different chunks). A held
+// trainer spends its egress on chunks no peer can give yet), ties broken in a per-puller
+// random order (so simultaneous newcomers ask the trainer for different chunks). A held
 // chunk is never requested again; a failed one goes back to missing.
 #pragma once
 
@@ -20,7 +20,7 @@ class ChunkMap {
  public:
   enum class Claim { kClaimed, kNone, kFinished };
 
-  ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t start);
+  ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t seed);
 
   // Marks chunks held before the pull started (resuming an earlier attempt).
   void SeedHeld(const std::vector<uint8_t>& bitmap);
@@ -37,6 +37,9 @@ class ChunkMap {
   void RetireSource(size_t s, const Status& cause);
   void Cancel(const Status& why);
 
+  // Fails the pull when no chunk arrived for stall_s seconds although chunks are missing
+  // (e.g. only peers are left and they wait on each other).
+  void FailIfStalled(double stall_s);
   // Blocks until anything changes after *epoch (or the deadline); updates *epoch.
   void WaitForChange(uint64_t* epoch, Deadline d);
   bool finished() const;
@@ -59,7 +62,7 @@ class ChunkMap {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint32_t n_;
-  uint32_t start_;
+  std::vector<uint32_t> order_;  // claim order: a random permutation
   std::vector<uint8_t> state_;
   std::vector<uint16_t> rarity_;  // alive sources known to hold each chunk
   std::vector<std::vector<uint8_t>> known_;
@@ -69,6 +72,8 @@ class ChunkMap {
   uint32_t held_ = 0;
   uint64_t epoch_ = 0;
   Status failure_;
+  Status last_cause_;
+  Deadline::Clock::time_point last_progress_ = Deadline::Clock::now();
 };
 
 }  // namespace rlboost

@@ -13,8 +13,8 @@ struct PullJob::Source {
   std::mutex mu;
   std::unique_ptr<Transport> transport;
   bool auto_choice = false;
-  std::atomic<bool> polling{false};
   std::atomic<uint32_t> last_have{0};
+  bool pending = false;
   std::atomic<uint64_t> bytes{0}, chunks{0}, not_held{0}, bad{0}, reconnects{0};
   std::string error;
 };
@@ -58,6 +58,7 @@ PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSou
     auto src = std::make_unique<Source>();
     src->session = std::move(sources[s].session);
     src->last_have = sources[s].held.held_count;
+    src->pending = sources[s].pending;
     map_.UpdateSource(s, sources[s].held, true);
     sources_.push_back(std::move(src));
   }
@@ -68,6 +69,7 @@ PullJob::~PullJob() {
   for (auto& lane : lanes_) {
     if (lane->thread.joinable()) lane->thread.join();
   }
+  for (auto& w : watchers_) w.join();
   lanes_.clear();
 }
 
@@ -96,6 +98,13 @@ Status PullJob::Start() {
     }
   }
   running_ = static_cast<int>(lanes_.size());
+  has_watcher_.assign(sources_.size(), false);
+  for (size_t s = 0; s < sources_.size(); ++s) {
+    if (map_.source_may_grow(s)) {
+      has_watcher_[s] = true;
+      watchers_.emplace_back([this, s] { RunWatcher(s); });
+    }
+  }
   for (auto& lane : lanes_) lane->thread = std::thread([this, l = lane.get()] { RunLane(l); });
   return Status::Ok();
 }
@@ -197,25 +206,34 @@ void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
   }
 }
 
-bool PullJob::IdleLane(Lane* lane, uint64_t* epoch) {
-  Source& src = *sources_[lane->source];
-  if (map_.source_may_grow(lane->source) && !src.polling.exchange(true)) {
-    // A relay that is still pulling: wait on it (not on us) until it holds more.
+void PullJob::RunWatcher(size_t s) {
+  Source& src = *sources_[s];
+  bool seen = !src.pending;
+  while (!map_.finished() && map_.source_may_grow(s)) {
     HeldState held;
     Status st = src.session->FetchHave(manifest_.version, src.last_have, opts_.have_wait_ms, &held,
                                        Deadline::After(opts_.request_timeout_s));
-    src.polling = false;
+    if (map_.finished()) return;
+    if (!seen && st.code() == Code::kUnknownVersion) continue;  // not started there yet
+    if (st.ok() && !seen) {
+      Manifest theirs;
+      st = src.session->FetchManifest(manifest_.version, &theirs, Deadline::After(opts_.request_timeout_s));
+      if (st.ok() && !theirs.SameLayout(manifest_)) {
+        st = Status(Code::kProtocol, "peer's manifest differs from the agreed one");
+      }
+      seen = true;
+    }
     if (!st.ok()) {
-      FailLane(lane, st);
-      if (!Permanent(st.code())) map_.RetireSource(lane->source, st);
-      return false;
+      {
+        std::lock_guard<std::mutex> lock(src.mu);
+        src.error = st.message();
+      }
+      map_.RetireSource(s, st);
+      return;
     }
     src.last_have = held.held_count;
-    map_.UpdateSource(lane->source, held, true);
-    return true;
+    map_.UpdateSource(s, held, true);
   }
-  map_.WaitForChange(epoch, Deadline::After(0.25));
-  return true;
 }
 
 void PullJob::RunLane(Lane* lane) {
@@ -246,7 +264,8 @@ void PullJob::RunLane(Lane* lane) {
     }
     if (!lane->stream) continue;
     if (lane->in_flight.empty()) {
-      if (!IdleLane(lane, &epoch)) break;
+      map_.WaitForChange(&epoch, Deadline::After(0.25));
+      map_.FailIfStalled(opts_.request_timeout_s);
       continue;
     }
     ChunkRead r = lane->in_flight.front().first;
@@ -266,7 +285,13 @@ void PullJob::RunLane(Lane* lane) {
     lane->stream.reset();
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (--running_ == 0) cv_.notify_all();
+  if (--running_ == 0) {
+    // Watchers may sit in a long poll; closing their control connections ends it now.
+    for (size_t i = 0; i < sources_.size(); ++i) {
+      if (i < has_watcher_.size() && has_watcher_[i]) sources_[i]->session->Abort();
+    }
+    cv_.notify_all();
+  }
 }
 
 PullStats PullJob::stats() const {

@@ -30,13 +30,16 @@ struct PullOptions {
   double request_timeout_s = 60.0;
   double connect_timeout_s = 10.0;
   int reconnect_attempts = 2;
-  uint32_t have_wait_ms = 200;  // long-poll of a relay that holds nothing new yet
+  uint32_t have_wait_ms = 500;  // long-poll of a relay's held chunks
 };
 
-// One source, resolved for the version being pulled.
+// One source, resolved for the version being pulled. A source still pulling the version
+// itself (a relay) gets a watcher thread that long-polls its held chunks, so lanes of
+// every source claim with fresh knowledge of what the peers hold.
 struct PullSource {
   std::unique_ptr<SourceSession> session;
   HeldState held;
+  bool pending = false;  // reachable, but did not hold the version when resolved
 };
 
 struct SourceStats {
@@ -79,7 +82,7 @@ class PullJob {
   struct Lane;
   void RunLane(Lane* lane);
   Status OpenStream(Lane* lane);
-  bool IdleLane(Lane* lane, uint64_t* epoch);
+  void RunWatcher(size_t s);
   void FailLane(Lane* lane, const Status& st);
   void OnReadDone(Lane* lane, ChunkRead& read);
   void ReleaseInFlight(Lane* lane, const Status& cause);
@@ -91,6 +94,8 @@ class PullJob {
   ChunkMap map_;
   std::vector<std::unique_ptr<Source>> sources_;
   std::vector<std::unique_ptr<Lane>> lanes_;
+  std::vector<std::thread> watchers_;
+  std::vector<bool> has_watcher_;
   std::atomic<uint64_t> bytes_done_{0}, requests_{0}, fetched_{0}, refetched_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -71,13 +71,23 @@ Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
   }
   const Manifest* reference = nullptr;
   Status worst;
+  bool any_holds = false;
+  for (auto& p : probes) any_holds = any_holds || p.status.ok();
   out->sources.clear();
   out->skipped.clear();
+  std::vector<PullSource> pending_sources;
   for (size_t i = 0; i < probes.size(); ++i) {
     Probe& p = probes[i];
     if (p.status.ok() && reference != nullptr && !p.manifest.SameLayout(*reference)) {
       p.status = Status(Code::kProtocol, "manifest differs from the other sources' for version " +
                                              std::to_string(target));
+    }
+    if (p.status.code() == Code::kUnknownVersion && p.session && any_holds) {
+      // A reachable peer without the version yet (it may be starting the same pull):
+      // watched, and used once it holds chunks with the agreed layout.
+      PullSource pending{std::move(p.session), HeldState{}, true};
+      pending_sources.push_back(std::move(pending));
+      continue;
     }
     if (!p.status.ok()) {
       std::string where = sources_[i].host + ":" + std::to_string(sources_[i].port);
@@ -92,7 +102,12 @@ Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
       reference = &p.manifest;
       out->manifest = p.manifest;
     }
-    out->sources.push_back(PullSource{std::move(p.session), std::move(p.held)});
+    out->sources.push_back(PullSource{std::move(p.session), std::move(p.held), false});
+  }
+  for (auto& p : pending_sources) {
+    p.held.num_chunks = out->manifest.num_chunks();
+    p.held.bitmap.assign((p.held.num_chunks + 7) / 8, 0);
+    out->sources.push_back(std::move(p));
   }
   if (out->sources.empty()) {
     if (worst.ok()) worst = Status(Code::kInvalidArgument, "no usable source (only this process's own relay)");

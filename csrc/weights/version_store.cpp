@@ -133,6 +133,7 @@ Status VersionStore::Commit(int64_t version, uint32_t chunk_bytes, std::string m
   std::lock_guard<std::mutex> lock(sync_->mu);
   staged_.erase(version);
   live_[version] = e;
+  sync_->cv.notify_all();
   std::vector<int64_t> committed;
   for (auto& kv : live_) {
     if (!kv.second->partial) committed.push_back(kv.first);
@@ -161,6 +162,7 @@ Status VersionStore::AddPartial(const Manifest& m, std::shared_ptr<Region> regio
     return Status(Code::kInvalidArgument, "version " + std::to_string(m.version) + " is already served");
   }
   live_[m.version] = e;
+  sync_->cv.notify_all();
   return Status::Ok();
 }
 
@@ -231,7 +233,8 @@ Status VersionStore::Have(int64_t version, uint32_t known, uint32_t wait_ms,
   std::shared_ptr<Entry> e;
   sync_->cv.wait_until(lock, until, [&] {
     e = FindLocked(version);
-    return e == nullptr || e->held.held_count > known || e->complete() || stop();
+    // A version not (yet) held is waited for too: a peer may register it any moment.
+    return (e != nullptr && (e->held.held_count > known || e->complete())) || stop();
   });
   if (e == nullptr) return Status(Code::kUnknownVersion, "version " + std::to_string(version) + " is not held here");
   *out = e->held;

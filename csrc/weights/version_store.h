@@ -51,7 +51,8 @@ class VersionStore : public ServingBackend {
   int64_t Latest() const;
   std::vector<int64_t> Versions() const;
   Status EncodedManifest(int64_t version, std::string* out) const;  // -1 = latest
-  // Held chunks of a version; waits up to wait_ms for more than `known` when it has no more.
+  // Held chunks of a version; waits up to wait_ms for more than `known` (or for the
+  // version to appear) before answering.
   Status Have(int64_t version, uint32_t known, uint32_t wait_ms, const std::function<bool()>& stop,
               HeldState* out);
   // Wakes Have() waiters so a closing server's threads return promptly.

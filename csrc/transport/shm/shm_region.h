@@ -19,8 +19,10 @@ class SharedMapping {
   // A new zero-filled, writable region of nbytes (pages populated up front, because
   // first-touch faults would otherwise dominate the first write).
   static Status Create(uint64_t nbytes, std::unique_ptr<SharedMapping>* out);
-  // Maps another process's region read-only through /proc/<pid>/fd/<fd>.
-  static Status OpenRemote(uint32_t pid, int fd, uint64_t nbytes, std::unique_ptr<SharedMapping>* out);
+  // Maps another process's region read-only through /proc/<pid>/fd/<fd>. Mappings are
+  // cached per memfd (a publisher reuses its regions across versions), because mapping
+  // costs a page fault per 4 KiB page, more than the copy itself.
+  static Status OpenRemote(uint32_t pid, int fd, uint64_t nbytes, std::shared_ptr<SharedMapping>* out);
 
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }

@@ -113,9 +113,7 @@ class ShmTransport : public Transport {
     if (size < opts.region_bytes) return Status(Code::kProtocol, "shared region is too small");
     link_ = &link;
     version_ = version;
-    std::unique_ptr<SharedMapping> m;
-    RLB_RETURN_IF_ERROR(SharedMapping::OpenRemote(pid, static_cast<int>(fd), opts.region_bytes, &m));
-    mapping_ = std::move(m);
+    RLB_RETURN_IF_ERROR(SharedMapping::OpenRemote(pid, static_cast<int>(fd), opts.region_bytes, &mapping_));
     return Status::Ok();
   }
 
