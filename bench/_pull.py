@@ -36,10 +36,12 @@ def named_views(buf: np.ndarray, nbytes: int) -> dict:
     }
 
 
-def _config(transport: str, relay: bool = False, egress_cap: int | None = None):
+def _config(transport: str, relay: bool = False, egress_cap: int | None = None,
+            overrides: dict | None = None):
     from rlboost.transfer import TransferConfig
 
-    return TransferConfig(transport=transport, relay=relay, egress_bytes_per_s=egress_cap)
+    return TransferConfig(transport=transport, relay=relay, egress_bytes_per_s=egress_cap,
+                          **(overrides or {}))
 
 
 # --------------------------------------------------------------------------- publisher
@@ -85,12 +87,13 @@ class Publisher:
 class PullSession:
     """rlboost pull over one transport into the shared destination (relay off)."""
 
-    def __init__(self, publisher: Publisher, transport: str, dst: np.ndarray):
+    def __init__(self, publisher: Publisher, transport: str, dst: np.ndarray,
+                 overrides: dict | None = None):
         import torch
         from rlboost.transfer import WeightPuller
 
         self.publisher, self.into = publisher, torch.from_numpy(dst)
-        self.puller = WeightPuller([publisher.address], _config(transport))
+        self.puller = WeightPuller([publisher.address], _config(transport, overrides=overrides))
         self.key, self.peer, self.note = f"{transport}_pull", f"rlboost pull ({transport})", ""
         self.version = 0
 
@@ -125,7 +128,7 @@ class Provision:
         return statistics.median(self.seconds)
 
 
-def serve_newcomer(conn, nbytes: int, transport: str) -> None:
+def serve_newcomer(conn, nbytes: int, transport: str, overrides: dict | None) -> None:
     """Child: one newcomer. Per round: open a puller (serving what it holds when relaying),
     announce its address, pull on 'go', report when done, close on 'close'."""
     import torch
@@ -139,7 +142,7 @@ def serve_newcomer(conn, nbytes: int, transport: str) -> None:
         if kind == "stop":
             return
         version, relay = payload
-        with WeightPuller([], _config(transport, relay=relay)) as puller:
+        with WeightPuller([], _config(transport, relay=relay, overrides=overrides)) as puller:
             conn.send(("address", puller.relay_address))
             _, sources = wait_command(conn)
             pulled = puller.pull(version=version, into=into, sources=sources,
@@ -176,12 +179,15 @@ def _one_round(trainer: Child, trainer_addr: str, comers: list[Child], version: 
 
 
 def measure_provisioning(nbytes: int, counts: tuple[int, ...], egress_cap: int, repeats: int,
-                         path: str, expect: str, transport: str = "tcp") -> list[Provision]:
-    """Time to provision 1..N simultaneous newcomers, without and with relay."""
+                         path: str, expect: str, overrides: dict | None = None,
+                         transport: str = "tcp") -> list[Provision]:
+    """Time to provision 1..N simultaneous newcomers, without and with relay
+    (`overrides`: TransferConfig fields for the newcomers' pullers)."""
     out = []
     with Child(serve_publisher, path, nbytes, transport, egress_cap) as trainer:
         trainer_addr = trainer.expect("ready")
-        comers = [Child(serve_newcomer, nbytes, transport) for _ in range(max(counts))]
+        comers = [Child(serve_newcomer, nbytes, transport, overrides)
+                  for _ in range(max(counts))]
         try:
             for c in comers:
                 c.expect("ready")

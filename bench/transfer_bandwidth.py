@@ -95,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--egress-cap", type=float, default=300e6,
                    help="trainer egress cap in bytes/s during provisioning (default 300e6)")
     p.add_argument("--newcomers", default="1,2,4", help="newcomer counts to provision")
+    p.add_argument("--pull-config", type=_pull_config, default={},
+                   help="TransferConfig fields for every puller, e.g. streams=1,max_in_flight=1 "
+                        "(default: the library's defaults)")
     p.add_argument("--save", action="store_true",
                    help="also write bench/results/transfer_<hardware>_<date>.md")
     args = p.parse_args(argv)
@@ -108,6 +111,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown peers {sorted(unknown)}; choose from {ALL_PEERS}")
     return args
+
+
+def _pull_config(text: str) -> dict[str, int]:
+    """'streams=1,max_in_flight=1' -> {'streams': 1, 'max_in_flight': 1}."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise argparse.ArgumentTypeError(f"expected KEY=INTEGER, got {item!r}")
+        out[key.strip()] = int(value)
+    return out
 
 
 def build_schedule(args: argparse.Namespace) -> Schedule:
@@ -137,7 +151,7 @@ def run_all(args, payload: SharedPayload, dst, schedule, expect) -> tuple[list, 
     together = [p for p in args.peers if p in INTERLEAVED]
     if together:
         _run_one("+".join(together), lambda: _run_interleaved(
-            together, payload, dst, schedule, expect, missing), rows, missing)
+            together, payload, dst, schedule, expect, missing, args.pull_config), rows, missing)
     for name in args.peers:
         if name not in INTERLEAVED:
             _run_one(name, jobs[name], rows, missing)
@@ -145,7 +159,7 @@ def run_all(args, payload: SharedPayload, dst, schedule, expect) -> tuple[list, 
 
 
 def _run_interleaved(names, payload: SharedPayload, dst, schedule: Schedule, expect,
-                     missing: list[Missing]) -> list[Row]:
+                     missing: list[Missing], pull_config: dict) -> list[Row]:
     biggest, path = max(schedule.sizes), payload.path
     makers = {
         "memcpy": lambda: [_peers.MemcpySession(payload.array, dst, use_torch=t)
@@ -153,7 +167,7 @@ def _run_interleaved(names, payload: SharedPayload, dst, schedule: Schedule, exp
         "socket": lambda: [_peers.SocketSession(dst, path, biggest)],
         "gloo": lambda: [_peers.GlooSession(dst, path, biggest)],
         "ray": lambda: [_peers.RaySession(dst, path, biggest)],
-        "pull": lambda: _pull_sessions(stack, path, biggest, dst, missing),
+        "pull": lambda: _pull_sessions(stack, path, biggest, dst, missing, pull_config),
     }
     with contextlib.ExitStack() as stack:
         sessions = []
@@ -167,13 +181,14 @@ def _run_interleaved(names, payload: SharedPayload, dst, schedule: Schedule, exp
     return rows
 
 
-def _pull_sessions(stack, path: str, biggest: int, dst, missing: list[Missing]) -> list:
+def _pull_sessions(stack, path: str, biggest: int, dst, missing: list[Missing],
+                   pull_config: dict) -> list:
     built = _pull.built_transports()
     missing += [Missing(f"rlboost pull ({t})", "transport not built")
                 for t in TRANSPORTS if t not in built]
     publisher = _pull.Publisher(path, biggest)
     stack.callback(publisher.close)
-    return [_pull.PullSession(publisher, t, dst) for t in TRANSPORTS if t in built]
+    return [_pull.PullSession(publisher, t, dst, pull_config) for t in TRANSPORTS if t in built]
 
 
 def _run_ucx(schedule: Schedule, path: str, expect) -> list[Row]:
@@ -187,7 +202,7 @@ def _run_provisioning(args, payload: SharedPayload, out: list) -> list[Row]:
     n = args.provision_size
     out.extend(_pull.measure_provisioning(n, args.newcomers, int(args.egress_cap),
                                           1 if args.quick else 3, payload.path,
-                                          digest(payload.array[:n])))
+                                          digest(payload.array[:n]), args.pull_config))
     return []
 
 

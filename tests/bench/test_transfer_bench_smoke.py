@@ -51,7 +51,11 @@ def test_quick_run_covers_every_peer_and_provisioning():
     assert "provision2_relay/no_relay" in peers["ratios"]
 
 
-def test_unknown_peer_is_a_usage_error():
-    proc = _run("--peers", "memcpy,carrier-pigeon", timeout=60)
+@pytest.mark.parametrize("args, named", [
+    (("--peers", "memcpy,carrier-pigeon"), "carrier-pigeon"),
+    (("--pull-config", "streams"), "KEY=INTEGER"),
+])
+def test_bad_arguments_are_usage_errors(args, named):
+    proc = _run(*args, timeout=60)
     assert proc.returncode == 2
-    assert "carrier-pigeon" in proc.stderr
+    assert named in proc.stderr
