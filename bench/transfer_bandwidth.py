@@ -29,10 +29,10 @@ from rlboost.errors import RlboostError  # noqa: E402
 from _common import (  # noqa: E402
     GiB,
     MiB,
-    ChildFailed,
     Missing,
     Row,
     Schedule,
+    SharedPayload,
     WrongBytes,
     alloc_prefaulted,
     digest,
@@ -42,7 +42,6 @@ from _common import (  # noqa: E402
     parse_size,
     render_table,
     run_interleaved,
-    SharedPayload,
     today,
 )
 
@@ -86,10 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", type=lambda s: tuple(parse_size(x) for x in s.split(",")),
                    help="comma-separated payload sizes, e.g. 64M,256M,1G")
     p.add_argument("--quick", action="store_true", help="64 MiB only, 2 repeats (~20 s)")
-    p.add_argument("--big", action="store_true", help="add a 2 GiB payload (needs ~10 GiB)")
+    p.add_argument("--big", action="store_true", help="add a 2 GiB payload (needs ~13 GiB free)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per cell (after 1 warm-up)")
     p.add_argument("--peers", default=",".join(ALL_PEERS),
-                   help=f"which baselines to run (default: all of {','.join(ALL_PEERS)})")
+                   help=f"what to measure (default: all of {','.join(ALL_PEERS)})")
     p.add_argument("--provision-size", type=parse_size, default=256 * MiB,
                    help="payload of the provisioning runs (default 256M; 64M with --quick)")
     p.add_argument("--egress-cap", type=float, default=300e6,
@@ -276,6 +275,7 @@ def compute_ratios(rows: list[Row], provisions: list) -> dict[str, dict[str, flo
         "shm_pull/memcpy": _ratio(by.get("shm_pull", {}), memcpy, sizes),
         "tcp_pull/ucxx_tcp": _ratio(by.get("tcp_pull", {}), by.get("ucxx_tcp", {}), sizes),
         "shm_pull/ucxx_auto": _ratio(by.get("shm_pull", {}), by.get("ucxx_auto", {}), sizes),
+        "ucx_pull/ucxx_auto": _ratio(by.get("ucx_pull", {}), by.get("ucxx_auto", {}), sizes),
         "socket/memcpy": _ratio(by.get("socket", {}), memcpy, sizes),
     }
     for mine in ("tcp_pull", "shm_pull"):
@@ -368,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # A terminated run still unwinds, so the shared payload file is removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # Keep UCX (rlboost's ucx transport and the ucxx peers) on loopback; children inherit.
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
     schedule = build_schedule(args)
     load_at_start = os.getloadavg()[0]
     biggest = max(schedule.sizes)
