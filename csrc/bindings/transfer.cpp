@@ -236,13 +236,16 @@ void BindPuller(py::module_& m) {
 }
 
 void BindUtilities(py::module_& m) {
-  m.def("crc32c", [](py::buffer b, uint32_t crc) {
-        py::buffer_info info = b.request();
-        const auto* p = static_cast<const uint8_t*>(info.ptr);
-        size_t n = static_cast<size_t>(info.size * info.itemsize);
-        py::gil_scoped_release release;
-        return Crc32cExtend(crc, p, n);
-      }, py::arg("data"), py::arg("crc") = 0, "CRC-32C of a buffer, continuing from `crc`.");
+  m.def("crc32c", [](py::object data, uint32_t crc) {
+        Py_buffer view;  // PyBUF_SIMPLE: contiguous bytes, or a BufferError
+        if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+        {
+          py::gil_scoped_release release;
+          crc = Crc32cExtend(crc, view.buf, static_cast<size_t>(view.len));
+        }
+        PyBuffer_Release(&view);
+        return crc;
+      }, py::arg("data"), py::arg("crc") = 0, "CRC-32C of a contiguous buffer, continuing from `crc`.");
   m.def("crc32c_portable", [](py::bytes b) {
         std::string s = b;
         return Crc32cExtendPortable(0, s.data(), s.size());

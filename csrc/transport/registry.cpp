@@ -31,11 +31,12 @@ Status MakeTransport(const std::string& name, std::unique_ptr<Transport>* out) {
   return Status::Ok();
 }
 
-std::vector<std::unique_ptr<TransportService>> MakeTransportServices() {
+std::vector<std::unique_ptr<TransportService>> MakeTransportServices(const ServiceOptions& opts) {
   std::vector<std::unique_ptr<TransportService>> services;
   services.push_back(MakeShmService());
+  (void)opts;
 #ifdef RLBOOST_HAS_UCX
-  services.push_back(MakeUcxService());
+  services.push_back(MakeUcxService(opts));
 #endif
   return services;
 }

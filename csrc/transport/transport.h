@@ -115,6 +115,13 @@ struct ServiceConnection {
   Socket* socket = nullptr;
   uint64_t request_id = 0;
   std::vector<std::pair<int64_t, RegionLease>> region_leases;
+  std::vector<std::shared_ptr<void>> state;  // anything else a service keeps per connection
+};
+
+// Where a server's services may listen (a transport with its own listener binds here).
+struct ServiceOptions {
+  std::string host = "127.0.0.1";
+  int ucx_port = 0;  // 0: any free port
 };
 
 class TransportService {
@@ -133,6 +140,6 @@ std::vector<std::string> BuiltTransports();
 // A fresh client-side transport by name; kInvalidArgument for an unknown or unbuilt one.
 Status MakeTransport(const std::string& name, std::unique_ptr<Transport>* out);
 // Server-side services for every built transport that needs one.
-std::vector<std::unique_ptr<TransportService>> MakeTransportServices();
+std::vector<std::unique_ptr<TransportService>> MakeTransportServices(const ServiceOptions& opts);
 
 }  // namespace rlboost

@@ -11,7 +11,7 @@
 namespace rlboost {
 
 WeightServer::WeightServer(const ServerOptions& opts, std::shared_ptr<VersionStore> store)
-    : opts_(opts), store_(std::move(store)), services_(MakeTransportServices()) {
+    : opts_(opts), store_(std::move(store)), services_(MakeTransportServices(ServiceOptions{opts.host, opts.ucx_port})) {
   if (opts_.egress_bytes_per_s > 0) limiter_ = std::make_unique<RateLimiter>(opts_.egress_bytes_per_s);
 }
 
@@ -30,10 +30,7 @@ Status WeightServer::Start(const ServerOptions& opts, std::shared_ptr<VersionSto
 WeightServer::~WeightServer() { Close(); }
 
 void WeightServer::Close() {
-  if (closing_.exchange(true)) {
-    if (accept_thread_.joinable()) accept_thread_.join();
-    return;
-  }
+  if (closing_.exchange(true)) return;  // the first caller does (or did) the work
   listener_.Shutdown();
   if (accept_thread_.joinable()) accept_thread_.join();
   if (limiter_) limiter_->Close();
@@ -157,12 +154,19 @@ Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, Ser
     default:
       break;
   }
+  // One-sided transports bypass the pacer, so a server with an egress cap serves over
+  // TCP only (an "auto" puller then falls back to TCP).
+  bool paced_away = limiter_ != nullptr &&
+                    (h.type == FrameType::kShmOpenRequest || h.type == FrameType::kUcxOpenRequest);
   for (auto& svc : services_) {
-    if (svc->Handles(h.type)) {
+    if (!paced_away && svc->Handles(h.type)) {
       conn.request_id = h.request_id;
       return svc->Handle(h, body, conn, *store_, d);
     }
   }
+  // A transport this build lacks: say so, so the client can choose another.
+  if (h.type == FrameType::kShmOpenRequest) return SendFrame(s, FrameType::kShmOpen, static_cast<uint32_t>(ReplyStatus::kUnavailable), h.request_id, "", d);
+  if (h.type == FrameType::kUcxOpenRequest) return SendFrame(s, FrameType::kUcxOpen, static_cast<uint32_t>(ReplyStatus::kUnavailable), h.request_id, "", d);
   return Status(Code::kProtocol, std::string("unexpected ") + FrameTypeName(h.type) +
                                      " frame from a client");
 }

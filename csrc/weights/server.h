@@ -29,6 +29,7 @@ struct ServerOptions {
   double frame_timeout_s = 30.0;  // a started frame must finish within this
   double send_timeout_s = 300.0;  // one response, including pacing
   int max_connections = 256;
+  int ucx_port = 0;  // UCX listener (when built); 0: any free port
 };
 
 struct ServerStats {

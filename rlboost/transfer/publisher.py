@@ -61,9 +61,14 @@ class WeightPublisher:
     def commit(self, version: int) -> Manifest:
         """Checksums the staged bytes and starts serving `version`; returns its manifest."""
         self._check_open()
-        manifest, _ = self._staged.pop(version)
-        native = self._store.commit(version, self.config.chunk_bytes, manifest.to_bytes(),
-                                    self.config.commit_threads)
+        if version not in self._staged:
+            raise ValueError(f"version {version} was not staged")
+        manifest, _ = self._staged[version]
+        try:
+            native = self._store.commit(version, self.config.chunk_bytes, manifest.to_bytes(),
+                                        self.config.commit_threads)
+        finally:
+            self.discard(version)
         return manifest.with_chunks(version, native.chunk_bytes, native.crcs)
 
     def publish(self, version: int, named_tensors: Mapping[str, torch.Tensor]) -> Manifest:

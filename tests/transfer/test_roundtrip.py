@@ -44,6 +44,20 @@ def test_auto_picks_shared_memory_for_a_same_host_source(publisher):
         assert [s["transport"] for s in puller.pull(1).stats["sources"]] == ["shm"]
 
 
+def test_capped_server_is_pulled_over_tcp():
+    with WeightPublisher(make_config(egress_bytes_per_s=50_000_000)) as pub:
+        blob = torch.randint(0, 256, (100_000,), dtype=torch.uint8)
+        pub.publish(1, {"blob": blob})
+        with WeightPuller(pub.address, make_config(transport="auto")) as puller:
+            pulled = puller.pull(1)
+            assert torch.equal(pulled["blob"], blob)
+            assert [s["transport"] for s in pulled.stats["sources"]] == ["tcp"]
+        for one_sided in set(BUILT_TRANSPORTS) - {"tcp"}:
+            with WeightPuller(pub.address, make_config(transport=one_sided)) as puller:
+                with pytest.raises(ValueError, match="capped"):
+                    puller.pull(1)
+
+
 def test_pull_into_preallocated_buffer_and_reuse_it(publisher):
     with WeightPuller(publisher.address, make_config()) as puller:
         first = random_tensors(0)

@@ -102,7 +102,10 @@ class ShmTransport : public Transport {
     if (st == ReplyStatus::kUnknownVersion) {
       return Status(Code::kUnknownVersion, "source does not hold version " + std::to_string(version));
     }
-    if (st != ReplyStatus::kOk) return Status(Code::kIo, "source region is not in shared memory");
+    if (st != ReplyStatus::kOk) {
+      return Status(Code::kInvalidArgument, "source does not serve this version over shared memory "
+                                            "(its region is borrowed memory, or its egress is capped)");
+    }
     ByteReader r(reinterpret_cast<const uint8_t*>(reply.data()), reply.size());
     uint32_t pid, fd;
     uint64_t size;
