@@ -70,7 +70,7 @@ on the shared machine hits them alike; ucxx and provisioning run on their own.
 - ucxx tag: two children, endpoints from worker addresses, tag send/recv of the payload
   after an 8-byte request; UCX_NET_DEVICES=lo; "tcp" forces UCX_TLS=tcp, "auto" lets UCX
   pick its same-host transports (cma, posix, sysv).
-- rlboost pull (tcp / shm): a WeightPublisher in a child publishes the payload as 32 MiB
+- rlboost pull (tcp / shm / ucx): a WeightPublisher in a child publishes the payload as 32 MiB
   bfloat16 tensors; the receiver's WeightPuller (relay off) times pull(version,
   into=<the pre-faulted destination>): resolve, connect, move and checksum every chunk.
 - provisioning: a trainer publisher whose egress is capped, and N newcomer processes told
@@ -275,6 +275,7 @@ def compute_ratios(rows: list[Row], provisions: list) -> dict[str, dict[str, flo
         "shm_pull/memcpy": _ratio(by.get("shm_pull", {}), memcpy, sizes),
         "tcp_pull/ucxx_tcp": _ratio(by.get("tcp_pull", {}), by.get("ucxx_tcp", {}), sizes),
         "shm_pull/ucxx_auto": _ratio(by.get("shm_pull", {}), by.get("ucxx_auto", {}), sizes),
+        "ucx_pull/ucxx_tcp": _ratio(by.get("ucx_pull", {}), by.get("ucxx_tcp", {}), sizes),
         "ucx_pull/ucxx_auto": _ratio(by.get("ucx_pull", {}), by.get("ucxx_auto", {}), sizes),
         "socket/memcpy": _ratio(by.get("socket", {}), memcpy, sizes),
     }
