@@ -140,6 +140,15 @@ class Row:
     nbytes: int
     seconds: list[float]
     note: str = ""
+    cpu_seconds: float | None = None  # both ends, summed over the reported runs
+
+    @property
+    def cpu_per_gb(self) -> float | None:
+        """CPU seconds both ends spent per GB moved: unlike GB/s, not skewed by other
+        processes' load on a shared machine."""
+        if self.cpu_seconds is None:
+            return None
+        return self.cpu_seconds / (self.nbytes * len(self.seconds) / 1e9)
 
     @property
     def best(self) -> float:
@@ -170,12 +179,24 @@ def check(peer: str, got: str, expect: Expect, nbytes: int) -> None:
         raise WrongBytes(f"{peer}: {nbytes} bytes arrived with the wrong content")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process (all its threads) has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Session(Protocol):
-    """One way of moving the payload into the shared destination, open across all runs."""
+    """One way of moving the payload into the shared destination, open across all runs.
+
+    `sender_pids`: the other processes doing the work (the receiver is this process);
+    None when they cannot all be named (then no CPU cost is reported).
+    """
 
     key: str
     peer: str
     note: str
+    sender_pids: tuple[int, ...] | None
 
     def prepare(self, nbytes: int) -> None:
         """Untimed setup before the runs of one payload size (e.g. publish it)."""
@@ -196,6 +217,7 @@ def run_interleaved(sessions: Sequence[Session], schedule: Schedule, dst: np.nda
     failed: dict[str, Missing] = {}
     for n in schedule.sizes:
         times: dict[str, list[float]] = {s.key: [] for s in sessions}
+        cpu: dict[str, float] = {s.key: 0.0 for s in sessions}
         for i in range(schedule.runs()):
             last = i == schedule.runs() - 1
             for s in sessions:
@@ -203,12 +225,15 @@ def run_interleaved(sessions: Sequence[Session], schedule: Schedule, dst: np.nda
                     continue
                 if last:
                     dst[:n] = 0
+                pids = _pids(s)
                 try:
                     if i == 0:
                         s.prepare(n)
+                    c0 = sum(map(cpu_seconds, pids))
                     t0 = time.perf_counter()
                     own = s.once(n)
                     took = time.perf_counter() - t0 if own is None else own
+                    cpu[s.key] += sum(map(cpu_seconds, pids)) - c0 if i >= schedule.warmup else 0
                 except tolerate as exc:
                     traceback.print_exc(file=sys.stderr)
                     failed[s.key] = Missing(s.peer, f"failed: {str(exc).splitlines()[0][:80]}")
@@ -217,9 +242,15 @@ def run_interleaved(sessions: Sequence[Session], schedule: Schedule, dst: np.nda
                     times[s.key].append(took)
                 if last:
                     check(s.peer, digest(dst[:n]), expect, n)
-        rows += [Row(s.key, s.peer, n, times[s.key], s.note) for s in sessions
-                 if s.key not in failed]
+        rows += [Row(s.key, s.peer, n, times[s.key], s.note,
+                     cpu[s.key] if getattr(s, "sender_pids", None) is not None else None)
+                 for s in sessions if s.key not in failed]
     return rows, list(failed.values())
+
+
+def _pids(session: Session) -> tuple[int, ...]:
+    others = getattr(session, "sender_pids", None)
+    return (os.getpid(), *others) if others is not None else ()
 
 
 # --------------------------------------------------------------------------- children

@@ -47,6 +47,7 @@ class MemcpySession:
         self.key = "memcpy_torch" if use_torch else "memcpy_numpy"
         self.peer = "memcpy (torch)" if use_torch else "memcpy (numpy)"
         self.note = f"{torch.get_num_threads()} threads" if use_torch else "1 thread"
+        self.sender_pids: tuple[int, ...] = ()
 
     def prepare(self, nbytes: int) -> None:
         pass
@@ -96,6 +97,7 @@ class SocketSession:
     def __init__(self, dst: np.ndarray, path: str, max_bytes: int):
         self.view = memoryview(dst)
         self.child = Child(serve_socket, path, max_bytes, SOCKET_CHUNK)
+        self.sender_pids = (self.child.proc.pid,)
         try:
             self.sock = socket.create_connection(("127.0.0.1", self.child.expect("ready")))
         except BaseException:
@@ -150,6 +152,7 @@ class GlooSession:
         self.dst_t = torch.from_numpy(dst)
         port = free_port()
         self.child = Child(serve_gloo, path, max_bytes, port)
+        self.sender_pids = (self.child.proc.pid,)
         try:
             self.child.expect("ready")
             _gloo_init(port, rank=1)
@@ -196,6 +199,7 @@ class RaySession:
     """
 
     key, peer, note = "ray", "ray object store", "put+get+copy"
+    sender_pids = None  # the put also runs in Ray's daemons
 
     def __init__(self, dst: np.ndarray, path: str, max_bytes: int):
         import ray

@@ -95,6 +95,7 @@ class PullSession:
         self.publisher, self.into = publisher, torch.from_numpy(dst)
         self.puller = WeightPuller([publisher.address], _config(transport, overrides=overrides))
         self.key, self.peer, self.note = f"{transport}_pull", f"rlboost pull ({transport})", ""
+        self.sender_pids = (publisher.child.proc.pid,)
         self.version = 0
 
     def prepare(self, nbytes: int) -> None:

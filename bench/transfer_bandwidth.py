@@ -77,6 +77,10 @@ on the shared machine hits them alike; ucxx and provisioning run on their own.
   to pull at the same instant; the figure is 'go' -> the last newcomer holds the verified
   version. With relay each newcomer serves what it holds and gets the trainer and every
   other newcomer as sources; "from peers" is the share of bytes that came from newcomers.
+- CPU s/GB: user + system CPU seconds of the receiving and the sending process (all
+  threads, /proc tick counters) per GB moved, over the timed runs. Unlike GB/s it does
+  not depend on what else the shared machine runs; "-" where the work also happens in
+  processes not counted (Ray's daemons).
 """
 
 
@@ -279,6 +283,10 @@ def compute_ratios(rows: list[Row], provisions: list) -> dict[str, dict[str, flo
         "ucx_pull/ucxx_auto": _ratio(by.get("ucx_pull", {}), by.get("ucxx_auto", {}), sizes),
         "socket/memcpy": _ratio(by.get("socket", {}), memcpy, sizes),
     }
+    cpu = {key: {r.nbytes: r.cpu_per_gb for r in rows if r.key == key and r.cpu_per_gb}
+           for key in ("tcp_pull", "socket", "shm_pull", "memcpy_numpy")}
+    out["cpu per GB: tcp_pull/socket"] = _ratio(cpu["tcp_pull"], cpu["socket"], sizes)
+    out["cpu per GB: shm_pull/memcpy"] = _ratio(cpu["shm_pull"], cpu["memcpy_numpy"], sizes)
     for mine in ("tcp_pull", "shm_pull"):
         for other in ("gloo", "ray"):
             out[f"{mine}/{other}"] = _ratio(by.get(mine, {}), by.get(other, {}), large)
@@ -292,11 +300,12 @@ def compute_ratios(rows: list[Row], provisions: list) -> dict[str, dict[str, flo
 
 
 def bandwidth_table(rows: list[Row], missing: list[Missing]) -> str:
-    body = [[r.peer, fmt_size(r.nbytes), f"{r.best:.2f}", f"{r.median:.2f}", r.note]
-            for r in rows]
-    body += [[m.peer, "-", "-", "-", m.reason] for m in missing]
+    body = [[r.peer, fmt_size(r.nbytes), f"{r.best:.2f}", f"{r.median:.2f}",
+             "-" if r.cpu_per_gb is None else f"{r.cpu_per_gb:.3f}", r.note] for r in rows]
+    body += [[m.peer, "-", "-", "-", "-", m.reason] for m in missing]
     return render_table("Transfer bandwidth (GB/s = 1e9 B/s, best and median of the repeats)",
-                        ["path", "payload", "best GB/s", "median GB/s", "note"], body)
+                        ["path", "payload", "best GB/s", "median GB/s", "CPU s/GB", "note"],
+                        body)
 
 
 def provision_table(provisions: list, egress_cap: float) -> str:
@@ -327,6 +336,8 @@ def json_peers(rows: list[Row], missing: list[Missing], ratios, provisions, args
         size = fmt_size(r.nbytes, compact=True)
         peers.setdefault(f"{r.key}_GBps", {})[size] = round(r.best, 3)
         peers.setdefault(f"{r.key}_median_GBps", {})[size] = round(r.median, 3)
+        if r.cpu_per_gb is not None:
+            peers.setdefault(f"{r.key}_cpu_s_per_GB", {})[size] = round(r.cpu_per_gb, 4)
     for p in provisions:
         mode = "relay" if p.relay else "no_relay"
         for key, value in (("provision_s", p.best), ("provision_median_s", p.median),

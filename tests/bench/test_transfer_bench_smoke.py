@@ -34,6 +34,7 @@ def test_quick_pull_against_its_ceiling_and_socket_peer():
     assert result["value"] == peers["tcp_pull_GBps"]["64MiB"] > 0
     assert peers["socket_GBps"]["64MiB"] > 0
     assert "64MiB" in peers["ratios"]["tcp_pull/socket"]
+    assert peers["tcp_pull_cpu_s_per_GB"]["64MiB"] > 0  # CPU cost of both ends
     assert "shm_pull_GBps" in peers or "rlboost pull (shm)" in peers["missing"]
 
 
