@@ -125,12 +125,17 @@ void BindStoreAndServer(py::module_& m) {
           }, py::arg("version"), py::arg("chunk_bytes"), py::arg("meta"), py::arg("threads") = 2)
       .def("discard_staged", &VersionStore::DiscardStaged, py::arg("version"))
       .def("add_partial", [](VersionStore& s, const Manifest& mf, std::shared_ptr<Region> r) {
-            ThrowIfError(s.AddPartial(mf, std::move(r)));
-          }, py::arg("manifest"), py::arg("region"))
+            uint64_t registration = 0;
+            ThrowIfError(s.AddPartial(mf, std::move(r), &registration));
+            return registration;
+          }, py::arg("manifest"), py::arg("region"),
+          "Serves a version as a pull fills it in; returns the registration id for start().")
       .def("add_partial_borrowed", [](VersionStore& s, const Manifest& mf, uintptr_t addr, uint64_t n) {
-            ThrowIfError(s.AddPartial(mf, Region::Borrow(reinterpret_cast<uint8_t*>(addr), n)));
+            uint64_t registration = 0;
+            ThrowIfError(s.AddPartial(mf, Region::Borrow(reinterpret_cast<uint8_t*>(addr), n), &registration));
+            return registration;
           }, py::arg("manifest"), py::arg("address"), py::arg("nbytes"),
-          "Serves memory the caller owns; the caller keeps it alive until retire() returns.")
+          "Like add_partial over memory the caller owns and keeps alive until retire() returns.")
       .def("retire", [](VersionStore& s, int64_t v, double timeout_s) {
             ThrowIfError(s.Retire(v, Deadline::After(timeout_s)));
           }, py::arg("version"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
@@ -213,7 +218,8 @@ void BindPuller(py::module_& m) {
             return plan;
           }, py::arg("version"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
       .def("start", [](Puller& p, PullPlan& plan, uintptr_t address, uint64_t nbytes,
-                       std::shared_ptr<VersionStore> relay, py::bytes held, py::object keepalive) {
+                       std::shared_ptr<VersionStore> relay, uint64_t registration, py::bytes held,
+                       py::object keepalive) {
             if (nbytes < plan.manifest.total_bytes) {
               ThrowIfError(Status(Code::kInvalidArgument, "destination of " + std::to_string(nbytes) +
                                                               " bytes is smaller than the payload (" +
@@ -227,12 +233,13 @@ void BindPuller(py::module_& m) {
             Status st;
             {
               py::gil_scoped_release release;
-              st = p.Start(std::move(plan), reinterpret_cast<uint8_t*>(address), std::move(relay), seed, &out->job);
+              st = p.Start(std::move(plan), reinterpret_cast<uint8_t*>(address),
+                           RelayTarget{std::move(relay), registration}, seed, &out->job);
             }
             ThrowIfError(st);
             return out;
           }, py::arg("plan"), py::arg("address"), py::arg("nbytes"), py::arg("relay"),
-          py::arg("held"), py::arg("keepalive"));
+          py::arg("registration"), py::arg("held"), py::arg("keepalive"));
 }
 
 void BindUtilities(py::module_& m) {

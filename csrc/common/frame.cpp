@@ -35,6 +35,22 @@ Code CodeOfWire(uint32_t w) {
 
 }  // namespace
 
+bool IsClientFrame(FrameType type) {
+  switch (type) {
+    case FrameType::kHello:
+    case FrameType::kAuth:
+    case FrameType::kManifestRequest:
+    case FrameType::kChunkRequest:
+    case FrameType::kHaveRequest:
+    case FrameType::kShmOpenRequest:
+    case FrameType::kShmClose:
+    case FrameType::kUcxOpenRequest:
+      return true;
+    default:
+      return false;
+  }
+}
+
 uint64_t MaxFrameBody(FrameType type) {
   switch (type) {
     case FrameType::kHello: return kNonceBytes;

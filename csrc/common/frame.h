@@ -60,6 +60,8 @@ struct FrameHeader {
 void EncodeFrameHeader(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]);
 // Checks magic, format version, type and the body bound for that type.
 Status DecodeFrameHeader(const uint8_t in[kFrameHeaderBytes], FrameHeader* out);
+// Whether a client may send this type to a server (servers read nothing else).
+bool IsClientFrame(FrameType type);
 // The largest body a frame of this type may carry.
 uint64_t MaxFrameBody(FrameType type);
 const char* FrameTypeName(FrameType type);

@@ -41,17 +41,17 @@ constexpr int kMaxBadChunksPerSource = 3;
 }  // namespace
 
 PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSource> sources,
-                 uint8_t* dst, std::shared_ptr<VersionStore> relay,
-                 const std::vector<uint8_t>& held_seed, uint32_t start)
+                 uint8_t* dst, RelayTarget relay, const std::vector<uint8_t>& held_seed,
+                 uint32_t seed)
     : opts_(opts),
       manifest_(std::move(manifest)),
       dst_(dst),
       relay_(std::move(relay)),
-      map_(manifest_.num_chunks(), sources.size(), start) {
+      map_(manifest_.num_chunks(), sources.size(), seed) {
   map_.SeedHeld(held_seed);
-  if (relay_) {
+  if (relay_.store) {
     for (uint32_t c = 0; c < manifest_.num_chunks() && c / 8 < held_seed.size(); ++c) {
-      if ((held_seed[c / 8] >> (c % 8)) & 1u) relay_->MarkHeld(manifest_.version, c);
+      if ((held_seed[c / 8] >> (c % 8)) & 1u) relay_.store->MarkHeld(manifest_.version, relay_.registration, c);
     }
   }
   for (size_t s = 0; s < sources.size(); ++s) {
@@ -195,7 +195,7 @@ void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
     if (++src.bad >= kMaxBadChunksPerSource) map_.RetireSource(lane->source, st);
     return;
   }
-  if (relay_) relay_->MarkHeld(manifest_.version, r.index);
+  if (relay_.store) relay_.store->MarkHeld(manifest_.version, relay_.registration, r.index);
   if (map_.Held(r.index)) {
     bytes_done_ += r.length;
     ++fetched_;

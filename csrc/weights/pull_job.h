@@ -53,6 +53,12 @@ struct SourceStats {
   std::string error;
 };
 
+// Where a pull reports the chunks it holds, so its process can re-serve them.
+struct RelayTarget {
+  std::shared_ptr<VersionStore> store;  // null: no relay
+  uint64_t registration = 0;            // from VersionStore::AddPartial
+};
+
 struct PullStats {
   uint64_t chunk_requests = 0;
   uint64_t chunks_fetched = 0;
@@ -63,7 +69,7 @@ struct PullStats {
 class PullJob {
  public:
   PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSource> sources, uint8_t* dst,
-          std::shared_ptr<VersionStore> relay, const std::vector<uint8_t>& held_seed, uint32_t start);
+          RelayTarget relay, const std::vector<uint8_t>& held_seed, uint32_t seed);
   ~PullJob();
 
   Status Start();
@@ -90,7 +96,7 @@ class PullJob {
   PullOptions opts_;
   Manifest manifest_;
   uint8_t* dst_;
-  std::shared_ptr<VersionStore> relay_;
+  RelayTarget relay_;
   ChunkMap map_;
   std::vector<std::unique_ptr<Source>> sources_;
   std::vector<std::unique_ptr<Lane>> lanes_;

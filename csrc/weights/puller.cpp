@@ -116,12 +116,12 @@ Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
   return Status::Ok();
 }
 
-Status Puller::Start(PullPlan&& plan, uint8_t* dst, std::shared_ptr<VersionStore> relay,
+Status Puller::Start(PullPlan&& plan, uint8_t* dst, RelayTarget relay,
                      const std::vector<uint8_t>& held_seed, std::unique_ptr<PullJob>* out) {
-  uint32_t start = 0;
-  RLB_RETURN_IF_ERROR(SecureRandom(&start, sizeof(start)));
+  uint32_t seed = 0;  // the claim order: distinct per puller
+  RLB_RETURN_IF_ERROR(SecureRandom(&seed, sizeof(seed)));
   auto job = std::make_unique<PullJob>(opts_, std::move(plan.manifest), std::move(plan.sources), dst,
-                                       std::move(relay), held_seed, start);
+                                       std::move(relay), held_seed, seed);
   RLB_RETURN_IF_ERROR(job->Start());
   *out = std::move(job);
   return Status::Ok();

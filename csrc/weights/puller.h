@@ -31,8 +31,8 @@ class Puller {
   // version -1 asks for the newest version any source holds complete.
   Status Resolve(int64_t version, double timeout_s, PullPlan* out);
   // Starts moving bytes into dst (at least manifest.total_bytes long).
-  Status Start(PullPlan&& plan, uint8_t* dst, std::shared_ptr<VersionStore> relay,
-               const std::vector<uint8_t>& held_seed, std::unique_ptr<PullJob>* out);
+  Status Start(PullPlan&& plan, uint8_t* dst, RelayTarget relay, const std::vector<uint8_t>& held_seed,
+               std::unique_ptr<PullJob>* out);
 
   const PullOptions& options() const { return opts_; }
 

@@ -126,6 +126,9 @@ Status WeightServer::ServeFrames(Socket& s) {
     Status st = RecvHeader(s, &h, frame_deadline);
     if (st.code() == Code::kPeerLost) return Status::Ok();  // orderly close between frames
     RLB_RETURN_IF_ERROR(st);
+    if (!IsClientFrame(h.type)) {
+      return Status(Code::kProtocol, std::string("unexpected ") + FrameTypeName(h.type) + " frame from a client");
+    }
     std::string body;
     RLB_RETURN_IF_ERROR(RecvBody(s, h, &body, frame_deadline));
     RLB_RETURN_IF_ERROR(Dispatch(h, body, conn));

@@ -16,6 +16,7 @@ struct VersionStore::Entry {
   std::shared_ptr<Region> region;
   HeldState held;
   bool partial = false;  // registered by a relay: retired only explicitly
+  uint64_t registration = 0;
   int pins = 0;
   bool complete() const { return held.held_count == held.num_chunks; }
 };
@@ -148,7 +149,8 @@ void VersionStore::DiscardStaged(int64_t version) {
   staged_.erase(version);
 }
 
-Status VersionStore::AddPartial(const Manifest& m, std::shared_ptr<Region> region) {
+Status VersionStore::AddPartial(const Manifest& m, std::shared_ptr<Region> region,
+                                uint64_t* registration) {
   if (region->size() < m.total_bytes) return Status(Code::kInvalidArgument, "region smaller than the manifest");
   auto e = std::make_shared<Entry>();
   e->manifest = m;
@@ -161,15 +163,20 @@ Status VersionStore::AddPartial(const Manifest& m, std::shared_ptr<Region> regio
   if (live_.count(m.version)) {
     return Status(Code::kInvalidArgument, "version " + std::to_string(m.version) + " is already served");
   }
+  e->registration = ++next_registration_;
+  *registration = e->registration;
   live_[m.version] = e;
   sync_->cv.notify_all();
   return Status::Ok();
 }
 
-void VersionStore::MarkHeld(int64_t version, uint32_t index) {
+void VersionStore::MarkHeld(int64_t version, uint64_t registration, uint32_t index) {
   std::lock_guard<std::mutex> lock(sync_->mu);
   auto e = FindLocked(version);
-  if (e == nullptr || index >= e->held.num_chunks || IsHeld(e->held, index)) return;
+  if (e == nullptr || e->registration != registration || index >= e->held.num_chunks ||
+      IsHeld(e->held, index)) {
+    return;
+  }
   e->held.bitmap[index / 8] |= static_cast<uint8_t>(1u << (index % 8));
   ++e->held.held_count;
   sync_->cv.notify_all();

@@ -42,8 +42,10 @@ class VersionStore : public ServingBackend {
 
   // --- relay side -----------------------------------------------------------------
   // Serves chunks of a version as MarkHeld reports them; retired only explicitly.
-  Status AddPartial(const Manifest& m, std::shared_ptr<Region> region);
-  void MarkHeld(int64_t version, uint32_t index);
+  // `registration` names this entry, so a pull that outlives it (the version was
+  // retired and registered again over other memory) cannot mark the new one.
+  Status AddPartial(const Manifest& m, std::shared_ptr<Region> region, uint64_t* registration);
+  void MarkHeld(int64_t version, uint64_t registration, uint32_t index);
 
   // Stops serving `version` and waits until no read is in flight (kTimeout otherwise).
   Status Retire(int64_t version, Deadline d);
@@ -74,6 +76,7 @@ class VersionStore : public ServingBackend {
   std::shared_ptr<Entry> FindLocked(int64_t version) const;
 
   int versions_kept_;
+  uint64_t next_registration_ = 0;
   std::shared_ptr<Sync> sync_;
   std::map<int64_t, std::shared_ptr<Entry>> live_;
   std::map<int64_t, std::shared_ptr<Region>> staged_;

@@ -11,7 +11,7 @@ import torch
 from rlboost.errors import TransferError, TransferTimeout
 from rlboost.transfer import descriptors
 from rlboost.transfer.manifest import Manifest
-from rlboost.transfer.progress import ProgressCallback
+from rlboost.transfer.progress import ProgressCallback, TqdmProgress
 
 if TYPE_CHECKING:
     from rlboost.transfer.puller import WeightPuller
@@ -49,7 +49,7 @@ class PullHandle:
 
     def __init__(self, owner: "WeightPuller", native_puller, plan, manifest: Manifest,
                  buffer: torch.Tensor, region: object | None, seed: bytes,
-                 progress: ProgressCallback | None):
+                 progress: ProgressCallback | bool | None):
         self.manifest = manifest
         self.version = manifest.version
         self.buffer = buffer
@@ -58,7 +58,8 @@ class PullHandle:
         self._plan = plan
         self._region = region
         self._seed = seed
-        self._progress = progress
+        # progress=True: a tqdm bar, for runs a person is watching.
+        self._progress = TqdmProgress(desc=f"pull weights v{self.version}") if progress is True else progress
         self._job = None
         self._result: PulledWeights | None = None
 
@@ -78,10 +79,14 @@ class PullHandle:
         """Starts moving bytes in native threads and returns immediately."""
         if self._job is not None:
             raise ValueError("pull already started")
-        relay = self._owner._register_relay(self)
+        relay, registration = self._owner._register_relay(self)
         addr, nbytes = descriptors.describe(self.buffer)
-        self._job = self._native.start(self._plan, addr, nbytes, relay, self._seed,
-                                       keepalive=(self.buffer, self._region))
+        try:
+            self._job = self._native.start(self._plan, addr, nbytes, relay, registration, self._seed,
+                                           keepalive=(self.buffer, self._region))
+        except BaseException:
+            self._owner.retire(self.version)
+            raise
         self._plan = None
         return self
 

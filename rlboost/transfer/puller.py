@@ -58,12 +58,15 @@ class WeightPuller:
 
     # ---- pulling -----------------------------------------------------------------
     def prepare(self, version: int | None = None, into: Into = None,
-                progress: ProgressCallback | None = None,
+                progress: ProgressCallback | bool | None = None,
                 sources: str | Sequence[str] | None = None) -> PullHandle:
         """Resolves `version` (None: the newest any source holds) and sizes the destination.
 
         `into`: a contiguous CPU tensor (or a previous PulledWeights) to receive into; None
-        allocates shared memory. Returns a handle to start() and wait() on.
+        allocates shared memory. While relay is on, the buffer is re-served to peers until
+        this version is retired (``retire(version)``): do not modify it before then.
+        `progress`: a callback (bytes_done, total_bytes), or True for a tqdm bar.
+        Returns a handle to start() and wait() on.
         """
         self._check_open()
         addrs = self._parse(sources) if sources is not None else self._sources
@@ -82,7 +85,7 @@ class WeightPuller:
         return handle
 
     def pull(self, version: int | None = None, into: Into = None, timeout: float | None = None,
-             progress: ProgressCallback | None = None,
+             progress: ProgressCallback | bool | None = None,
              sources: str | Sequence[str] | None = None) -> PulledWeights:
         """Pulls a version and returns its named tensor views (blocking)."""
         handle = self.prepare(version, into=into, progress=progress, sources=sources).start()
@@ -141,10 +144,10 @@ class WeightPuller:
             pass
 
     # ---- internals used by PullHandle ----------------------------------------------
-    def _register_relay(self, handle: PullHandle):
-        """Serves the handle's buffer as a partial version; returns the store, or None."""
+    def _register_relay(self, handle: PullHandle) -> tuple[object | None, int]:
+        """Serves the handle's buffer as a partial version: (store, registration id)."""
         if self._relay_store is None:
-            return None
+            return None, 0
         for v, (buf, _) in list(self._relayed.items()):
             if v == handle.version or descriptors.same_memory(buf, handle.buffer):
                 self.retire(v)
@@ -153,12 +156,12 @@ class WeightPuller:
         nm = _C.Manifest(handle.version, handle.manifest.total_bytes, handle.manifest.chunk_bytes,
                          list(handle.manifest.chunk_crcs), handle.manifest.to_bytes())
         if handle._region is not None:
-            self._relay_store.add_partial(nm, handle._region)
+            registration = self._relay_store.add_partial(nm, handle._region)
         else:
             addr, nbytes = descriptors.describe(handle.buffer)
-            self._relay_store.add_partial_borrowed(nm, addr, nbytes)
+            registration = self._relay_store.add_partial_borrowed(nm, addr, nbytes)
         self._relayed[handle.version] = (handle.buffer, handle._region)
-        return self._relay_store
+        return self._relay_store, registration
 
     def _remember_failed(self, handle: PullHandle, held: bytes) -> None:
         self._failed[handle.version] = (handle.buffer, handle._region, held, handle.manifest.chunk_crcs)

@@ -34,8 +34,10 @@ def good_pull_works(address: str, blob: torch.Tensor) -> None:
     frame(W["hello"], b"", length=1 << 31),                         # huge length, no body
     frame(W["hello"], bytes(7)),                                    # wrong body size
     frame(W["chunk"], bytes(16)),                                   # a server frame from a client
+    frame(W["chunk"], b"", length=200 << 20),                       # ... announcing a huge body
     frame(999, b""),                                                # unknown type
-])
+], ids=["bad-magic", "future-format", "huge-hello", "short-hello", "server-frame", "server-frame-huge",
+        "unknown-type"])
 def test_hostile_first_frame_gets_protocol_error_and_closed_connection(served, raw):
     pub, blob = served
     with connect(pub.address) as s:
@@ -67,7 +69,8 @@ def test_truncated_frame_closes_only_that_connection(served):
     frame(W["manifest_request"], bytes(9)),                          # long body
     frame(W["hello"], bytes(32)),                                    # handshake frame again
     frame(W["chunk_request"], b"", length=W["max_chunk_bytes"]),     # over the request bound
-])
+    frame(W["manifest"], b"", length=100 << 20),                     # a server frame, huge body
+], ids=["short-body", "long-body", "hello-again", "over-bound", "server-frame-huge"])
 def test_hostile_frames_after_authentication(served, raw):
     pub, blob = served
     with connect(pub.address) as s:

@@ -1,6 +1,8 @@
 """Byte-exact round trips over every built transport, for odd sizes, into fresh or reused
 buffers, through publish() and through stage()/commit()."""
 
+import gc
+
 import pytest
 import torch
 
@@ -123,6 +125,18 @@ def test_progress_callback_and_tqdm_bar(publisher, tmp_path):
         with open(tmp_path / "bar.txt", "w") as f:
             puller.pull(1, progress=TqdmProgress(file=f))
         assert "pull weights" in (tmp_path / "bar.txt").read_text()
+
+
+def test_views_outlive_the_puller_and_the_publisher(config):
+    tensors = random_tensors(9)
+    with WeightPublisher(config) as pub:
+        pub.publish(1, tensors)
+        with WeightPuller(pub.address, make_config()) as puller:
+            pulled = puller.pull(1)
+            view = pulled["model.embed_tokens.weight"]
+    del pulled
+    gc.collect()
+    assert torch.equal(view, tensors["model.embed_tokens.weight"])
 
 
 def test_closed_objects_raise_transfer_closed(publisher):

@@ -34,13 +34,15 @@ Status RecvBody(Socket& s, const FrameHeader& h, std::string* body, Deadline d) 
 
 Status RecvExpected(Socket& s, FrameType expected, FrameHeader* h, std::string* body, Deadline d) {
   RLB_RETURN_IF_ERROR(RecvHeader(s, h, d));
+  // The type is checked before the body is read, so a frame of another type cannot make
+  // us allocate that type's (larger) bound.
+  if (h->type != expected && h->type != FrameType::kError) {
+    return Status(Code::kProtocol, std::string("expected a ") + FrameTypeName(expected) +
+                                       " frame, got " + FrameTypeName(h->type));
+  }
   RLB_RETURN_IF_ERROR(RecvBody(s, *h, body, d));
   if (h->type == FrameType::kError) {
     return DecodeErrorBody(reinterpret_cast<const uint8_t*>(body->data()), body->size());
-  }
-  if (h->type != expected) {
-    return Status(Code::kProtocol, std::string("expected a ") + FrameTypeName(expected) +
-                                       " frame, got " + FrameTypeName(h->type));
   }
   return Status::Ok();
 }
