@@ -1,0 +1,405 @@
+"""Weight-transfer bandwidth: rlboost pulls against memcpy, a raw socket, gloo, Ray and UCX,
+and the time to provision simultaneous newcomers from a trainer with capped egress.
+
+Every peer moves the same bytes between two processes into pre-faulted memory in the same
+run, so the ratios hold even on a shared, noisy machine.
+
+    python bench/transfer_bandwidth.py            # 64 MiB, 256 MiB, 1 GiB (~2-3 min)
+    python bench/transfer_bandwidth.py --quick    # 64 MiB, 2 repeats (~20 s)
+    python bench/transfer_bandwidth.py --big      # adds 2 GiB
+    python bench/transfer_bandwidth.py --save     # also writes bench/results/transfer_*.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _peers  # noqa: E402
+import _pull  # noqa: E402
+from rlboost.errors import RlboostError  # noqa: E402
+
+from _common import (  # noqa: E402
+    GiB,
+    MiB,
+    Missing,
+    Row,
+    Schedule,
+    SharedPayload,
+    WrongBytes,
+    alloc_prefaulted,
+    digest,
+    emit_json,
+    fmt_size,
+    hardware_tag,
+    parse_size,
+    render_table,
+    run_interleaved,
+    today,
+)
+
+SEED = 20251129
+DEFAULT_SIZES = (64 * MiB, 256 * MiB, 1 * GiB)
+LARGE = 256 * MiB  # "beats gloo / Ray" is judged on payloads at least this big
+ALL_PEERS = ("memcpy", "socket", "gloo", "ray", "ucxx", "pull", "provision")
+INTERLEAVED = ("memcpy", "socket", "gloo", "ray", "pull")
+TRANSPORTS = ("tcp", "shm", "ucx")
+METHOD = """\
+What each row measures. The payload is written once into a /dev/shm file that every
+sender maps, so all peers send the same physical bytes; every destination is pre-faulted
+(MAP_POPULATE) and reused; one warm-up run, then best and median of the timed runs; each
+cell's bytes are checked against the payload's xxh3 digest after its last run. memcpy,
+the raw socket, gloo, Ray and the rlboost pulls alternate run by run, so a burst of load
+on the shared machine hits them alike; ucxx and provisioning run on their own.
+- memcpy: one process copies a resident buffer into another (numpy: 1 thread, torch
+  copy_: all threads); the faster of the two is the ceiling.
+- raw socket: a child answers an 8-byte size request on 127.0.0.1 with sendall of 4 MiB
+  slices; the receiver times request -> last recv_into byte.
+- gloo broadcast: torch.distributed over gloo, 2 processes; the receiver times one
+  broadcast after a barrier.
+- ray object store: an actor returns a numpy slice (Ray serializes it into plasma: the
+  put), the driver gets it (a zero-copy map) and copies it into the destination: put +
+  get + one copy. Same host, so this is Ray's shared-memory best case.
+- ucxx tag: two children, endpoints from worker addresses, tag send/recv of the payload
+  after an 8-byte request; UCX_NET_DEVICES=lo; "tcp" forces UCX_TLS=tcp, "auto" lets UCX
+  pick its same-host transports (cma, posix, sysv).
+- rlboost pull (tcp / shm / ucx): a WeightPublisher in a child publishes the payload as 32 MiB
+  bfloat16 tensors; the receiver's WeightPuller (relay off) times pull(version,
+  into=<the pre-faulted destination>): resolve, connect, move and checksum every chunk.
+- provisioning: a trainer publisher whose egress is capped, and N newcomer processes told
+  to pull at the same instant; the figure is 'go' -> the last newcomer holds the verified
+  version. With relay each newcomer serves what it holds and gets the trainer and every
+  other newcomer as sources; "from peers" is the share of bytes that came from newcomers.
+- CPU s/GB: user + system CPU seconds of the receiving and the sending process (all
+  threads, /proc tick counters) per GB moved, over the timed runs. Unlike GB/s it does
+  not depend on what else the shared machine runs; "-" where the work also happens in
+  processes not counted (Ray's daemons).
+"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=lambda s: tuple(parse_size(x) for x in s.split(",")),
+                   help="comma-separated payload sizes, e.g. 64M,256M,1G")
+    p.add_argument("--quick", action="store_true", help="64 MiB only, 2 repeats (~20 s)")
+    p.add_argument("--big", action="store_true", help="add a 2 GiB payload (needs ~13 GiB free)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per cell (after 1 warm-up)")
+    p.add_argument("--peers", default=",".join(ALL_PEERS),
+                   help=f"what to measure (default: all of {','.join(ALL_PEERS)})")
+    p.add_argument("--provision-size", type=parse_size, default=256 * MiB,
+                   help="payload of the provisioning runs (default 256M; 64M with --quick)")
+    p.add_argument("--egress-cap", type=float, default=300e6,
+                   help="trainer egress cap in bytes/s during provisioning (default 300e6)")
+    p.add_argument("--newcomers", default="1,2,4", help="newcomer counts to provision")
+    p.add_argument("--pull-config", type=_pull_config, default={},
+                   help="TransferConfig fields for every puller, e.g. streams=1,max_in_flight=1 "
+                        "(default: the library's defaults)")
+    p.add_argument("--save", action="store_true",
+                   help="also write bench/results/transfer_<hardware>_<date>.md")
+    args = p.parse_args(argv)
+    args.peers = tuple(x for x in args.peers.split(",") if x)
+    args.newcomers = tuple(int(x) for x in args.newcomers.split(",") if x)
+    if args.quick:
+        args.provision_size, args.newcomers = min(args.provision_size, 64 * MiB), (1, 2)
+    if min(args.newcomers, default=0) < 1 or args.egress_cap < 1024:
+        p.error("--newcomers must be positive counts and --egress-cap >= 1024")
+    unknown = set(args.peers) - set(ALL_PEERS)
+    if unknown:
+        p.error(f"unknown peers {sorted(unknown)}; choose from {ALL_PEERS}")
+    return args
+
+
+def _pull_config(text: str) -> dict[str, int]:
+    """'streams=1,max_in_flight=1' -> {'streams': 1, 'max_in_flight': 1}."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise argparse.ArgumentTypeError(f"expected KEY=INTEGER, got {item!r}")
+        out[key.strip()] = int(value)
+    return out
+
+
+def build_schedule(args: argparse.Namespace) -> Schedule:
+    if args.sizes:
+        sizes = args.sizes
+    elif args.quick:
+        sizes = (64 * MiB,)
+    else:
+        sizes = DEFAULT_SIZES + ((2 * GiB,) if args.big else ())
+    repeats = 2 if args.quick else args.repeats
+    if repeats < 1 or min(sizes) < 1:
+        raise SystemExit("--repeats and every size must be positive")
+    return Schedule(sizes=tuple(sorted(set(sizes))), repeats=repeats, warmup=1)
+
+
+# --------------------------------------------------------------------------- running
+def run_all(args, payload: SharedPayload, dst, schedule, expect) -> tuple[list, list, list]:
+    """Every selected peer: the in-process and two-process ones alternate run by run
+    (so load bursts hit all alike); ucxx and provisioning run on their own."""
+    rows: list[Row] = []
+    missing: list[Missing] = []
+    provisions: list[_pull.Provision] = []
+    jobs = {
+        "ucxx": lambda: _run_ucx(schedule, payload.path, expect),
+        "provision": lambda: _run_provisioning(args, payload, provisions),
+    }
+    together = [p for p in args.peers if p in INTERLEAVED]
+    if together:
+        _run_one("+".join(together), lambda: _run_interleaved(
+            together, payload, dst, schedule, expect, missing, args.pull_config), rows, missing)
+    for name in args.peers:
+        if name not in INTERLEAVED:
+            _run_one(name, jobs[name], rows, missing)
+    return rows, missing, provisions
+
+
+def _run_interleaved(names, payload: SharedPayload, dst, schedule: Schedule, expect,
+                     missing: list[Missing], pull_config: dict) -> list[Row]:
+    biggest, path = max(schedule.sizes), payload.path
+    makers = {
+        "memcpy": lambda: [_peers.MemcpySession(payload.array, dst, use_torch=t)
+                           for t in (False, True)],
+        "socket": lambda: [_peers.SocketSession(dst, path, biggest)],
+        "gloo": lambda: [_peers.GlooSession(dst, path, biggest)],
+        "ray": lambda: [_peers.RaySession(dst, path, biggest)],
+        "pull": lambda: _pull_sessions(stack, path, biggest, dst, missing, pull_config),
+    }
+    with contextlib.ExitStack() as stack:
+        sessions = []
+        for name in names:
+            opened = _guarded(name, makers[name], missing)
+            for session in opened or []:
+                stack.callback(session.close)
+            sessions += opened or []
+        rows, failed = run_interleaved(sessions, schedule, dst, expect, tolerate=(RlboostError,))
+    missing += failed
+    return rows
+
+
+def _pull_sessions(stack, path: str, biggest: int, dst, missing: list[Missing],
+                   pull_config: dict) -> list:
+    built = _pull.built_transports()
+    missing += [Missing(f"rlboost pull ({t})", "transport not built")
+                for t in TRANSPORTS if t not in built]
+    publisher = _pull.Publisher(path, biggest)
+    stack.callback(publisher.close)
+    return [_pull.PullSession(publisher, t, dst, pull_config) for t in TRANSPORTS if t in built]
+
+
+def _run_ucx(schedule: Schedule, path: str, expect) -> list[Row]:
+    if not _peers.ucx_installed():
+        raise ModuleNotFoundError("not installed (pip install ucxx-cu12)")
+    return (_peers.measure_ucx(schedule, path, expect, tls="tcp")
+            + _peers.measure_ucx(schedule, path, expect, tls=None))
+
+
+def _run_provisioning(args, payload: SharedPayload, out: list) -> list[Row]:
+    n = args.provision_size
+    out.extend(_pull.measure_provisioning(n, args.newcomers, int(args.egress_cap),
+                                          1 if args.quick else 3, payload.path,
+                                          digest(payload.array[:n]), args.pull_config))
+    return []
+
+
+def _guarded(name: str, job, missing: list[Missing]):
+    """job(), or None with the reason recorded when this peer cannot run here."""
+    try:
+        return job()
+    except (ModuleNotFoundError, ImportError) as exc:
+        missing.append(Missing(name, str(exc).splitlines()[0]))
+    except WrongBytes:
+        raise
+    except Exception as exc:  # reported in the table and the JSON line, traceback on stderr
+        traceback.print_exc(file=sys.stderr)
+        missing.append(Missing(name, f"failed: {str(exc).splitlines()[0][:80]}"))
+    return None
+
+
+def _run_one(name: str, job, rows: list[Row], missing: list[Missing]) -> None:
+    t0 = time.perf_counter()
+    print(f"[{name}] ...", file=sys.stderr, flush=True)
+    rows.extend(_guarded(name, job, missing) or [])
+    print(f"[{name}] done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- reporting
+def best_by_size(rows: list[Row], key: str) -> dict[int, float]:
+    return {r.nbytes: r.best for r in rows if r.key == key}
+
+
+def ceiling_by_size(rows: list[Row]) -> dict[int, float]:
+    """memcpy ceiling per size: the faster of the numpy and torch copies."""
+    out: dict[int, float] = {}
+    for key in ("memcpy_numpy", "memcpy_torch"):
+        for n, v in best_by_size(rows, key).items():
+            out[n] = max(out.get(n, 0.0), v)
+    return out
+
+
+def _ratio(num: dict[int, float], den: dict[int, float], sizes) -> dict[str, float]:
+    both = [n for n in sizes if n in num and n in den]
+    return {fmt_size(n, compact=True): round(num[n] / den[n], 3) for n in both}
+
+
+# ratio name -> (comparison, threshold) that the transfer core is meant to meet
+TARGETS = {
+    "tcp_pull/socket": (">=", 0.8),
+    "shm_pull/memcpy": (">=", 0.5),
+    "tcp_pull/gloo": (">", 1.0),
+    "tcp_pull/ray": (">", 1.0),
+    "shm_pull/gloo": (">", 1.0),
+    "shm_pull/ray": (">", 1.0),
+    "provision4_relay/no_relay": ("<=", 0.5),
+}
+
+
+def meets(name: str, value: float) -> str:
+    if name not in TARGETS:
+        return ""
+    op, bound = TARGETS[name]
+    ok = {">=": value >= bound, ">": value > bound, "<=": value <= bound}[op]
+    return "yes" if ok else "NO"
+
+
+def compute_ratios(rows: list[Row], provisions: list) -> dict[str, dict[str, float]]:
+    """The ratios the targets are stated in (best of the repeats on both sides)."""
+    by = {key: best_by_size(rows, key) for key in {r.key for r in rows}}
+    memcpy, sizes = ceiling_by_size(rows), sorted({r.nbytes for r in rows})
+    large = [n for n in sizes if n >= LARGE]
+    out = {
+        "tcp_pull/socket": _ratio(by.get("tcp_pull", {}), by.get("socket", {}), sizes),
+        "shm_pull/memcpy": _ratio(by.get("shm_pull", {}), memcpy, sizes),
+        "tcp_pull/ucxx_tcp": _ratio(by.get("tcp_pull", {}), by.get("ucxx_tcp", {}), sizes),
+        "shm_pull/ucxx_auto": _ratio(by.get("shm_pull", {}), by.get("ucxx_auto", {}), sizes),
+        "ucx_pull/ucxx_tcp": _ratio(by.get("ucx_pull", {}), by.get("ucxx_tcp", {}), sizes),
+        "ucx_pull/ucxx_auto": _ratio(by.get("ucx_pull", {}), by.get("ucxx_auto", {}), sizes),
+        "socket/memcpy": _ratio(by.get("socket", {}), memcpy, sizes),
+    }
+    cpu = {key: {r.nbytes: r.cpu_per_gb for r in rows if r.key == key and r.cpu_per_gb}
+           for key in ("tcp_pull", "socket", "shm_pull", "memcpy_numpy")}
+    out["cpu per GB: tcp_pull/socket"] = _ratio(cpu["tcp_pull"], cpu["socket"], sizes)
+    out["cpu per GB: shm_pull/memcpy"] = _ratio(cpu["shm_pull"], cpu["memcpy_numpy"], sizes)
+    for mine in ("tcp_pull", "shm_pull"):
+        for other in ("gloo", "ray"):
+            out[f"{mine}/{other}"] = _ratio(by.get(mine, {}), by.get(other, {}), large)
+    best = {(p.newcomers, p.relay): p for p in provisions}
+    for (count, relay), p in sorted(best.items()):
+        if relay and (count, False) in best:
+            payload = fmt_size(p.nbytes, compact=True)
+            out[f"provision{count}_relay/no_relay"] = {
+                payload: round(p.best / best[(count, False)].best, 3)}
+    return {k: v for k, v in out.items() if v}
+
+
+def bandwidth_table(rows: list[Row], missing: list[Missing]) -> str:
+    body = [[r.peer, fmt_size(r.nbytes), f"{r.best:.2f}", f"{r.median:.2f}",
+             "-" if r.cpu_per_gb is None else f"{r.cpu_per_gb:.3f}", r.note] for r in rows]
+    body += [[m.peer, "-", "-", "-", "-", m.reason] for m in missing]
+    return render_table("Transfer bandwidth (GB/s = 1e9 B/s, best and median of the repeats)",
+                        ["path", "payload", "best GB/s", "median GB/s", "CPU s/GB", "note"],
+                        body)
+
+
+def provision_table(provisions: list, egress_cap: float) -> str:
+    body = []
+    for p in provisions:
+        floor = p.nbytes / egress_cap * (1 if p.relay else p.newcomers)
+        body.append([str(p.newcomers), "on" if p.relay else "off", f"{p.best:.2f}",
+                     f"{p.median:.2f}", f"{floor:.2f}", f"{max(p.peer_share):.0%}"])
+    title = (f"Time to provision newcomers ({fmt_size(provisions[0].nbytes)}, trainer egress "
+             f"capped at {egress_cap / 1e6:.0f} MB/s)")
+    return render_table(title, ["newcomers", "relay", "best s", "median s",
+                                "trainer-bound floor s", "bytes from peers"], body)
+
+
+def ratio_table(ratios: dict[str, dict[str, float]]) -> str:
+    body = []
+    for name, per in ratios.items():
+        op, bound = TARGETS.get(name, ("", ""))
+        for size, value in per.items():
+            body.append([name, size, f"{value:.2f}", f"{op}{bound}", meets(name, value)])
+    return render_table("Ratios (best vs best, same run, same bytes)",
+                        ["ratio", "payload", "value", "target", "met"], body)
+
+
+def json_peers(rows: list[Row], missing: list[Missing], ratios, provisions, args) -> dict:
+    peers: dict = {}
+    for r in rows:
+        size = fmt_size(r.nbytes, compact=True)
+        peers.setdefault(f"{r.key}_GBps", {})[size] = round(r.best, 3)
+        peers.setdefault(f"{r.key}_median_GBps", {})[size] = round(r.median, 3)
+        if r.cpu_per_gb is not None:
+            peers.setdefault(f"{r.key}_cpu_s_per_GB", {})[size] = round(r.cpu_per_gb, 4)
+    for p in provisions:
+        mode = "relay" if p.relay else "no_relay"
+        for key, value in (("provision_s", p.best), ("provision_median_s", p.median),
+                           ("provision_peer_share", max(p.peer_share))):
+            peers.setdefault(key, {}).setdefault(str(p.newcomers), {})[mode] = round(value, 3)
+    if provisions:
+        peers["provision_setup"] = {"payload": fmt_size(provisions[0].nbytes, compact=True),
+                                    "egress_cap_Bps": args.egress_cap}
+    peers["ratios"] = ratios
+    peers["targets"] = {k: f"{op}{bound}" for k, (op, bound) in TARGETS.items()}
+    peers["missing"] = {m.peer: m.reason for m in missing}
+    return peers
+
+
+def headline(rows: list[Row]) -> tuple[float | None, float | None]:
+    """tcp pull and memcpy best GB/s at the largest payload both were measured on."""
+    tcp, memcpy = best_by_size(rows, "tcp_pull"), ceiling_by_size(rows)
+    common = sorted(set(tcp) & set(memcpy))
+    if common:
+        return round(tcp[common[-1]], 3), round(memcpy[common[-1]], 3)
+    return None, (round(memcpy[max(memcpy)], 3) if memcpy else None)
+
+
+def save_results(markdown: str, argv: list[str], load: tuple[float, float]) -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "results", f"transfer_{hardware_tag()}_{today()}.md")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    command = " ".join(["python bench/transfer_bandwidth.py", *argv])
+    with open(path, "w") as f:
+        f.write(f"# Transfer bandwidth, {hardware_tag()}, {today()}\n\n")
+        f.write(f"Command: `{command}`\n\n")
+        f.write(f"Load average (1 min) at start / end: {load[0]:.1f} / {load[1]:.1f} on "
+                f"{os.cpu_count()} cores (the machine is shared; compare ratios, not "
+                f"absolute figures).\n\n{METHOD}\n{markdown}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    # A terminated run still unwinds, so the shared payload file is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # Keep UCX (rlboost's ucx transport and the ucxx peers) on loopback; children inherit.
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    schedule = build_schedule(args)
+    load_at_start = os.getloadavg()[0]
+    biggest = max(schedule.sizes)
+    dst = alloc_prefaulted(biggest)
+    with SharedPayload(max(biggest, args.provision_size), SEED) as payload:
+        expect = {n: digest(payload.array[:n]) for n in schedule.sizes}
+        rows, missing, provisions = run_all(args, payload, dst, schedule, expect)
+    ratios = compute_ratios(rows, provisions)
+    markdown = bandwidth_table(rows, missing) + "\n"
+    if provisions:
+        markdown += provision_table(provisions, args.egress_cap) + "\n"
+    markdown += ratio_table(ratios)
+    if args.save:
+        path = save_results(markdown, argv, (load_at_start, os.getloadavg()[0]))
+        print(f"saved {path}", file=sys.stderr)
+    value, ceiling = headline(rows)
+    peers = json_peers(rows, missing, ratios, provisions, args)
+    emit_json("tcp_pull_GBps", value, "GB/s", ceiling, peers)
+
+if __name__ == "__main__":
+    main()
