@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from rlboost.tasks.base import Problem
 
 REWARD_MODES = ("exact", "digits", "distance")
+MAX_REDRAWS = 10_000  # per problem; a config whose results are almost never non-negative fails loudly
 _INTEGER = re.compile(r"-?\d+")
 
 
@@ -47,6 +48,14 @@ class ArithmeticConfig:
             raise ValueError(f"num_operands must be in [2, 8], got {self.num_operands}")
         if not self.operators or set(self.operators) - set("+-*"):
             raise ValueError(f"operators must be a non-empty string over '+-*', got {self.operators!r}")
+        if self.non_negative and set(self.operators) == {"-"}:
+            # a0 - a1 - ... is largest with a0 = max_operand and every other operand at min_operand
+            best = self.max_operand - (self.num_operands - 1) * self.min_operand
+            if best < 0:
+                raise ValueError(
+                    f"non_negative: with operators='-' and {self.num_operands} operands in "
+                    f"[{self.min_operand}, {self.max_operand}] every result is negative (at most {best}); "
+                    "lower min_operand or num_operands, add an operator, or set non_negative=False")
         if self.reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {self.reward_mode!r}")
         if not 0.0 <= self.format_reward < 1.0:
@@ -103,7 +112,7 @@ class ArithmeticTask:
 
     def _draw(self, rng: random.Random, index: int) -> Problem:
         cfg = self.config
-        while True:
+        for _ in range(MAX_REDRAWS):
             operands = [rng.randint(cfg.min_operand, cfg.max_operand)
                         for _ in range(cfg.num_operands)]
             ops = [rng.choice(cfg.operators) for _ in range(cfg.num_operands - 1)]
@@ -111,6 +120,9 @@ class ArithmeticTask:
             value = _evaluate(operands, ops)
             if value >= 0 or not cfg.non_negative:
                 return Problem(problem_id=index, prompt=expr + "=", answer=str(value))
+        raise ValueError(f"non_negative: {MAX_REDRAWS} draws in a row gave a negative result; this "
+                         f"config ({cfg.num_operands} operands in [{cfg.min_operand}, {cfg.max_operand}], "
+                         f"operators {cfg.operators!r}) almost never has a non-negative answer")
 
 
 def _evaluate(operands: list[int], ops: list[str]) -> int:

@@ -72,3 +72,17 @@ def test_task_follows_the_protocol():
 def test_config_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
         ArithmeticConfig(**kwargs)
+
+
+def test_a_config_without_any_non_negative_problem_is_refused_at_once():
+    with pytest.raises(ValueError, match="non_negative"):
+        ArithmeticConfig(min_operand=5, max_operand=9, operators="-", num_operands=3)
+    ArithmeticConfig(min_operand=5, max_operand=10, operators="-", num_operands=3)  # 10-5-5 = 0 is possible
+    ArithmeticConfig(min_operand=5, max_operand=9, operators="-", num_operands=3, non_negative=False)
+
+
+def test_a_config_that_almost_never_draws_a_non_negative_problem_fails_instead_of_spinning():
+    # satisfiable (a0 >= a1 + ... + a7 happens), but about once in 40 000 draws
+    task = ArithmeticTask(ArithmeticConfig(max_operand=10**6, operators="-", num_operands=8))
+    with pytest.raises(ValueError, match="draws in a row"):
+        task.problems(50, seed=0)
