@@ -12,6 +12,9 @@ from typing import Any
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 ROPE_TYPES = ("default", "linear", "llama3")
+# keys each scaling scheme reads from rope_scaling (all positive numbers)
+ROPE_KEYS = {"linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,9 +69,22 @@ class ModelConfig:
             raise ValueError(f"rope_theta must be a positive finite number, got {self.rope_theta}")
         if not self.rms_norm_eps > 0:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        self._check_rope_scaling()
+
+    def _check_rope_scaling(self) -> None:
         rope_type = self.rope_type
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"rope_scaling type must be one of {ROPE_TYPES}, got {rope_type!r}")
+        s = self.rope_scaling or {}
+        for key in ROPE_KEYS.get(rope_type, ()):
+            value = s.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value > 0):
+                raise ValueError(f"rope_scaling[{key!r}] must be a positive number for rope_type "
+                                 f"{rope_type!r}, got {value!r}")
+        if rope_type == "llama3" and not s["low_freq_factor"] < s["high_freq_factor"]:
+            raise ValueError(f"rope_scaling: low_freq_factor ({s['low_freq_factor']}) must be below "
+                             f"high_freq_factor ({s['high_freq_factor']}) for rope_type 'llama3'")
 
     @property
     def rope_type(self) -> str:

@@ -48,6 +48,13 @@ def test_config_round_trips(hf, tmp_path):
     ({"model_type": "mistral"}, "model_type"), ({"hidden_act": "gelu"}, "hidden_act"),
     ({"num_key_value_heads": 3}, "num_attention_heads"), ({"use_sliding_window": True}, "sliding"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"), ({"hidden_size": 0}, "hidden_size"),
+    # scaling schemes missing the keys they read, or with values that make no sense
+    ({"rope_scaling": {"rope_type": "linear"}}, "factor"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "factor"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),
+    ({"rope_scaling": {**LLAMA32_HF4["rope_scaling"], "original_max_position_embeddings": None}},
+     "original_max_position_embeddings"),
+    ({"rope_scaling": {**LLAMA32_HF4["rope_scaling"], "low_freq_factor": 4.0}}, "below high_freq_factor"),
 ])
 def test_unsupported_configs_are_refused(change, field):
     with pytest.raises(ValueError, match=field):

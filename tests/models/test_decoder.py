@@ -15,6 +15,35 @@ from rlboost.models.checkpoint import init_random
 ARCHS = ["llama", "qwen2", "qwen3"]
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16}
+# head_dim 16, theta 1e4: wavelengths 6.3, 19.9, 62.8, 199, ... fall in all three llama3 bands
+# (kept below 64 / 4 = 16, smoothed between 16 and 64, divided by the factor above 64)
+SCALED_ROPE = {"linear": {"rope_type": "linear", "factor": 4.0},
+               "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+
+
+def reference_inv_freq(c) -> torch.Tensor:
+    """RoPE inverse frequencies in float64, with the linear or llama3 scaling as published."""
+    D = c.head_dim
+    inv = 1.0 / c.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    s = c.rope_scaling or {}
+    if s.get("rope_type") == "linear":
+        return inv / s["factor"]
+    if s.get("rope_type") == "llama3":
+        old, low, high, factor = (s["original_max_position_embeddings"], s["low_freq_factor"],
+                                  s["high_freq_factor"], s["factor"])
+        out = []
+        for f in inv.tolist():
+            wavelen = 2 * math.pi / f
+            if wavelen < old / high:
+                out.append(f)
+            elif wavelen > old / low:
+                out.append(f / factor)
+            else:
+                smooth = (old / wavelen - low) / (high - low)
+                out.append((1 - smooth) * f / factor + smooth * f)
+        return torch.tensor(out, dtype=torch.float64)
+    return inv
 
 
 def reference_logits(model, ids: list[int]) -> torch.Tensor:
@@ -22,7 +51,7 @@ def reference_logits(model, ids: list[int]) -> torch.Tensor:
     c = model.config
     w = {k: v.double() for k, v in model.state_dict().items()}
     T, D, G = len(ids), c.head_dim, c.num_query_groups
-    inv = 1.0 / c.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    inv = reference_inv_freq(c)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
 
@@ -66,6 +95,18 @@ def test_matches_reference_math(tmp_path, arch):
     torch.testing.assert_close(got, reference_logits(model, ids.tolist()), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("scaling", sorted(SCALED_ROPE))
+def test_scaled_rope_matches_reference_math(scaling):
+    config = dataclasses.replace(tiny_config("llama"), rope_scaling=SCALED_ROPE[scaling])
+    model = init_random(empty_model(config), 5)
+    ids = torch.randint(0, config.vocab_size, (90,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = model(ids[None])[0].double()
+    torch.testing.assert_close(got, reference_logits(model, ids.tolist()), rtol=0, atol=1e-4)
+    plain = dataclasses.replace(config, rope_scaling=None)
+    assert not torch.allclose(reference_inv_freq(plain), reference_inv_freq(config))  # scaling changes it
+
+
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_padded_batch_equals_each_sequence_alone(tmp_path, side):
     model = load_pretrained(build_tiny_checkpoint(tmp_path, arch="qwen2"))
@@ -107,6 +148,8 @@ def _hf_checkpoints(tmp_path):
     out = {arch: build_tiny_checkpoint(tmp_path / arch, arch=arch, seed=4) for arch in ARCHS}
     scaled = dataclasses.replace(tiny_config("llama"), rope_scaling=LLAMA3_ROPE, rope_theta=500000.0)
     out["llama3-rope"] = save_pretrained(init_random(empty_model(scaled), 4), tmp_path / "llama3")
+    linear = dataclasses.replace(tiny_config("llama"), rope_scaling=SCALED_ROPE["linear"])
+    out["linear-rope"] = save_pretrained(init_random(empty_model(linear), 4), tmp_path / "linear")
     return out
 
 
