@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -21,7 +25,27 @@ from rlboost.models.tokenizer import ByteTokenizer
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # some old checkpoints store this buffer
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype of a config's dtype name ("float32", "float16", "bfloat16")."""
+    if name not in TORCH_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {name!r}")
+    return TORCH_DTYPES[name]
+
+
+def match_weight_names(model: DecoderLM, names: Iterable[str]
+                       ) -> tuple[dict[str, torch.nn.Parameter], list[str], list[str], list[str]]:
+    """How HF tensor names fill a model: (parameters by name, names to copy, unknown names,
+    parameters no name fills). Names every loader skips are dropped: stored rotary
+    buffers, and the lm_head copy of a tied head (HF ignores it too)."""
+    params = dict(model.named_parameters())  # a tied lm_head is listed once, as embed_tokens
+    tied = model.config.tie_word_embeddings
+    use = [n for n in names if not n.endswith(_IGNORED_SUFFIXES) and not (tied and n == "lm_head.weight")]
+    unknown = sorted(set(use) - set(params))
+    missing = sorted(set(params) - set(use))
+    return params, use, unknown, missing
 
 
 def checkpoint_files(directory: str | Path) -> dict[str, list[str]]:
@@ -42,14 +66,15 @@ def checkpoint_files(directory: str | Path) -> dict[str, list[str]]:
 
 def empty_model(config: ModelConfig, *, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu") -> DecoderLM:
-    """A DecoderLM with uninitialised parameters (no time spent on random init)."""
+    """A DecoderLM with uninitialised parameters (no time spent on random init), allocated
+    once, directly in `dtype` on `device`."""
     with torch.device("meta"):
-        model = DecoderLM(config)
+        model = DecoderLM(config).to(dtype=dtype)  # the cast is free on meta tensors
     model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty re-creates parameters, which unties them
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb = RotaryEmbedding(config)  # built under meta above
-    return model.to(dtype=dtype)
+    return model
 
 
 def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32,
@@ -57,17 +82,14 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32,
     """Load config.json and the safetensors weights of `directory` into a DecoderLM."""
     config = ModelConfig.load(directory)
     model = empty_model(config, dtype=dtype, device=device)
-    params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
+    files = checkpoint_files(directory)
+    params, _, unknown, _ = match_weight_names(model, [n for names in files.values() for n in names])
+    if unknown:
+        raise ValueError(f"{directory}: unexpected tensors {unknown[:8]} for {config.arch}")
     seen: set[str] = set()
-    for fname, names in checkpoint_files(directory).items():
+    for fname, names in files.items():
         with safe_open(Path(directory) / fname, framework="pt", device=str(device)) as f:
-            for name in names:
-                if name.endswith(_IGNORED_SUFFIXES):
-                    continue
-                if name == "lm_head.weight" and config.tie_word_embeddings:
-                    continue  # HF ignores a stored copy of a tied head too
-                if name not in params:
-                    raise ValueError(f"{directory}: unexpected tensor {name!r} for {config.arch}")
+            for name in match_weight_names(model, names)[1]:
                 tensor = f.get_tensor(name)
                 if tuple(tensor.shape) != tuple(params[name].shape):
                     raise ValueError(f"{directory}: {name} has shape {tuple(tensor.shape)}, "
@@ -84,11 +106,28 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32,
 def save_pretrained(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int | None = None,
                     dtype: torch.dtype | None = None, tokenizer: ByteTokenizer | None = None) -> Path:
     """Write config.json and the weights (one file, or shards plus an index when they
-    exceed max_shard_bytes); a tied lm_head is left out as HF does."""
+    exceed max_shard_bytes); a tied lm_head is left out as HF does.
+
+    The checkpoint is written into a temporary sibling directory (other files already in
+    `directory` are carried over) that then takes the place of `directory`, so a crash
+    mid-save leaves the previous checkpoint whole.
+    """
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in [*root.glob("model*.safetensors"), root / INDEX_FILE]:
-        stale.unlink(missing_ok=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = root.parent / f".{root.name}.saving-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _write_checkpoint(model, tmp, max_shard_bytes, dtype, tokenizer)
+        _carry_over(root, tmp)
+        _swap_into_place(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return root
+
+
+def _write_checkpoint(model: DecoderLM, root: Path, max_shard_bytes: int | None, dtype: torch.dtype | None,
+                      tokenizer: ByteTokenizer | None) -> None:
     tensors = {name: t.detach().to(device="cpu", dtype=dtype or t.dtype).contiguous()
                for name, t in model.named_weights().items()}
     shards = _split_shards(tensors, max_shard_bytes)
@@ -107,7 +146,37 @@ def save_pretrained(model: DecoderLM, directory: str | Path, *, max_shard_bytes:
     dataclasses.replace(model.config, extra={**model.config.extra, "torch_dtype": stored_dtype}).save(root)
     if tokenizer is not None:
         tokenizer.save(root)
-    return root
+
+
+def _is_checkpoint_file(name: str) -> bool:
+    return name == INDEX_FILE or name == "config.json" or (name.startswith("model") and name.endswith(".safetensors"))
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """Files of `old` that the new checkpoint does not replace (a README, a chat template...)."""
+    if not old.is_dir():
+        return
+    for entry in old.iterdir():
+        if _is_checkpoint_file(entry.name) or (new / entry.name).exists():
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, new / entry.name, symlinks=True)
+        else:
+            shutil.copy2(entry, new / entry.name, follow_symlinks=False)
+
+
+def _swap_into_place(tmp: Path, root: Path) -> None:
+    for path in tmp.iterdir():  # the data is on disk before any rename can expose it
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    if not root.exists():
+        os.replace(tmp, root)
+        return
+    old = root.parent / f".{root.name}.old-{uuid.uuid4().hex[:8]}"
+    os.replace(root, old)  # two renames: only between them is `root` absent (both copies exist)
+    os.replace(tmp, root)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _split_shards(tensors: dict[str, torch.Tensor], max_shard_bytes: int | None):
@@ -167,9 +236,3 @@ def build_tiny_checkpoint(directory: str | Path, arch: str = "qwen3", seed: int 
     config = tiny_config(arch, **config_overrides)
     model = init_random(empty_model(config), seed)
     return save_pretrained(model, directory, max_shard_bytes=max_shard_bytes, tokenizer=ByteTokenizer())
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
-    return _DTYPES[name]

@@ -12,9 +12,8 @@ import torch
 from rlboost.errors import RolloutError
 from rlboost.migration.kv import KVLayout
 from rlboost.migration.state import RequestState
+from rlboost.models.checkpoint import match_weight_names
 from rlboost.models.decoder import DecoderLM
-
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def validate_states(states: list, *, known, version: int, vocab_size: int, max_model_len: int) -> None:
@@ -84,11 +83,7 @@ def load_named_tensors(model: DecoderLM, named: Mapping[str, object], version: i
     """Copy a complete set of HF-named tensors into the model's parameters in place."""
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise RolloutError(f"version must be a non-negative int, got {version!r}")
-    params = dict(model.named_parameters())  # a tied lm_head is listed once, as embed_tokens
-    tied = model.config.tie_word_embeddings
-    names = [n for n in named if not n.endswith(_IGNORED_SUFFIXES) and not (tied and n == "lm_head.weight")]
-    unknown = sorted(set(names) - set(params))
-    missing = sorted(set(params) - set(names))
+    params, names, unknown, missing = match_weight_names(model, named)
     if unknown or missing:
         raise RolloutError(f"weights do not match the model: unknown {unknown[:5]}, missing {missing[:5]}")
     sources = {n: _as_tensor(n, named[n]) for n in names}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from rlboost.models.checkpoint import TORCH_DTYPES, dtype_from_name
 
 
 @dataclass(kw_only=True, slots=True)
@@ -45,8 +45,7 @@ class EmbeddedEngineConfig:
         except RuntimeError as e:
             raise ValueError(f"device must be a torch device string such as 'cpu' or 'cuda:0', "
                              f"got {self.device!r}") from e
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        dtype_from_name(self.dtype)  # ValueError naming the allowed values
         for name, low in (("num_blocks", 1), ("block_size", 1), ("max_batch_size", 1),
                           ("max_prefill_tokens", 1), ("stream_interval", 1)):
             if getattr(self, name) < low:
@@ -60,4 +59,4 @@ class EmbeddedEngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        return TORCH_DTYPES[self.dtype]

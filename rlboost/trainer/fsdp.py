@@ -20,13 +20,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlboost.models.checkpoint import TORCH_DTYPES
 from rlboost.trainer.gather import full_state_dict, iter_full_parameters
 
 __all__ = ["DTYPES", "FSDPConfig", "OptimizerConfig", "build_optimizer", "decoder_layers",
            "destroy_distributed", "full_state_dict", "init_distributed", "iter_full_parameters",
            "optimizer_step", "shard_model"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = TORCH_DTYPES  # dtype names a config may use
 GRAD_REDUCTIONS = ("sum", "mean")
 
 

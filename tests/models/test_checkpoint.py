@@ -124,3 +124,55 @@ def test_checkpoint_directory_is_self_describing(tmp_path):
     assert config.eos_token_ids == (tok.eos_id,) and config.bos_token_id == tok.bos_id
     with pytest.raises(ValueError, match="vocab_size"):
         build_tiny_checkpoint(tmp_path / "small", vocab_size=100)
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    from rlboost.models import checkpoint
+
+    root = build_tiny_checkpoint(tmp_path / "ckpt", arch="llama", seed=1, max_shard_bytes=40_000)
+    (root / "README.md").write_text("kept\n")
+    before = read_tensors(root)
+    newer = load_pretrained(build_tiny_checkpoint(tmp_path / "newer", arch="llama", seed=2))
+    real_save, calls = checkpoint.save_file, []
+
+    def crash_on_second_shard(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real_save(*args, **kwargs)
+    monkeypatch.setattr(checkpoint, "save_file", crash_on_second_shard)
+    with pytest.raises(OSError, match="disk full"):
+        save_pretrained(newer, root, max_shard_bytes=40_000)
+    after = read_tensors(root)
+    assert after.keys() == before.keys() and all(torch.equal(after[n], before[n]) for n in before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "newer"]  # no half-written leftovers
+    monkeypatch.setattr(checkpoint, "save_file", real_save)
+    save_pretrained(newer, root)
+    assert (root / "README.md").read_text() == "kept\n"  # files the checkpoint does not own survive
+    assert load_pretrained(root).state_dict().keys() == newer.state_dict().keys()
+    assert torch.equal(load_pretrained(root).model.norm.weight, newer.model.norm.weight)
+
+
+def test_empty_model_allocates_parameters_directly_in_the_asked_dtype():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rlboost.models import empty_model, tiny_config
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.float32_elements = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype == torch.float32:
+                    self.float32_elements += t.numel()
+            return out
+
+    config = tiny_config("llama", vocab_size=4096, hidden_size=128)
+    with Allocations() as seen:
+        model = empty_model(config, dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    # only the rotary table (head_dim / 2 floats) may be float32, never a parameter-sized tensor
+    assert seen.float32_elements < 4096
