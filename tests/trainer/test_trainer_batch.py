@@ -149,3 +149,39 @@ def test_reference_logprobs_feed_the_kl_term():
     assert not ref.requires_grad and ref.shape == batch.input_ids.shape
     out = micro_batch_loss(model, batch, GRPOConfig(kl_coef=0.5), ref_logprobs=ref)
     assert out.kl == pytest.approx(0.0, abs=1e-6)  # the policy is its own reference
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 0.0])
+def test_samples_the_engine_drew_at_any_temperature_are_on_policy(tmp_path, temperature):
+    from rlboost.migration.state import RequestState, SamplingParams
+    from rlboost.models import build_tiny_checkpoint, load_pretrained
+    from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+    ckpt = build_tiny_checkpoint(tmp_path, seed=0)
+    states = [RequestState(sample_id=i, prompt_ids=(257, 10 + i, 20), seed=1, weight_version=0,
+                           params=SamplingParams(temperature=temperature, max_new_tokens=12)) for i in range(6)]
+    out = {}
+    with EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(ckpt), stream_interval=12)) as engine:
+        engine.submit(states)
+        while sum(1 for v in out.values() if v.finished) < len(states):
+            for d in engine.poll(5.0):
+                s = out.get(d.sample_id, states[d.sample_id])
+                out[d.sample_id] = s.extended(d.ids, d.logprobs, d.finish_reason)
+    samples = [ScoredSample.from_request(out[i], group_id=0, reward=float(i % 2)) for i in range(6)]
+    batch = build_micro_batch(samples, pad_id=256)
+    assert batch.temperature == temperature
+    loss = micro_batch_loss(load_pretrained(ckpt), batch, GRPOConfig())
+    assert loss.mean_ratio == pytest.approx(1.0, abs=1e-4)
+    assert loss.clip_fraction == 0.0
+
+
+def test_samples_drawn_at_different_temperatures_are_not_mixed():
+    hot = ScoredSample(sample_id=0, group_id=0, prompt_ids=(1,), output_ids=(2,), output_logprobs=(-1.0,),
+                       reward=1.0, temperature=0.7)
+    cold = ScoredSample(sample_id=1, group_id=0, prompt_ids=(1,), output_ids=(3,), output_logprobs=(-1.0,),
+                        reward=0.0, temperature=1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        build_micro_batch([hot, cold], pad_id=0)
+    with pytest.raises(ValueError, match="temperature"):
+        ScoredSample(sample_id=2, group_id=0, prompt_ids=(1,), output_ids=(3,), output_logprobs=(-1.0,),
+                     reward=0.0, temperature=-1.0)
