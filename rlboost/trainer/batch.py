@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from rlboost.errors import StaleSampleError
 from rlboost.migration.state import RequestState
@@ -221,7 +222,16 @@ def micro_batch_loss(model: torch.nn.Module, batch: MicroBatch, config: GRPOConf
 
     The model's log-probabilities are taken at the batch's sampling temperature, the
     distribution the engine drew from and reported old_logprobs under.
+
+    denominator: the whole step's token (token_mean) or sequence (seq_mean) count, summed
+    over every micro-batch and rank (MicroBatch.denominator). Required once a process
+    group is initialised: sharded gradients are summed over ranks (FSDPConfig's
+    grad_reduction="sum") and over micro-batches, so a per-micro-batch mean would scale
+    the gradient by ranks x micro-batches and change what max_grad_norm clips.
     """
+    if denominator is None and dist.is_available() and dist.is_initialized():
+        raise ValueError("denominator: pass the step's total count (sum of MicroBatch.denominator over "
+                         "all micro-batches and ranks) when training under a process group")
     logits = batch.scaled(model(batch.input_ids, batch.attention_mask))
     logprobs = token_logprobs(logits, batch.input_ids, batch.response_mask)
     return grpo_loss(logprobs, batch.old_logprobs, batch.advantages, batch.response_mask,

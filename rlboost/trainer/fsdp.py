@@ -38,8 +38,10 @@ class FSDPConfig:
     param_dtype / reduce_dtype: compute and gradient-reduction dtypes (None keeps the
     parameters' own dtype; sharded master weights stay in their stored dtype).
     grad_reduction "sum" adds the ranks' gradients, so a loss normalised by the whole
-    step's token count (grpo.aggregate's denominator) gives the exact full-batch
-    gradient however samples are spread over ranks; "mean" is FSDP's default average.
+    step's token count (grpo.aggregate's denominator, which batch.micro_batch_loss
+    requires under a process group) gives the exact full-batch gradient however samples
+    are spread over ranks and micro-batches; "mean" is FSDP's default average (then the
+    gradient is 1/world of the full-batch one).
     gather_bucket_bytes bounds the extra memory of one full-weight gather step.
     """
 

@@ -223,6 +223,21 @@ def test_tcp_rendezvous_for_one_rank(checkpoints):
     assert not torch.distributed.is_initialized()
 
 
+def test_the_step_denominator_is_required_under_a_process_group(checkpoints):
+    # Gradients are summed over ranks and micro-batches: a per-micro-batch mean would be
+    # scaled by both, silently changing the step size and what max_grad_norm clips.
+    mesh = fsdp.init_distributed(0, 1, "127.0.0.1", _free_port(), timeout_s=60)
+    try:
+        model = fsdp.shard_model(load_pretrained(checkpoints["qwen2"]), mesh)
+        batch = build_micro_batch(_samples(), pad_id=0)
+        with pytest.raises(ValueError, match="denominator"):
+            micro_batch_loss(model, batch, GRPOConfig())
+        out = micro_batch_loss(model, batch, GRPOConfig(), denominator=batch.num_response_tokens)
+        assert torch.isfinite(out.loss)
+    finally:
+        fsdp.destroy_distributed()
+
+
 def test_tied_head_is_published_once_as_the_embedding(sharded_runs):
     assert "lm_head.weight" not in sharded_runs["qwen3"]["before"]
     assert "lm_head.weight" in sharded_runs["qwen2"]["before"]
