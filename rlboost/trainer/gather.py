@@ -125,7 +125,13 @@ def _gather_bucket(bucket, dtype, dst, rank, into, buffers) -> Iterator[tuple[st
             full = param.full_tensor() if isinstance(param, DTensor) else param
             if rank == dst:
                 full = full.detach()
-                yield name, into[name].copy_(full) if into is not None else full.to(dtype)
+                if into is not None:
+                    yield name, into[name].copy_(full)
+                    continue
+                # a fresh tensor, as promised: never the live parameter (or a view of it),
+                # which the next optimizer step would change under the caller
+                shared = full.untyped_storage().data_ptr() == _local(param).untyped_storage().data_ptr()
+                yield name, full.to(dtype, copy=shared)
     if sharded:
         yield from _gather_row_sharded(sharded, dtype, dst, rank, into, buffers)
 

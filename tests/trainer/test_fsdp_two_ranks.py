@@ -248,6 +248,12 @@ def test_unsharded_module_streams_its_own_parameters(checkpoints):
     got = dict(fsdp.iter_full_parameters(model, bucket_bytes=2048))
     assert list(got) == [n for n, _ in model.named_parameters()]
     assert all(torch.equal(got[n], p) for n, p in model.named_parameters())
+    # fresh tensors: a later optimizer step (or the caller) cannot change one through the other
+    for name, p in model.named_parameters():
+        assert got[name].untyped_storage().data_ptr() != p.untyped_storage().data_ptr(), name
+    with torch.no_grad():
+        model.model.norm.weight.add_(1.0)
+    assert not torch.equal(got["model.norm.weight"], model.model.norm.weight)
 
 
 def test_models_without_decoder_layers_are_rejected():
