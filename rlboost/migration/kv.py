@@ -63,6 +63,18 @@ class KVLayout:
     def torch_dtype(self) -> torch.dtype:
         return _TORCH_DTYPES[self.dtype]
 
+    def compatible_with(self, other: KVLayout) -> bool:
+        """Whether pages gathered in this layout can be scattered into a cache of `other`:
+        the same per-token shape and dtype (block sizes may differ, pages are token-ordered).
+
+        >>> a = KVLayout(num_layers=2, num_kv_heads=2, head_dim=32, block_size=16, dtype="float32")
+        >>> a.compatible_with(KVLayout(num_layers=2, num_kv_heads=2, head_dim=32, block_size=64,
+        ...                            dtype="float32"))
+        True
+        """
+        return (self.num_layers, self.num_kv_heads, self.head_dim, self.dtype) == (
+            other.num_layers, other.num_kv_heads, other.head_dim, other.dtype)
+
     def cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of a paged cache with num_blocks blocks in this layout."""
         return (self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
