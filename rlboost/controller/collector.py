@@ -126,6 +126,8 @@ class Collector:
 
     def _merge(self, sid: int, p: _Progress, start: int, ids, logprobs, finish_reason, version, *,
                now: float, count_duplicate: bool = True) -> str:
+        if len(ids) != len(logprobs):  # records that crossed a process skip their own checks
+            raise ProtocolError(f"sample {sid}: {len(ids)} token ids but {len(logprobs)} logprobs")
         have = len(p.ids)
         if start > have:
             self.gaps += 1

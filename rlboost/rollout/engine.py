@@ -14,15 +14,26 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 from rlboost.migration.state import RequestState
 
 
+ENGINE_RECORD_FORMAT_VERSION = 1
+
+
+def _check_version(record) -> None:
+    if record.format_version != ENGINE_RECORD_FORMAT_VERSION:
+        raise ValueError(f"{type(record).__name__}.format_version {record.format_version} "
+                         f"is not {ENGINE_RECORD_FORMAT_VERSION}")
+
+
 @dataclass(frozen=True, slots=True)
 class TokenDelta:
     """New output tokens of one sample since the last poll.
 
-    >>> TokenDelta(sample_id=7, start=0, ids=(5, 6), logprobs=(-0.5, -1.0), finish_reason=None, weight_version=3)
-    TokenDelta(sample_id=7, start=0, ids=(5, 6), logprobs=(-0.5, -1.0), finish_reason=None, weight_version=3)
+    >>> TokenDelta(sample_id=7, start=0, ids=(5, 6), logprobs=(-0.5, -1.0), finish_reason=None,
+    ...            weight_version=3).ids
+    (5, 6)
 
     `start` is the index in the sample's output of ids[0], so a collector can detect gaps
-    and duplicates. finish_reason is "stop" or "length" on the sample's last delta.
+    and duplicates; logprobs holds one value per id. finish_reason is "stop" or "length"
+    on the sample's last delta.
     """
 
     sample_id: int
@@ -31,17 +42,32 @@ class TokenDelta:
     logprobs: tuple[float, ...]
     finish_reason: str | None
     weight_version: int
+    format_version: int = ENGINE_RECORD_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        _check_version(self)
+        if len(self.ids) != len(self.logprobs):
+            raise ValueError(f"sample {self.sample_id}: {len(self.ids)} ids but {len(self.logprobs)} logprobs")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """What an engine reports about its load, for routing and the offload policy."""
+    """What an engine reports about its load, for routing and the offload policy.
+
+    >>> EngineLoad(running=12, queued=3, queued_tokens=4800, decode_tokens_per_s=950.0,
+    ...            weight_version=5).running
+    12
+    """
 
     running: int               # samples decoding now
     queued: int                # samples admitted but not yet decoding
     queued_tokens: int         # upper bound on tokens still to generate for admitted samples
     decode_tokens_per_s: float  # measured over the recent past (0 when idle so far)
     weight_version: int        # version of the loaded weights (-1 before any load)
+    format_version: int = ENGINE_RECORD_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        _check_version(self)
 
 
 @runtime_checkable
@@ -57,7 +83,10 @@ class RolloutEngine(Protocol):
         Raises RolloutError once the engine is closed (or has failed)."""
 
     def abort(self, sample_ids: Sequence[int]) -> None:
-        """Drop samples; no further deltas are produced for them. Unknown ids are ignored."""
+        """Drop samples; no further deltas are delivered for them, not even the undelivered
+        last delta of a sample that finished since the last poll (its tokens are gone: the
+        caller resumes it elsewhere from what it collected, or gives it up). Unknown ids
+        are ignored."""
 
     def export_states(self, sample_ids: Sequence[int] | None = None, *, with_kv: bool = False):
         """Remove samples (all when None) and return a MigrationBatch of their full states

@@ -76,3 +76,18 @@ def test_microbatch_size_must_be_a_multiple_of_the_group_size():
         Collector(0, [], 0, microbatch_min_samples=2)
     with pytest.raises(ValueError, match="unique"):
         Collector(0, [GROUPS[0], GROUPS[0]], 0, microbatch_min_samples=2)
+
+
+def test_a_delta_with_a_logprob_per_token_missing_is_refused_on_arrival():
+    import pickle
+
+    col = Collector(0, GROUPS, 0, microbatch_min_samples=2)
+    sid = GROUPS[0].sample_ids[0]
+    good = delta(sid, 0, [7, 8])
+    # as it would arrive from another process: unpickling runs no __post_init__ checks
+    bad = pickle.loads(pickle.dumps(good))
+    object.__setattr__(bad, "logprobs", (-0.5,))
+    with pytest.raises(ProtocolError, match="logprobs"):
+        col.apply(bad)
+    assert col.progress(sid) == 0 and col.tokens == 0
+    assert col.apply(good) == APPLIED
