@@ -1,5 +1,6 @@
-"""Checks on what enters the embedded engine (submitted states, imported batches, weight
-sets), so bad input is refused whole with a RolloutError before anything changes.
+"""Checks on what enters the embedded engine (imported batches, weight sets), so bad input
+is refused whole with a RolloutError before anything changes. Submitted states are checked
+by rollout._admission, shared with the other engines.
 """
 
 from __future__ import annotations
@@ -11,34 +12,8 @@ import torch
 
 from rlboost.errors import RolloutError
 from rlboost.migration.kv import KVLayout
-from rlboost.migration.state import RequestState
 from rlboost.models.checkpoint import match_weight_names
 from rlboost.models.decoder import DecoderLM
-
-
-def validate_states(states: list, *, known, version: int, vocab_size: int, max_model_len: int) -> None:
-    """Refuse the whole list if any state cannot run here."""
-    seen: set[int] = set()
-    for s in states:
-        if not isinstance(s, RequestState):
-            raise RolloutError(f"expected RequestState, got {type(s).__name__}")
-        sid = s.sample_id
-        if sid in known or sid in seen:
-            raise RolloutError(f"sample {sid} is already admitted")
-        seen.add(sid)
-        if s.weight_version != version:
-            raise RolloutError(f"sample {sid} is for weight version {s.weight_version}, "
-                               f"this engine has version {version} loaded")
-        if s.finished or s.remaining_tokens <= 0:
-            raise RolloutError(f"sample {sid} has nothing left to generate "
-                               f"(finish_reason={s.finish_reason!r}, {len(s.output_ids)} tokens)")
-        ids = (*s.prompt_ids, *s.output_ids)
-        if min(ids) < 0 or max(ids) >= vocab_size:
-            raise RolloutError(f"sample {sid} has token ids outside [0, {vocab_size})")
-        total = len(s.prompt_ids) + s.params.max_new_tokens
-        if total > max_model_len:
-            raise RolloutError(f"sample {sid} may reach {total} tokens, more than this engine's "
-                               f"max_model_len {max_model_len}")
 
 
 def check_import(batch, layout: KVLayout) -> list:
@@ -50,11 +25,9 @@ def check_import(batch, layout: KVLayout) -> list:
     n = len(batch.states)
     if batch.kv_layout is None:
         return [None] * n
-    theirs = batch.kv_layout
-    for name in ("num_layers", "num_kv_heads", "head_dim", "dtype"):
-        if getattr(theirs, name) != getattr(layout, name):
-            raise RolloutError(f"KV pages have {name}={getattr(theirs, name)!r}, this engine "
-                               f"needs {getattr(layout, name)!r}")
+    if not batch.kv_layout.compatible_with(layout):
+        raise RolloutError(f"KV pages in layout {batch.kv_layout} cannot be used here: this engine "
+                           f"needs num_layers, num_kv_heads, head_dim and dtype of {layout}")
     if len(batch.kv_tokens or ()) != n or len(batch.kv_data or ()) != n:
         raise RolloutError(f"batch has {n} states but {len(batch.kv_tokens or ())} kv_tokens and "
                            f"{len(batch.kv_data or ())} kv_data entries")

@@ -25,7 +25,8 @@ from rlboost.errors import RolloutError
 from rlboost.migration.state import RequestState
 from rlboost.models.checkpoint import load_pretrained
 from rlboost.models.decoder import DecoderLM
-from rlboost.rollout._engine_io import check_import, load_named_tensors, validate_states
+from rlboost.rollout._admission import validate_states
+from rlboost.rollout._engine_io import check_import, load_named_tensors
 from rlboost.rollout._paged_forward import PagedForward
 from rlboost.rollout._paged_kv import PagedKVCache
 from rlboost.rollout._scheduler import EngineSample, Scheduler
@@ -49,7 +50,9 @@ class EmbeddedEngine:
     A given model is taken over: moved to the configured device and dtype, and written in
     place by load_weights. Stop tokens are exactly `params.stop_token_ids` (the stop token
     is kept in the output). Logprobs are under softmax(logits / temperature), before
-    top-k/top-p. Exported and aborted samples leave no undelivered delta behind.
+    top-k/top-p. Exported and aborted samples leave no undelivered delta behind (an aborted
+    sample that finished since the last poll included). `max_model_len` is the longest
+    prompt + output a sample may reach here (report it in the instance's InstanceInfo).
     """
 
     def __init__(self, config: EmbeddedEngineConfig, model: DecoderLM | None = None):
@@ -68,8 +71,7 @@ class EmbeddedEngine:
         self._forward = PagedForward(self._model, self._cache)
         self._sched = Scheduler(self._cache, max_batch_size=config.max_batch_size,
                                 max_prefill_tokens=config.max_prefill_tokens, scatter=self._scatter)
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
-                                 self._cache.capacity_tokens)
+        self.max_model_len = _max_model_len(config, mc.max_position_embeddings, self._cache.capacity_tokens)
         self._version = config.weight_version
         self._cond = threading.Condition()
         self._commands: list[tuple[Callable[[], object], Future]] = []
@@ -267,8 +269,8 @@ class EmbeddedEngine:
     def _remove(self, ids: list[int]) -> list[EngineSample]:
         removed = [seq for seq in map(self._sched.remove, ids) if seq is not None]
         with self._cond:
-            for seq in removed:
-                self._deltas.pop(seq.sample_id, None)
+            for sid in ids:  # finished samples too: their last delta may still be waiting
+                self._deltas.pop(sid, None)
         return removed
 
     def _export(self, ids: list[int] | None, with_kv: bool):
@@ -312,6 +314,18 @@ class EmbeddedEngine:
         load_named_tensors(self._model, named_tensors, version)
         with self._cond:
             self._version = version
+
+
+def _max_model_len(config: EmbeddedEngineConfig, model_max: int, capacity: int) -> int:
+    """The configured max_model_len, which the KV cache must hold; by default the model's
+    maximum, or the cache's capacity when that is smaller."""
+    if config.max_model_len is None:
+        return min(model_max, capacity)
+    if config.max_model_len > capacity:
+        raise ValueError(f"max_model_len {config.max_model_len} does not fit the KV cache: num_blocks "
+                         f"{config.num_blocks} x block_size {config.block_size} = {capacity} tokens; "
+                         "raise num_blocks or lower max_model_len")
+    return config.max_model_len
 
 
 def _close_if_alive(ref: weakref.ref) -> None:

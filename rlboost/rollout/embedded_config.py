@@ -22,7 +22,8 @@ class EmbeddedEngineConfig:
     num_blocks x block_size: KV-cache capacity in tokens (shared by all samples).
     max_batch_size: samples decoding at once; max_prefill_tokens: prompt tokens fed per step.
     stream_interval: tokens a sample gathers before its delta is released (and at finish).
-    max_model_len: longest prompt + output accepted (default: the model's maximum).
+    max_model_len: longest prompt + output accepted; must fit num_blocks x block_size
+    (default: the model's maximum, or the cache's capacity when smaller).
     rate_window_s: decode tokens/s is measured over the last rate_window_s seconds of
     activity (busy time only, so an idle engine keeps reporting its last rate).
     """

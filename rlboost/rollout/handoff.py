@@ -106,10 +106,9 @@ def _check_kv_compatible(src: RolloutEngine, dst: RolloutEngine) -> None:
     ours, theirs = getattr(src, "kv_layout", None), getattr(dst, "kv_layout", None)
     if ours is None or theirs is None:
         return  # an engine that does not say: its import_states is the judge
-    for name in ("num_layers", "num_kv_heads", "head_dim", "dtype"):
-        if getattr(ours, name) != getattr(theirs, name):
-            raise RolloutError(f"KV pages cannot move: source has {name}={getattr(ours, name)!r}, "
-                               f"destination {getattr(theirs, name)!r}; use mode='tokens'")
+    if not ours.compatible_with(theirs):
+        raise RolloutError(f"KV pages cannot move: source layout {ours}, destination {theirs}; "
+                           "use mode='tokens'")
 
 
 def drain(src: RolloutEngine, sample_ids: Sequence[int], mode: str) -> MigrationBatch:

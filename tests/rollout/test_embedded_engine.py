@@ -159,8 +159,21 @@ def test_public_methods_are_thread_safe(engine_for):
     assert {sid: c.ids for sid, c in out.items()} == {sid: c.ids for sid, c in reference.items()}
 
 
-def test_close_wakes_a_waiting_poll(engine_for):
-    engine = engine_for()
+class _ConditionSignallingPollerForTests(threading.Condition):
+    """A condition variable that tells the test when the poller thread has started waiting."""
+
+    poller_waits = threading.Event()
+
+    def wait(self, timeout=None):
+        if threading.current_thread().name == "poller":
+            self.poller_waits.set()  # the lock is still held: close() cannot run before the wait
+        return super().wait(timeout)
+
+
+def test_close_wakes_a_waiting_poll(engine_for, monkeypatch):
+    with monkeypatch.context() as patch:  # only the engine built here gets the signalling condition
+        patch.setattr(threading, "Condition", _ConditionSignallingPollerForTests)
+        engine = engine_for()
     raised = threading.Event()
 
     def wait():
@@ -169,11 +182,33 @@ def test_close_wakes_a_waiting_poll(engine_for):
         except RolloutError:
             raised.set()
 
-    poller = threading.Thread(target=wait)
+    poller = threading.Thread(target=wait, name="poller")
     poller.start()
+    assert _ConditionSignallingPollerForTests.poller_waits.wait(10.0), "poll never started waiting"
     engine.close()
     poller.join(timeout=10)
     assert raised.is_set()
+
+
+def test_max_model_len_must_fit_the_cache(engine_for):
+    with pytest.raises(ValueError, match="num_blocks"):
+        engine_for(num_blocks=4, block_size=4, max_model_len=17)
+    assert engine_for(num_blocks=4, block_size=4, max_model_len=12).max_model_len == 12
+    assert engine_for(num_blocks=4, block_size=4).max_model_len == 16  # default: what the cache holds
+
+
+def test_abort_drops_the_last_delta_of_a_sample_that_finished_unpolled(engine_for):
+    engine = engine_for(stream_interval=100)
+    engine.submit([make_state(1, 0, prompt_len=3, max_new=2), make_state(2, 0, max_new=50)])
+    # Commands run between engine steps, so each call that returns lets one more step run:
+    # after four of them sample 1 (one prefill step, one decode step) has finished unpolled.
+    for _ in range(4):
+        engine.abort([])
+    assert engine.load().running == 1
+    engine.abort([1])
+    out: dict[int, Collected] = {}
+    collect(engine, [2], out)
+    assert 1 not in out
 
 
 @pytest.mark.parametrize("field, value", [
