@@ -8,7 +8,6 @@ which engine, or how many, generated the sample. Time comes from an injectable c
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
 import threading
@@ -21,83 +20,14 @@ import numpy as np
 
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
-from rlboost.migration.kv import KVLayout
 from rlboost.migration.state import RequestState
+from rlboost.rollout._admission import validate_states
+from rlboost.rollout._emulated_tokens import (KV_LAYOUT, check_kv_pages, emulated_tokens, kv_pages, sample_key,
+                                              weights_fingerprint)
 from rlboost.rollout.engine import EngineLoad, TokenDelta
 
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-# Emulated KV pages: per cached position, its token id and its position as two int32 values
-# (8 bytes = 1 layer x (K, V) x 1 head x 1 dim x float32), so an importer can check them.
-KV_LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=16, dtype="float32")
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    # splitmix64 finalizer; uint64 array arithmetic wraps modulo 2**64 as intended
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def _digest(*parts: bytes) -> int:
-    h = hashlib.blake2b(digest_size=8)
-    for p in parts:
-        h.update(len(p).to_bytes(8, "little"))
-        h.update(p)
-    return int.from_bytes(h.digest(), "little")
-
-
-def sample_key(weights: int, state: RequestState) -> int:
-    """What a sample's tokens depend on: weights and prompt, plus seed and id unless greedy."""
-    prompt = np.asarray(state.prompt_ids, dtype=np.int64).tobytes()
-    if state.params.temperature == 0.0:
-        return _digest(weights.to_bytes(8, "little"), prompt)
-    return _digest(weights.to_bytes(8, "little"), prompt, (state.seed & _MASK).to_bytes(8, "little"),
-                   state.sample_id.to_bytes(8, "little"))
-
-
-def emulated_tokens(key: int, start: int, stop: int, *, vocab_size: int, eos_token_id: int,
-                    eos_probability: float) -> tuple[np.ndarray, np.ndarray]:
-    """Output tokens start..stop-1 of the sample with this key, and their logprobs (float32).
-
-    >>> ids, lp = emulated_tokens(7, 0, 4, vocab_size=100, eos_token_id=2, eos_probability=1.0)
-    >>> ids.tolist(), bool((lp <= 0).all())
-    ([2, 2, 2, 2], True)
-    """
-    t = np.arange(start, stop, dtype=np.uint64)
-    h = _mix(t * np.uint64(_GOLDEN) + np.uint64(key))
-    eos = (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < eos_probability
-    h2 = _mix(h ^ np.uint64(0xD6E8FEB86659FD93))
-    ids = (h2 % np.uint64(vocab_size)).astype(np.int64)
-    ids[eos] = eos_token_id
-    logprobs = (-(h2 >> np.uint64(40)).astype(np.float64) * (8.0 / 2 ** 24)).astype(np.float32)
-    return ids, logprobs
-
-
-def weights_fingerprint(named_tensors: Mapping[str, Any]) -> tuple[int, dict[str, tuple]]:
-    """A hash standing for the weights' values, and their schema (name -> shape, dtype).
-
-    Only the first and last 64 KiB of each tensor enter the hash: enough to tell versions
-    apart in emulation without reading gigabytes.
-    """
-    parts, schema = [], {}
-    for name in sorted(named_tensors):
-        value = named_tensors[name]
-        if hasattr(value, "detach"):  # a torch tensor
-            import torch
-
-            value = value.detach().cpu().contiguous()
-            schema[name] = (tuple(value.shape), str(value.dtype))
-            raw = value.reshape(-1).view(torch.uint8).numpy()
-        else:
-            arr = np.ascontiguousarray(np.asarray(value))
-            schema[name] = (tuple(arr.shape), str(arr.dtype))
-            raw = arr.reshape(-1).view(np.uint8)
-        parts += [name.encode(), repr(schema[name]).encode(), raw[:65536].tobytes(), raw[-65536:].tobytes()]
-    return _digest(*parts), schema
-
+__all__ = ["KV_LAYOUT", "EmulatedEngine", "EmulatedEngineConfig", "emulated_tokens", "sample_key",
+           "weights_fingerprint"]
 
 @dataclass(kw_only=True, slots=True)
 class EmulatedEngineConfig:
@@ -117,6 +47,7 @@ class EmulatedEngineConfig:
     stop_probability: float = 0.01
     eos_token_id: int = 2
     rate_window_s: float = 1.0
+    max_model_len: int | None = None  # longest prompt + output admitted (None: no limit)
 
     def __post_init__(self) -> None:
         for name in ("decode_tokens_per_s", "sample_tokens_per_s", "prefill_tokens_per_s",
@@ -131,6 +62,8 @@ class EmulatedEngineConfig:
             raise ValueError(f"stop_probability must be in [0, 1], got {self.stop_probability}")
         if not 0 <= self.eos_token_id < self.vocab_size:
             raise ValueError(f"eos_token_id must be in [0, vocab_size), got {self.eos_token_id}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
 
 
 class _RealClock:
@@ -192,22 +125,6 @@ class _Sample:
         return self.state.extended(tuple(self.ids[:n].tolist()), tuple(self.logprobs[:n].tolist()))
 
 
-def _kv_pages(state: RequestState):
-    """Emulated pages of every position but the last (which has not been fed yet)."""
-    import torch
-
-    seq = np.asarray(state.prompt_ids + state.output_ids, dtype=np.int32)[:-1]
-    pages = np.stack([seq, np.arange(len(seq), dtype=np.int32)], axis=1)
-    return len(seq), torch.from_numpy(pages.reshape(-1).view(np.uint8).copy())
-
-
-def _check_kv_pages(state: RequestState, tokens: int, data) -> None:
-    seq = np.asarray(state.prompt_ids + state.output_ids, dtype=np.int32)[:tokens]
-    pages = data.cpu().numpy().view(np.int32).reshape(-1, 2)
-    if not (np.array_equal(pages[:, 0], seq) and np.array_equal(pages[:, 1], np.arange(tokens))):
-        raise RolloutError(f"KV pages of sample {state.sample_id} do not match its tokens")
-
-
 class EmulatedEngine:
     """A RolloutEngine whose timing follows a configured GPU and whose tokens are a hash.
 
@@ -228,7 +145,8 @@ class EmulatedEngine:
     prefill runs one sample at a time at prefill_tokens_per_s beside decode. Its KV pages are
     stand-ins (each cached position's token id and index, layout KV_LAYOUT): they travel and
     are checked like real ones, and an import with pages spares the prefill they stand for.
-    top_k and top_p do not change the emulated tokens. The clock is any object with now(),
+    top_k and top_p do not change the emulated tokens. abort drops a sample whole, the
+    undelivered last delta of a finished one included. The clock is any object with now(),
     a `virtual` flag and, unless virtual, sleep(s); by default the monotonic clock.
     One caller at a time is expected (as a Ray actor has).
     """
@@ -251,6 +169,14 @@ class EmulatedEngine:
         self._speed = 1.0
         self._rate = 0.0
         self._closed = False
+
+    @property
+    def kv_layout(self):
+        return KV_LAYOUT
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.config.max_model_len
 
     # -- time model -------------------------------------------------------------------------
 
@@ -327,6 +253,8 @@ class EmulatedEngine:
             self._decoding.discard(sid)
             if s.phase == "prefill":
                 self._prefilling.remove(sid)
+            elif s.phase == "waiting":
+                self._waiting.remove(sid)  # load().queued counts this queue
             s.phase = "gone"
         return s
 
@@ -339,27 +267,12 @@ class EmulatedEngine:
     def submit(self, states: Sequence[RequestState]) -> None:
         self._admit_states(list(states), kv_tokens=None)
 
-    def _validate(self, states: list) -> None:
-        seen = set()
-        vocab = self.config.vocab_size
-        for st in states:
-            if not isinstance(st, RequestState):
-                raise RolloutError(f"submit takes RequestState records, got {type(st).__name__}")
-            if st.weight_version != self._version:
-                raise RolloutError(f"sample {st.sample_id} wants weight version {st.weight_version}, "
-                                   f"engine holds {self._version}")
-            if st.finished or st.remaining_tokens < 1:
-                raise RolloutError(f"sample {st.sample_id} has nothing left to generate")
-            if st.sample_id in self._samples or st.sample_id in seen:
-                raise RolloutError(f"sample {st.sample_id} is already admitted")
-            if any(not 0 <= t < vocab for t in st.prompt_ids + st.output_ids):
-                raise RolloutError(f"sample {st.sample_id} holds token ids outside [0, {vocab})")
-            seen.add(st.sample_id)
-
     def _admit_states(self, states: list, kv_tokens: Sequence[int] | None) -> None:
         with self._lock:
             self._check_open()
-            self._validate(states)  # all or nothing: a refused batch admits no sample
+            # all or nothing: a refused batch admits no sample
+            validate_states(states, known=self._samples, version=self._version,
+                            vocab_size=self.config.vocab_size, max_model_len=self.config.max_model_len)
             self._advance()
             for i, st in enumerate(states):
                 cached = kv_tokens[i] if kv_tokens is not None else 0
@@ -427,7 +340,7 @@ class EmulatedEngine:
             self._admit()
         if not with_kv:
             return MigrationBatch(states=tuple(states))
-        pages = [_kv_pages(st) for st in states]
+        pages = [kv_pages(st) for st in states]
         return MigrationBatch(states=tuple(states), kv_layout=KV_LAYOUT, kv_tokens=tuple(n for n, _ in pages),
                               kv_data=tuple(d for _, d in pages))
 
@@ -438,7 +351,7 @@ class EmulatedEngine:
         if batch.kv_layout != KV_LAYOUT:
             raise RolloutError(f"KV pages in layout {batch.kv_layout} cannot be used here (needs {KV_LAYOUT})")
         for st, n, data in zip(batch.states, batch.kv_tokens, batch.kv_data):
-            _check_kv_pages(st, n, data)
+            check_kv_pages(st, n, data)
         self._admit_states(list(batch.states), kv_tokens=batch.kv_tokens)
 
     def load_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:

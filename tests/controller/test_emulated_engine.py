@@ -143,3 +143,31 @@ def test_poll_on_a_real_clock_waits_for_tokens():
     e.submit([state(1, max_new=10)])
     deltas = e.poll(5.0)
     assert deltas and deltas[0].sample_id == 1
+
+
+def test_load_counts_only_samples_still_queued():
+    clock = ManualClock()
+    e = engine(clock, max_running=1, stop_probability=0.0)
+    e.submit([state(i, max_new=1000) for i in range(4)])
+    assert (e.load().running, e.load().queued) == (1, 3)
+    e.abort([1, 2])
+    e.export_states([3])
+    assert (e.load().running, e.load().queued) == (1, 0)
+
+
+def test_abort_drops_the_last_delta_of_a_sample_that_finished_unpolled():
+    clock = ManualClock()
+    e = engine(clock, stop_probability=0.0)
+    e.submit([state(1, max_new=3), state(2, max_new=1000)])
+    clock.advance(10.0)  # sample 1 finished long ago; nobody polled it
+    e.abort([1])
+    assert {d.sample_id for d in e.poll(0.0)} == {2}
+
+
+def test_samples_longer_than_max_model_len_are_refused_whole():
+    clock = ManualClock()
+    e = engine(clock, max_model_len=40)
+    with pytest.raises(RolloutError, match="max_model_len"):
+        e.submit([state(1, max_new=30), state(2, max_new=38)])  # 3 + 38 > 40
+    assert e.load().running + e.load().queued == 0
+    e.submit([state(1, max_new=37)])

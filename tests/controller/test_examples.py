@@ -7,7 +7,7 @@ import pytest
 
 MODULES = ["rlboost.controller.clock", "rlboost.controller.records", "rlboost.controller.estimates",
            "rlboost.controller.offload", "rlboost.controller.metrics", "rlboost.controller.emulation",
-           "rlboost.rollout.emulated"]
+           "rlboost.rollout.emulated", "rlboost.rollout._emulated_tokens", "rlboost.rollout.engine"]
 
 
 @pytest.mark.parametrize("name", MODULES)
