@@ -19,7 +19,9 @@ from rlboost.rollout.emulated import EmulatedEngine
 @pytest.fixture(scope="module")
 def ray_session():
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(num_cpus=2, object_store_memory=200 * 1024 ** 2, include_dashboard=False, log_to_driver=False)
+    # address="local": always a fresh cluster of our own, never one already running on the machine
+    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024 ** 2, include_dashboard=False,
+             log_to_driver=False)
     yield
     ray.shutdown()
 
