@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import gc
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch

@@ -321,3 +321,53 @@ def test_migration_cost_bench_runs_in_quick_mode():
     assert record["metric"] == "kv_resume_speedup_256" and record["value"] > 0 and record["ceiling"] > 0
     assert {"reprefill_ms_256", "kv_ms_256", "kv_transfer_ms_256", "scratch_ms_256"} <= set(record["peers"])
     assert any(line.startswith("tiny") and "kv_transfer" in line for line in lines)
+
+
+def test_a_stalled_channel_times_out_and_the_samples_go_back(make, reference):
+    from rlboost.transfer import TransferConfig
+
+    src, dst = make(), make()
+    out = started(src)
+    # a server capped at 1 KiB/s needs minutes for these pages: the handoff must not wait for it
+    slow = TransferConfig(relay=False, egress_bytes_per_s=1024, request_timeout_s=2.0)
+    with TransferChannel(slow) as channel:
+        with pytest.raises(HandoffFailed) as info:
+            migrate(src, dst, [0, 1, 2], mode="kv", channel=channel, ship_timeout_s=0.5)
+    assert info.value.returned_to_source and isinstance(info.value.__cause__, TransferTimeout)
+    assert dst.load().running + dst.load().queued == 0
+    reset(out, info.value.batch.states)
+    collect(src, [0, 1, 2], out)
+    assert_matches(out, reference)
+
+
+def test_a_full_sender_refuses_before_draining_instead_of_evicting_a_batch(make):
+    from rlboost.transfer import TransferConfig
+
+    src = make()
+    src.submit(states(n=3))
+    with SampleSender(TransferConfig(versions_kept=2)) as sender:
+        first, second = sender.send(src, [0], mode="kv"), sender.send(src, [1], mode="kv")
+        with pytest.raises(RolloutError, match="versions_kept"):
+            sender.send(src, [2], mode="kv")
+        assert src.load().running + src.load().queued == 1  # sample 2 was not drained
+        assert sorted(sender.publisher.versions) == [first.key, second.key]  # nothing evicted
+        sender.release(first)
+        third = sender.send(src, [2], mode="kv")
+        assert sender.pending == 2 and third.sample_ids == (2,)
+
+
+def test_parts_of_one_ticket_go_to_different_destinations(make, reference):
+    src, dst_a, dst_b = make(), make(), make()
+    out = started(src)
+    with SampleSender() as sender, SampleReceiver() as receiver:
+        ticket = sender.send(src, [0, 1, 2], mode="kv")
+        reset(out, sender.states(ticket))
+        receiver.receive(dst_a, ticket, sample_ids=[0, 2])
+        sender.release(ticket, [0, 2])
+        assert ticket.key in sender.publisher.versions  # sample 1 still waits for a destination
+        receiver.receive(dst_b, ticket, sample_ids=[1])
+        sender.release(ticket, [1])
+        assert ticket.key not in sender.publisher.versions and sender.pending == 0
+    collect(dst_a, [0, 2], out)
+    collect(dst_b, [1], out)
+    assert_matches(out, reference)
