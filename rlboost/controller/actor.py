@@ -14,7 +14,7 @@ from rlboost.controller.adapters import RayEngineHandle
 from rlboost.controller.clock import MonotonicClock
 from rlboost.controller.metrics import StepMetrics
 from rlboost.controller.offload import AdaptiveWindowConfig, ReferenceWindowConfig, make_policy
-from rlboost.controller.records import InstanceInfo, InstanceStatus, Lease, MicroBatch, PromptGroup
+from rlboost.controller.records import GroupBatch, InstanceInfo, InstanceStatus, Lease, PromptGroup
 from rlboost.controller.service import ControllerConfig, RolloutService
 
 
@@ -25,7 +25,10 @@ class RolloutController:
     Rollout instances (each a Ray actor exposing the RolloutEngine methods):
       register(info: InstanceInfo, engine: ActorHandle) -> Lease
           Join (state "joining"). The controller calls engine.load() to learn the loaded
-          weight version, then routes to it once that version is current.
+          weight version, then routes to it once that version is current. info.max_model_len
+          keeps samples that cannot fit away from it; info.kv_layout says the actor is a
+          rollout.endpoint.MigratingEngine, so KV pages move actor to actor (only tickets
+          and token-only states pass through this actor, never pages).
       heartbeat(instance_id, weight_version) -> Lease
           Renew the lease every lease.renew_within_s (answered polls renew it too). When
           lease.weight_version differs from what the instance holds it should pull that
@@ -35,19 +38,30 @@ class RolloutController:
           are exported and resumed elsewhere before the returned deadline (controller clock).
       deregister(instance_id) -> None
           The instance is gone; its samples resume from their last collected token.
+    An engine that refuses samples (RolloutError) is not lost: the samples go elsewhere,
+    and the step fails naming any sample that no instance will take.
 
     Trainer, each step (v = the weight version the step's samples must come from):
       set_weight_version(v)                    after publishing v, before start_step
       start_step(step, groups, v) -> float     planned local window, seconds
       wait_window_closed(timeout_s) -> bool    True once the reserved instances are released
-      next_microbatch(timeout_s) -> MicroBatch | None
+      next_microbatch(timeout_s) -> GroupBatch | None
           complete groups (never split); None if none within timeout_s; the one with
           last=True ends the step; raises StepFailed naming missing samples.
-      end_step() -> StepMetrics                also feeds the offload policy
+      end_step() -> StepMetrics                also feeds the offload policy; aborts what
+                                               still runs and settles every call in flight
     Also: instances() -> tuple[InstanceStatus, ...], close().
 
-    Reserved instances must stay able to serve while the step runs: if every preemptible
-    instance is lost with samples still queued, the window reopens (StepMetrics.reopened).
+    The reserved instances belong to one side at a time (a handshake, never a guess):
+      - from start_step until wait_window_closed() returns True, they roll out;
+      - once it has returned True they are the trainer's: nothing is routed to them;
+      - if queued samples can run nowhere else (every preemptible instance lost, or all
+        refusing them), reserved_needed() turns True and a waiting next_microbatch()
+        returns None at once. The trainer, when it can spare the reserved GPUs (between
+        micro-batches, its state moved off them), calls lend_reserved(): the window
+        reopens (StepMetrics.reopened) and it calls wait_window_closed() again before it
+        trains on them. A trainer that never lends them gets StepFailed after
+        idle_timeout_s, saying so.
     """
 
     def __init__(self, config: ControllerConfig | None = None, policy: str = "adaptive",
@@ -85,8 +99,14 @@ class RolloutController:
     async def wait_window_closed(self, timeout_s: float) -> bool:
         return await (await self._service()).wait_window_closed(timeout_s)
 
-    async def next_microbatch(self, timeout_s: float) -> MicroBatch | None:
+    async def next_microbatch(self, timeout_s: float) -> GroupBatch | None:
         return await (await self._service()).next_microbatch(timeout_s)
+
+    async def reserved_needed(self) -> bool:
+        return (await self._service()).reserved_needed()
+
+    async def lend_reserved(self) -> None:
+        (await self._service()).lend_reserved()
 
     async def end_step(self) -> StepMetrics:
         return await (await self._service()).end_step()

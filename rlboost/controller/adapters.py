@@ -26,6 +26,12 @@ class EngineAdapter(Protocol):
     async def load_weights(self, named_tensors: Mapping[str, Any], version: int) -> None: ...
     async def load(self) -> EngineLoad: ...
     async def close(self) -> None: ...
+    # the handoff protocol (rollout.endpoint.MigratingEngine); only used with instances
+    # whose InstanceInfo declares a kv_layout
+    async def handoff_send(self, sample_ids: Sequence[int], mode: str) -> tuple[Any, tuple[RequestState, ...]]: ...
+    async def handoff_receive(self, ticket: Any, sample_ids: Sequence[int], timeout_s: float) -> None: ...
+    async def handoff_release(self, ticket: Any, sample_ids: Sequence[int]) -> None: ...
+    async def handoff_take_back(self, ticket: Any, sample_ids: Sequence[int]) -> None: ...
 
 
 class InProcessEngine:
@@ -67,9 +73,23 @@ class InProcessEngine:
     async def close(self):
         await self._call(self.engine.close)
 
+    async def handoff_send(self, sample_ids, mode):
+        return await self._call(self.engine.handoff_send, list(sample_ids), mode)
+
+    async def handoff_receive(self, ticket, sample_ids, timeout_s):
+        await self._call(self.engine.handoff_receive, ticket, list(sample_ids), timeout_s)
+
+    async def handoff_release(self, ticket, sample_ids):
+        await self._call(self.engine.handoff_release, ticket, list(sample_ids))
+
+    async def handoff_take_back(self, ticket, sample_ids):
+        await self._call(self.engine.handoff_take_back, ticket, list(sample_ids))
+
 
 class RayEngineHandle:
-    """A Ray actor handle whose actor exposes the RolloutEngine methods.
+    """A Ray actor handle whose actor exposes the RolloutEngine methods (and, for KV
+    migration, the handoff methods of rollout.endpoint.MigratingEngine: only tickets and
+    token-only states cross Ray; the pages go from actor to actor).
 
     A dead actor raises PeerLost, which the driver treats as the loss of the instance (its
     samples resume from their last collected tokens); the driver also bounds every call by
@@ -111,3 +131,15 @@ class RayEngineHandle:
 
     async def close(self):
         await self._call("close")
+
+    async def handoff_send(self, sample_ids, mode):
+        return await self._call("handoff_send", list(sample_ids), mode)
+
+    async def handoff_receive(self, ticket, sample_ids, timeout_s):
+        await self._call("handoff_receive", ticket, list(sample_ids), timeout_s)
+
+    async def handoff_release(self, ticket, sample_ids):
+        await self._call("handoff_release", ticket, list(sample_ids))
+
+    async def handoff_take_back(self, ticket, sample_ids):
+        await self._call("handoff_take_back", ticket, list(sample_ids))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
-from rlboost.controller.records import CompletedGroup, CompletedSample, MicroBatch, PromptGroup
+from rlboost.controller.records import CompletedGroup, CompletedSample, GroupBatch, PromptGroup
 from rlboost.errors import ProtocolError, StaleSampleError
 from rlboost.migration.state import RequestState
 from rlboost.rollout.engine import TokenDelta
@@ -83,6 +83,11 @@ class Collector:
     def max_new(self, sample_id: int) -> int:
         return self._samples[sample_id].group.params.max_new_tokens
 
+    def max_length(self, sample_id: int) -> int:
+        """Longest the sample can become: prompt + max_new_tokens."""
+        g = self._samples[sample_id].group
+        return len(g.prompt_ids) + g.params.max_new_tokens
+
     def state_of(self, sample_id: int, weight_version: int) -> RequestState:
         """The sample as collected so far, ready to resume on an engine holding weight_version."""
         p = self._samples[sample_id]
@@ -96,10 +101,6 @@ class Collector:
     @property
     def all_done(self) -> bool:
         return not any(self._left.values())
-
-    @property
-    def done_count(self) -> int:
-        return sum(1 for p in self._samples.values() if p.finish_reason is not None)
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -170,7 +171,7 @@ class Collector:
     def ready_samples(self) -> int:
         return sum(self._groups[g].num_samples for g in self._ready)
 
-    def take(self) -> MicroBatch | None:
+    def take(self) -> GroupBatch | None:
         """The next micro-batch, when enough complete groups are ready (or the step's rest is)."""
         if not self._ready:
             return None
@@ -189,4 +190,4 @@ class Collector:
             out.append(self._group(gid))
             n += g.num_samples
         last = len(self._emitted) == len(self._groups)
-        return MicroBatch(step=self.step, groups=tuple(out), last=last)
+        return GroupBatch(step=self.step, groups=tuple(out), last=last)

@@ -103,9 +103,12 @@ class EmulatedFleet:
         adapter = _MortalEngine(engine)
         self.engines[spec.instance_id] = engine
         self._adapters[spec.instance_id] = adapter
+        # engines speaking the handoff protocol (rollout.endpoint) declare their KV layout
+        layout = getattr(engine, "kv_layout", None) if hasattr(engine, "handoff_send") else None
         info = InstanceInfo(instance_id=spec.instance_id, kind=spec.kind,
                             capacity=spec.capacity or spec.engine.max_running,
-                            address=f"emulated://{spec.instance_id}")
+                            address=f"emulated://{spec.instance_id}",
+                            max_model_len=getattr(engine, "max_model_len", None), kv_layout=layout)
         self.service.register(info, adapter)
         self._tasks.append(asyncio.create_task(self._agent(spec, engine, adapter)))
         return engine
@@ -198,7 +201,8 @@ async def run_emulated_steps(service: RolloutService, clock: Clock, trainer: Emu
     """Drive steps the way a trainer does; returns each step's metrics.
 
     Weight version v = step number is made current before each step, so preemptible
-    instances pull it (taking their pull_s) while the reserved ones roll out.
+    instances pull it (taking their pull_s) while the reserved ones roll out. When the
+    controller needs the reserved instances back it lends them (switch_s each way).
     """
     out = []
     for step in range(first_step, first_step + steps):
@@ -212,6 +216,12 @@ async def run_emulated_steps(service: RolloutService, clock: Clock, trainer: Emu
         while True:
             mb = await service.next_microbatch(trainer.wait_s)
             if mb is None:
+                if service.reserved_needed():  # the rollout cannot finish without them: lend them
+                    await clock.asleep(trainer.switch_s)
+                    service.lend_reserved()
+                    while not await service.wait_window_closed(trainer.wait_s):
+                        pass
+                    await clock.asleep(trainer.switch_s)
                 continue
             await clock.asleep(trainer.train_s_per_token * mb.num_tokens)
             if mb.last:

@@ -25,6 +25,7 @@ class StepMetrics:
     migrations counts samples moved while their instance was alive (window close, drain,
     work stealing); resumes counts samples restarted from their last collected token after
     an instance was lost. reprefill_tokens are prompt + output tokens targets had to prefill.
+    kv_migrations counts moved samples whose KV pages went engine to engine (no re-prefill).
     """
 
     step: int
@@ -49,6 +50,7 @@ class StepMetrics:
     reopened: int
     duplicates: int
     gaps: int
+    kv_migrations: int = 0
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -77,6 +79,7 @@ class StepMeter:
     num_preemptible: int = 0
     trainer_idle_s: float = 0.0
     reopened: int = 0
+    kv_migrations: int = 0
     last_microbatch_tokens: int = 0
     # per micro-batch after the window: (taken at, ((group ready at, group tokens), ...)), step-relative
     deliveries: list = field(default_factory=list)
@@ -91,10 +94,6 @@ class StepMeter:
         self.migrated_tokens += output_tokens
         self.reprefill_tokens += reprefill_tokens
 
-    def resumed(self, reprefill_tokens: int) -> None:
-        self.resumes += 1
-        self.reprefill_tokens += reprefill_tokens
-
     def freeze(self, *, now: float, samples: int, total_tokens: int, duplicates: int, gaps: int) -> StepMetrics:
         done = self.rollout_done_at if self.rollout_done_at is not None else now
         closed = self.window_closed_at if self.window_closed_at is not None else done
@@ -107,4 +106,5 @@ class StepMeter:
             resumes=self.resumes, preemptions=self.preemptions, deaths=self.deaths,
             num_preemptible=self.num_preemptible, trainer_idle_s=self.trainer_idle_s,
             rollout_idle_s=max(0.0, now - done), rollout_time_s=done - self.started_at,
-            step_time_s=now - self.started_at, reopened=self.reopened, duplicates=duplicates, gaps=gaps)
+            step_time_s=now - self.started_at, reopened=self.reopened, duplicates=duplicates, gaps=gaps,
+            kv_migrations=self.kv_migrations)

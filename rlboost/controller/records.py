@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlboost.migration.kv import KVLayout
 from rlboost.migration.state import RequestState, SamplingParams
 
 RECORD_FORMAT_VERSION = 1
@@ -29,13 +30,19 @@ class InstanceInfo:
     'preemptible'
 
     capacity is how many samples it decodes at once; the controller never queues more
-    than that on it, so everything else stays cheap to move.
+    than that on it, so everything else stays cheap to move. max_model_len is the longest
+    prompt + output its engine accepts (None: no limit declared); a sample that cannot fit
+    is never offered to it. kv_layout is set when its engine speaks the handoff protocol
+    (rlboost.rollout.endpoint.MigratingEngine): KV pages of migrating samples then move
+    engine to engine, to targets whose layout is compatible.
     """
 
     instance_id: str
     kind: str
     capacity: int
     address: str = ""
+    max_model_len: int | None = None
+    kv_layout: KVLayout | None = None
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -46,6 +53,8 @@ class InstanceInfo:
             raise ValueError(f"kind must be one of {INSTANCE_KINDS}, got {self.kind!r}")
         if self.capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {self.capacity}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,10 +165,11 @@ class CompletedGroup:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class MicroBatch:
-    """Complete groups ready for training; `last` marks the step's final micro-batch.
+class GroupBatch:
+    """Complete groups ready for training (what next_microbatch() returns); `last` marks
+    the step's final one. The trainer pads them into rlboost.trainer.batch.MicroBatch tensors.
 
-    >>> MicroBatch(step=4, groups=(), last=True).num_samples
+    >>> GroupBatch(step=4, groups=(), last=True).num_samples
     0
     """
 
@@ -178,6 +188,9 @@ class MicroBatch:
     @property
     def num_tokens(self) -> int:
         return sum(g.num_tokens for g in self.groups)
+
+
+MicroBatch = GroupBatch  # the earlier name, kept for callers that import it
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -51,6 +51,7 @@ class InstanceView:
     capacity: int
     rates: RateModel
     accepts_new: bool = True  # False: only a source of samples (draining)
+    max_model_len: int | None = None  # longest prompt + output it takes (None: not declared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class Router:
         self._owner: dict[int, str] = {}
         self._by_instance: dict[str, set[int]] = {}
         self.failures: Counter[int] = Counter()
+        self._refused: dict[int, dict[str, str]] = {}  # sample -> {instance: why it refused it}
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -120,14 +122,36 @@ class Router:
         self._by_instance.pop(instance_id, None)
         return sids
 
+    def refuse(self, sample_id: int, instance_id: str, reason: str) -> None:
+        """The instance refused the sample: queue it again (no budget spent) and never offer
+        it that instance again this step."""
+        self._refused.setdefault(sample_id, {})[instance_id] = reason
+        self.requeue([sample_id], failed=False)
+
+    def refusals(self, sample_id: int) -> dict[str, str]:
+        """Instances that refused the sample this step, with their reasons."""
+        return dict(self._refused.get(sample_id, {}))
+
     def exhausted(self) -> tuple[int, ...]:
         """Samples that lost more instances than the retry budget allows."""
         return tuple(sorted(s for s, n in self.failures.items() if n > self.config.retry_budget))
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def dispatch(self, instances: list[InstanceView], remaining: Callable[[int], float]) -> list[Assign]:
-        """Place queued samples on free slots, each where outstanding work / rate is least."""
+    def can_run(self, sample_id: int, view: InstanceView, length: Callable[[int], int] | None) -> bool:
+        """Whether the instance may be offered the sample: it has not refused it, and the
+        sample's longest possible length (prompt + max_new_tokens) fits what it declares."""
+        if view.instance_id in self._refused.get(sample_id, ()):
+            return False
+        return view.max_model_len is None or length is None or length(sample_id) <= view.max_model_len
+
+    def dispatch(self, instances: list[InstanceView], remaining: Callable[[int], float],
+                 length: Callable[[int], int] | None = None) -> list[Assign]:
+        """Place queued samples on free slots, each where outstanding work / rate is least.
+
+        length(sample) is its longest possible prompt + output, checked against each
+        instance's max_model_len. A sample no open instance can run keeps its place in the queue.
+        """
         open_ = [v for v in instances
                  if v.accepts_new and len(self._by_instance.get(v.instance_id, ())) < v.capacity]
         if not self._queue or not open_:
@@ -136,28 +160,30 @@ class Router:
                                 sum(remaining(s) for s in self._by_instance.get(v.instance_id, ()))]
                 for v in open_}
         placed: dict[str, list[int]] = {}
-        while self._queue:
-            sid = self._queue[0]
+        waiting: deque[int] = deque()
+        while self._queue and any(load[v.instance_id][0] < v.capacity for v in open_):
+            sid = self._queue.popleft()
             need = remaining(sid)
             best, best_key = None, None
             for v in open_:
                 n, work = load[v.instance_id]
-                if n >= v.capacity:
+                if n >= v.capacity or not self.can_run(sid, v, length):
                     continue
                 key = ((work + need) / v.rates.full_rate(v.capacity), n, v.instance_id)
                 if best_key is None or key < best_key:
                     best, best_key = v, key
             if best is None:
-                break
-            self._queue.popleft()
+                waiting.append(sid)
+                continue
             load[best.instance_id][0] += 1
             load[best.instance_id][1] += need
             self.assign(sid, best.instance_id)
             placed.setdefault(best.instance_id, []).append(sid)
+        self._queue.extendleft(reversed(waiting))
         return [Assign(iid, tuple(sids)) for iid, sids in sorted(placed.items())]
 
     def steal(self, instances: list[InstanceView], remaining: Callable[[int], float],
-              position: Callable[[int], int]) -> list[Move]:
+              position: Callable[[int], int], length: Callable[[int], int] | None = None) -> list[Move]:
         """Samples to move to free slots where they would finish clearly sooner (only with an empty
         queue). Decisions only: the caller assigns each sample once it has left its source."""
         if self._queue:
@@ -184,7 +210,7 @@ class Router:
                 if t_rate * (1.0 - cfg.steal_margin) <= s_rate:
                     continue  # no sample of src can clear the margin
                 for sid in sids:
-                    if sid in taken:
+                    if sid in taken or not self.can_run(sid, t, length):
                         continue
                     if sid not in cache:
                         cache[sid] = (remaining(sid), position(sid))

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Sequence
 
+from rlboost.controller._parts import EngineSlot
 from rlboost.controller.adapters import EngineAdapter
 from rlboost.controller.clock import Clock
-from rlboost.controller.collector import APPLIED, GAP, Collector
-from rlboost.controller.decisions import StepDecisions, StepState
+from rlboost.controller.collector import APPLIED, GAP
+from rlboost.controller.decisions import StepDecisions
 from rlboost.controller.estimates import LengthModel, RateModel
-from rlboost.controller.metrics import StepMeter, StepMetrics
 from rlboost.controller.moves import EngineMoves
-from rlboost.controller.offload import AdaptiveWindow, StepObservation, WindowPolicy
-from rlboost.controller.records import InstanceInfo, InstanceStatus, Lease, MicroBatch, PromptGroup
+from rlboost.controller.offload import AdaptiveWindow, WindowPolicy
+from rlboost.controller.records import InstanceInfo, InstanceStatus, Lease
 from rlboost.controller.registry import ACTIVE, DRAINING, GONE, Registry, RegistryConfig
 from rlboost.controller.router import Router, RouterConfig
+from rlboost.controller.steps import StepApi
 from rlboost.errors import RolloutError, TransferTimeout
 
 _EPS_S = 1e-6
@@ -34,12 +34,15 @@ class ControllerConfig:
 
     idle_timeout_s fails a step when no token arrives for that long while samples are
     pending (an idle timeout: a long but progressing step never times out).
-    microbatch_min_samples defaults to the first group's size.
+    microbatch_min_samples defaults to the first group's size. With migrate_with_kv,
+    instances whose InstanceInfo declares a kv_layout move samples' KV pages engine to
+    engine; a target pulls them within handoff_timeout_s.
     """
 
     poll_interval_s: float = 0.05
     idle_timeout_s: float = 120.0
     call_timeout_s: float = 30.0
+    handoff_timeout_s: float = 60.0
     microbatch_min_samples: int | None = None
     microbatch_max_samples: int | None = None
     migrate_with_kv: bool = False
@@ -50,7 +53,7 @@ class ControllerConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
 
     def __post_init__(self) -> None:
-        for name in ("poll_interval_s", "idle_timeout_s", "call_timeout_s", "reserved_tokens_per_s",
+        for name in ("poll_interval_s", "idle_timeout_s", "call_timeout_s", "handoff_timeout_s", "reserved_tokens_per_s",
                      "preemptible_tokens_per_s", "sample_tokens_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -60,19 +63,13 @@ class ControllerConfig:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
 
 
-class _Engine:
-    __slots__ = ("adapter", "rates", "kind", "polled_at")
-
-    def __init__(self, adapter: EngineAdapter, rates: RateModel, kind: str, now: float):
-        self.adapter, self.rates, self.kind, self.polled_at = adapter, rates, kind, now
-
-
-class RolloutService(StepDecisions, EngineMoves):
+class RolloutService(StepApi, StepDecisions, EngineMoves):
     """The rollout controller: instances, steps, and the loop that drives them.
 
     Lifecycle: `await start()` launches the loop on the running event loop; `await close()`
     stops it. Per step: start_step() -> wait_window_closed() -> next_microbatch() until a
-    micro-batch has last=True -> end_step(). Between steps: set_weight_version().
+    micro-batch has last=True -> end_step(); lend_reserved() when reserved_needed() (see
+    steps.StepApi). Between steps: set_weight_version().
     """
 
     def __init__(self, config: ControllerConfig | None = None, *, clock: Clock,
@@ -83,11 +80,13 @@ class RolloutService(StepDecisions, EngineMoves):
         self.router = Router(self.config.router)
         self.lengths = LengthModel()
         self.policy = window_policy if window_policy is not None else AdaptiveWindow()
-        self._engines: dict[str, _Engine] = {}
+        self._engines: dict[str, EngineSlot] = {}
         self._leaving: list[tuple[str, str]] = []
         self._calls: dict[str, tuple[asyncio.Future, str, int]] = {}  # one poll or load in flight each
-        self._step: StepState | None = None
-        self._kv: dict[int, tuple] = {}
+        self._held: dict[int, tuple[str, object]] = {}
+        self._background: set[asyncio.Task] = set()
+        self._step = None
+        self._tick_lock: asyncio.Lock | None = None
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._crashed: BaseException | None = None
@@ -98,6 +97,7 @@ class RolloutService(StepDecisions, EngineMoves):
         if self._task is not None:
             raise RolloutError("the controller loop is already running")
         self._changed = asyncio.Event()
+        self._tick_lock = asyncio.Lock()
         self._task = asyncio.create_task(self._run(), name="rlboost-controller")
 
     async def close(self) -> None:
@@ -108,6 +108,9 @@ class RolloutService(StepDecisions, EngineMoves):
         for task, _, _ in self._calls.values():
             task.cancel()
         self._calls.clear()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         for iid in list(self._engines):
             await self._close_engine(iid)
 
@@ -126,20 +129,20 @@ class RolloutService(StepDecisions, EngineMoves):
             await self.clock.asleep(self.config.poll_interval_s)
 
     async def tick(self) -> None:
-        """One round: leases, first contact, polls, drains, window, placement, watchdog."""
-        for iid in self.registry.expire():
-            self._lose(iid, "missed heartbeats")
-        while self._leaving:
-            self._lose(*self._leaving.pop(0))
-        await self._exchange()
-        st = self._step
-        if st is not None and st.failure is None:
+        """One round: leases, first contact, polls, drains, window, placement, watchdog.
+        Runs under the tick lock, which end_step() takes to finish a step between ticks."""
+        async with self._tick_lock:
+            for iid in self.registry.expire():
+                self._lose(iid, "missed heartbeats")
+            while self._leaving:
+                self._lose(*self._leaving.pop(0))
+            await self._exchange()
             await self._drain_due()
-            await self._window(st)
-            await self._place(st)
-            self._check(st)
-        else:
-            await self._drain_due()
+            st = self._step
+            if st is not None and st.failure is None and not st.ending:
+                await self._window(st)
+                await self._place(st)
+                self._check(st)
         self._wake()
 
     def _wake(self) -> None:
@@ -179,8 +182,8 @@ class RolloutService(StepDecisions, EngineMoves):
             per_sample = self.config.sample_tokens_per_s
             aggregate = (self.config.reserved_tokens_per_s if info.kind == "reserved"
                          else self.config.preemptible_tokens_per_s)
-        self._engines[info.instance_id] = _Engine(engine, RateModel(per_sample, aggregate), info.kind,
-                                                  self.clock.now())
+        self._engines[info.instance_id] = EngineSlot(engine, RateModel(per_sample, aggregate), info.kind,
+                                                     self.clock.now())
         return lease
 
     def heartbeat(self, instance_id: str, weight_version: int | None = None) -> Lease:
@@ -249,6 +252,14 @@ class RolloutService(StepDecisions, EngineMoves):
             self._lose(iid, f"load() failed: {res!r}")
         elif self.registry.get(iid).state != GONE:
             self.registry.heartbeat(iid, res.weight_version)
+            self._loaded(self._engines[iid], res)
+
+    def _loaded(self, eng: EngineSlot, load) -> None:
+        """An instance answered load(): time before now is not decode time (a weight pull is
+        not slowness), and a decode rate it measured itself is a floor for its aggregate."""
+        eng.polled_at = self.clock.now()
+        if not eng.rates.observed and load.decode_tokens_per_s > eng.rates.aggregate:
+            eng.rates.aggregate = float(load.decode_tokens_per_s)
 
     async def _polled(self, iid: str, res, running: int) -> None:
         """Handle one instance's poll result (deltas or the exception its poll raised)."""
@@ -287,120 +298,15 @@ class RolloutService(StepDecisions, EngineMoves):
             try:
                 await self._guard(eng.adapter.abort(gaps))
             except Exception as exc:
-                self._lose(iid, f"abort() failed: {exc!r}")
+                self._lose(iid, f"abort() failed: {exc!r}")  # requeues (and charges) them itself
+            gaps = [s for s in gaps if self.router.owner(s) == iid]
             self.router.requeue(gaps, failed=True)
             st.meter.resumes += len(gaps)
         return col.tokens - start_tokens
 
     def _finished(self, sid: int) -> None:
         self.router.finish(sid)
-        self._kv.pop(sid, None)
         self.lengths.observe(self._step.collector.progress(sid))
-
-    # -- steps -------------------------------------------------------------------------------
-
-    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int) -> float:
-        """Begin rolling out groups with weights weight_version; returns the planned local window (s)."""
-        self._check_loop()
-        if self._step is not None:
-            raise RolloutError(f"step {self._step.meter.step} is still running: call end_step() first")
-        if weight_version != self.registry.current_version:
-            self.registry.set_weight_version(weight_version)
-        cfg = self.config
-        min_samples = cfg.microbatch_min_samples or (groups[0].num_samples if groups else 1)
-        collector = Collector(step, groups, weight_version, microbatch_min_samples=min_samples,
-                              microbatch_max_samples=cfg.microbatch_max_samples,
-                              max_staleness=cfg.registry.max_staleness)
-        meter = StepMeter(step=step, weight_version=weight_version, started_at=self.clock.now())
-        self.router.begin_step(collector.sample_ids)
-        self._kv.clear()
-        self._step = StepState(collector, meter)
-        meter.planned_window_s = self.policy.plan(self._context(self._step))
-        self._wake()
-        return meter.planned_window_s
-
-    async def wait_window_closed(self, timeout_s: float) -> bool:
-        """Wait until the reserved instances are released (window closed or all samples done)."""
-        st = self._require_step()
-        deadline = self.clock.now() + timeout_s
-        while True:
-            if st.failure is not None:
-                raise st.failure
-            if not st.window_open or st.collector.all_done:
-                return True
-            if self._expired(deadline):
-                return False
-            await self._wait_change(deadline)
-
-    async def next_microbatch(self, timeout_s: float) -> MicroBatch | None:
-        """Complete groups for the trainer, or None if none are ready within timeout_s.
-
-        Raises StepFailed (naming the missing samples) if the step cannot complete.
-        """
-        st = self._require_step()
-        if st.delivered_last:
-            raise RolloutError(f"step {st.meter.step} has delivered its last micro-batch")
-        deadline = self.clock.now() + timeout_s
-        began = self.clock.now()
-        try:
-            while True:
-                if st.failure is not None:
-                    raise st.failure
-                mb = st.collector.take()
-                if mb is not None:
-                    self._slack(st, mb)
-                    if mb.last:
-                        st.delivered_last = True
-                        st.meter.last_microbatch_tokens = mb.num_tokens
-                    return mb
-                if self._expired(deadline):
-                    return None
-                await self._wait_change(deadline)
-        finally:
-            closed = st.meter.window_closed_at
-            if closed is not None:  # the trainer waits only once the window has given it back
-                st.meter.trainer_idle_s += max(0.0, self.clock.now() - max(began, closed))
-
-    def _slack(self, st: StepState, mb: MicroBatch) -> None:
-        """Record when each group was ready and when the trainer took it (after the window)."""
-        if st.meter.window_closed_at is None or not mb.groups:
-            return
-        t0, col = st.meter.started_at, st.collector
-        groups = sorted((col.completed_at[g.group_id] - t0, g.num_tokens) for g in mb.groups)
-        st.meter.deliveries.append((self.clock.now() - t0, tuple(groups)))
-
-    async def end_step(self) -> StepMetrics:
-        """Finish the step (aborting whatever is still running), learn from it, return its metrics."""
-        st = self._require_step()
-        leftover = {}
-        for sid in st.collector.missing():
-            owner = self.router.owner(sid)
-            if owner is not None:
-                leftover.setdefault(owner, []).append(sid)
-        for iid, sids in sorted(leftover.items()):
-            try:
-                await self._guard(self._engines[iid].adapter.abort(sids))
-            except Exception as exc:
-                self._lose(iid, f"abort() failed: {exc!r}")
-        col, meter = st.collector, st.meter
-        metrics = meter.freeze(now=self.clock.now(), samples=len(col.sample_ids), total_tokens=col.tokens,
-                               duplicates=col.duplicates, gaps=col.gaps)
-        if st.failure is None and col.all_done:
-            self.policy.observe(StepObservation(
-                window_s=metrics.window_s, num_preemptible=metrics.num_preemptible,
-                total_tokens=metrics.total_tokens, step_time_s=metrics.step_time_s,
-                trainer_idle_s=metrics.trainer_idle_s, rollout_idle_s=metrics.rollout_idle_s,
-                train_busy_s=max(0.0, metrics.step_time_s - metrics.window_s - metrics.trainer_idle_s),
-                last_microbatch_tokens=meter.last_microbatch_tokens, deliveries=tuple(meter.deliveries)))
-        self.router.begin_step(())
-        self._kv.clear()
-        self._step = None
-        return metrics
-
-    def _require_step(self) -> StepState:
-        if self._step is None:
-            raise RolloutError("no step is running: call start_step() first")
-        return self._step
 
     def _fail(self, exc: BaseException) -> None:
         st = self._step

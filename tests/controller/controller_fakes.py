@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from rlboost.controller.clock import ManualClock
 from rlboost.controller.records import InstanceInfo
 from rlboost.errors import PeerLost
-from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.emulated import KV_LAYOUT, EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.endpoint import MigratingEngine
+
+OPEN_ENDPOINTS: list[MigratingEngine] = []  # closed after each test (tests/controller/conftest.py)
 
 TOKENS = dict(vocab_size=1000, stop_probability=0.02, eos_token_id=2)
 
@@ -28,16 +31,27 @@ class Event:
     progress: tuple[int, ...] = ()  # for submit/import: output tokens each sample already had
 
 
+def _kv_bytes(batch) -> int:
+    return sum(d.numel() for d in batch.kv_data) if batch.has_kv else 0
+
+
 class RecordingEngineForTests:
     """Wraps an EmulatedEngine as an EngineAdapter and records every call in order.
 
     kill() makes later calls fail like a dead actor; hang() makes them never answer.
+    With handoff=True it speaks the handoff protocol through a real MigratingEngine (pages
+    travel over loopback TCP). kv_bytes counts KV page bytes that crossed this adapter, in
+    either direction: what a controller would have carried.
     """
 
-    def __init__(self, name: str, engine: EmulatedEngine, log: list[Event], clock):
+    def __init__(self, name: str, engine: EmulatedEngine, log: list[Event], clock, *, handoff: bool = False):
         self.name, self.engine, self.log, self.clock = name, engine, log, clock
         self.dead = False
         self.hung = False
+        self.kv_bytes = 0
+        self.endpoint = MigratingEngine(engine) if handoff else None
+        if self.endpoint is not None:
+            OPEN_ENDPOINTS.append(self.endpoint)
 
     def kill(self) -> None:
         self.dead = True
@@ -69,11 +83,30 @@ class RecordingEngineForTests:
 
     async def export_states(self, sample_ids, *, with_kv):
         await self._enter("export", sample_ids or ())
-        return self.engine.export_states(sample_ids, with_kv=with_kv)
+        batch = self.engine.export_states(sample_ids, with_kv=with_kv)
+        self.kv_bytes += _kv_bytes(batch)
+        return batch
 
     async def import_states(self, batch):
         await self._enter("import", [s.sample_id for s in batch.states])
+        self.kv_bytes += _kv_bytes(batch)
         self.engine.import_states(batch)
+
+    async def handoff_send(self, sample_ids, mode):
+        await self._enter("export", sample_ids)
+        return self.endpoint.handoff_send(sample_ids, mode)
+
+    async def handoff_receive(self, ticket, sample_ids, timeout_s):
+        await self._enter("import", sample_ids)
+        self.endpoint.handoff_receive(ticket, sample_ids, timeout_s)
+
+    async def handoff_release(self, ticket, sample_ids):
+        await self._enter("release", sample_ids)
+        self.endpoint.handoff_release(ticket, sample_ids)
+
+    async def handoff_take_back(self, ticket, sample_ids):
+        await self._enter("take_back", sample_ids)
+        self.endpoint.handoff_take_back(ticket, sample_ids)
 
     async def load_weights(self, named_tensors, version):
         await self._enter("load_weights")
@@ -88,18 +121,25 @@ class RecordingEngineForTests:
         self.engine.close()
 
 
-def add_instance(svc, clock, log, name, kind="preemptible", *, version=0, capacity=8, **speeds):
-    """Create, load and register an instance; returns its recording adapter."""
-    engine = EmulatedEngine(engine_config(max_running=capacity, **speeds), clock=clock)
+def add_instance(svc, clock, log, name, kind="preemptible", *, version=0, capacity=8, handoff=False,
+                 max_model_len=None, declare_max_model_len=True, **speeds):
+    """Create, load and register an instance; returns its recording adapter. handoff=True
+    declares its KV layout, so KV pages of migrating samples move engine to engine."""
+    engine = EmulatedEngine(engine_config(max_running=capacity, max_model_len=max_model_len, **speeds),
+                            clock=clock)
     if version is not None:
         engine.load_weights({}, version)
-    rec = RecordingEngineForTests(name, engine, log, clock)
-    svc.register(InstanceInfo(instance_id=name, kind=kind, capacity=capacity), rec)
+    rec = RecordingEngineForTests(name, engine, log, clock, handoff=handoff)
+    svc.register(InstanceInfo(instance_id=name, kind=kind, capacity=capacity,
+                              max_model_len=max_model_len if declare_max_model_len else None,
+                              kv_layout=KV_LAYOUT if handoff else None), rec)
     return rec
 
 
-async def run_step(svc, clock, step, groups, version, *, train_s_per_token=0.0, wait_s=30.0):
-    """The trainer's side of one step; returns (micro-batches, metrics)."""
+async def run_step(svc, clock, step, groups, version, *, train_s_per_token=0.0, wait_s=30.0, log=None):
+    """The trainer's side of one step; returns (micro-batches, metrics). It lends the reserved
+    instances back when the controller needs them (recorded in log as the trainer's
+    lend_reserved and took_reserved events)."""
     svc.start_step(step, groups, version)
     while not await svc.wait_window_closed(wait_s):
         pass
@@ -107,6 +147,14 @@ async def run_step(svc, clock, step, groups, version, *, train_s_per_token=0.0, 
     while True:
         mb = await svc.next_microbatch(wait_s)
         if mb is None:
+            if svc.reserved_needed():
+                if log is not None:
+                    log.append(Event(clock.now(), "trainer", "lend_reserved", ()))
+                svc.lend_reserved()
+                while not await svc.wait_window_closed(wait_s):
+                    pass
+                if log is not None:
+                    log.append(Event(clock.now(), "trainer", "took_reserved", ()))
             continue
         batches.append(mb)
         await clock.asleep(train_s_per_token * mb.num_tokens)

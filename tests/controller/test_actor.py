@@ -13,7 +13,8 @@ from rlboost.controller.offload import ReferenceWindowConfig
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.service import ControllerConfig
 from rlboost.errors import RolloutError
-from rlboost.rollout.emulated import EmulatedEngine
+from rlboost.rollout.emulated import KV_LAYOUT, EmulatedEngine
+from rlboost.rollout.endpoint import MigratingEngine
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +28,19 @@ def ray_session():
 
 
 def test_a_step_over_ray_actors_survives_a_killed_instance(ray_session):
-    engine_actor = ray.remote(num_cpus=0)(EmulatedEngine)
+    # engines speak the handoff protocol: when the window closes, the reserved engine's
+    # samples move to the spot actors with their KV pages, pulled actor to actor
+    engine_actor = ray.remote(num_cpus=0)(MigratingEngine)
     ctl = RolloutController.remote(
-        ControllerConfig(poll_interval_s=0.02, idle_timeout_s=30.0, call_timeout_s=10.0),
+        ControllerConfig(poll_interval_s=0.02, idle_timeout_s=30.0, call_timeout_s=10.0, migrate_with_kv=True),
         "reference", ReferenceWindowConfig(initial_window_s=0.2, floor_s=0.0))
     engines = {}
+    config = engine_config(max_running=8, sample_tokens_per_s=20.0)
     for name, kind in (("reserved-0", "reserved"), ("spot-0", "preemptible"), ("spot-1", "preemptible")):
-        engines[name] = engine_actor.remote(engine_config(max_running=8, sample_tokens_per_s=20.0),
-                                            clock=MonotonicClock())
+        engines[name] = engine_actor.remote(lambda: EmulatedEngine(config, clock=MonotonicClock()))
         ray.get(engines[name].load_weights.remote({}, 0))
-        lease = ray.get(ctl.register.remote(InstanceInfo(instance_id=name, kind=kind, capacity=8), engines[name]))
+        info = InstanceInfo(instance_id=name, kind=kind, capacity=8, kv_layout=KV_LAYOUT)
+        lease = ray.get(ctl.register.remote(info, engines[name]))
         assert lease.state == "joining"
     groups = make_groups(0, num_groups=3, group_size=4, prompt_len=5, max_new_tokens=40)
     ray.get(ctl.set_weight_version.remote(0))
@@ -58,6 +62,7 @@ def test_a_step_over_ray_actors_survives_a_killed_instance(ray_session):
     metrics = ray.get(ctl.end_step.remote())
     assert got == uninterrupted(groups)
     assert metrics.deaths == 1 and metrics.samples == 12
+    assert metrics.kv_migrations > 0  # the evacuated samples resumed from their pages
     states = {s.instance_id: s.state for s in ray.get(ctl.instances.remote())}
     assert states == {"reserved-0": "active", "spot-1": "active"}
     assert ray.get(ctl.notice.remote("spot-1", 30.0)) > 0

@@ -51,12 +51,19 @@ def schedules(draw):
     return initial, events
 
 
+def losses(events) -> int:
+    """How many instances a schedule can take away: the most times any one sample can lose
+    its instance, so a budget of exactly that must never run out (no loss is charged twice,
+    and a refusal is no loss)."""
+    return len({e.instance_id for e in events if e.kind in ("death", "notice")})
+
+
 def run_schedule(reserved, initial, events, policy, shape, steps=2):
     groups_for = {s: make_groups(s, **shape) for s in range(steps)}
 
     async def main(clock):
         cfg = ControllerConfig(poll_interval_s=0.1, idle_timeout_s=60.0, call_timeout_s=2.0,
-                               router=RouterConfig(retry_budget=20, min_steal_gain_s=0.5),
+                               router=RouterConfig(retry_budget=losses(events), min_steal_gain_s=0.5),
                                registry=RegistryConfig(heartbeat_interval_s=0.5, drain_margin_s=1.0))
         svc = RolloutService(cfg, clock=clock, window_policy=policy)
         await svc.start()
@@ -167,7 +174,7 @@ def test_embedded_engine_samples_complete_exactly_once_under_preemption(tiny_mod
     async def main():
         clock = MonotonicClock()
         cfg = ControllerConfig(poll_interval_s=0.01, idle_timeout_s=20.0, call_timeout_s=10.0,
-                               router=RouterConfig(retry_budget=20, min_steal_gain_s=0.05),
+                               router=RouterConfig(retry_budget=losses(events), min_steal_gain_s=0.05),
                                registry=RegistryConfig(heartbeat_interval_s=0.05, missed_beats=20,
                                                        drain_margin_s=0.05))
         svc = RolloutService(cfg, clock=clock,

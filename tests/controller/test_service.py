@@ -2,14 +2,17 @@
 
 import pytest
 
-from controller_fakes import add_instance, outputs, run_step, uninterrupted
+from controller_fakes import RecordingEngineForTests, add_instance, engine_config, outputs, run_step, uninterrupted
 from rlboost.controller.clock import run_virtual
 from rlboost.controller.emulation import make_groups
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
+from rlboost.controller.records import InstanceInfo
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
 from rlboost.controller.service import ControllerConfig, RolloutService
 from rlboost.errors import RolloutError, StepFailed
+from rlboost.migration.batch import MigrationBatch
+from rlboost.rollout.emulated import EmulatedEngine
 
 GROUPS = make_groups(0, num_groups=4, group_size=4, prompt_len=4, max_new_tokens=60)
 
@@ -145,18 +148,47 @@ def test_window_closes_early_when_every_sample_is_done():
     assert metrics.window_s == pytest.approx(metrics.rollout_time_s) and metrics.window_s < 5.0
 
 
-def test_window_reopens_when_every_preemptible_instance_dies():
+def test_reserved_instances_come_back_only_when_the_trainer_lends_them():
     holder = {}
 
     async def body(svc, clock, log):
         add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
         holder["spot"] = add_instance(svc, clock, log, "spot-0", capacity=16, sample_tokens_per_s=10.0)
         later(clock, 2.0, holder["spot"].kill)
-        return await run_step(svc, clock, 0, GROUPS, 0)
+        return await run_step(svc, clock, 0, GROUPS, 0, log=log)
     (batches, metrics), log = scenario(body)
     assert outputs(batches) == uninterrupted(GROUPS)
     assert metrics.reopened == 1 and metrics.deaths == 1
-    assert first(log, "reserved-0", "submit", after=1.99) is not None
+    handed = first(log, "trainer", "lend_reserved")
+    assert handed is not None and handed >= 2.0
+    # after the window closed, nothing went to the reserved instance until the trainer lent it
+    closed = metrics.window_s
+    assert not [e for e in log if e.instance == "reserved-0" and e.method in ("submit", "import")
+                and closed < e.t < handed]
+    assert first(log, "reserved-0", "submit", after=handed - 1e-9) is not None
+
+
+def test_without_a_lend_the_step_fails_saying_the_reserved_instances_are_needed():
+    holder = {}
+
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        holder["spot"] = add_instance(svc, clock, log, "spot-0", capacity=16, sample_tokens_per_s=10.0)
+        later(clock, 2.0, holder["spot"].kill)
+        svc.start_step(0, GROUPS, 0)
+        assert await svc.wait_window_closed(30.0)  # the trainer now uses the reserved GPUs
+        got_none_early = None
+        with pytest.raises(StepFailed, match="lend_reserved"):
+            while True:
+                before = clock.now()
+                mb = await svc.next_microbatch(30.0)
+                if mb is None and got_none_early is None and svc.reserved_needed():
+                    got_none_early = clock.now() - before < 30.0
+        closed = (await svc.end_step()).window_s
+        return got_none_early, closed
+    (early, closed), log = scenario(body, cfg=config(idle_timeout_s=5.0))
+    assert early  # a waiting next_microbatch returned at once to say so
+    assert not [e for e in log if e.instance == "reserved-0" and e.method in ("submit", "import") and e.t > closed]
 
 
 def test_silent_instance_is_declared_lost_after_the_call_timeout():
@@ -215,11 +247,14 @@ def test_api_misuse_raises_clear_errors():
     scenario(body)
 
 
-def test_with_kv_migration_drained_samples_move_with_their_pages():
+def test_with_kv_migration_pages_go_engine_to_engine_never_through_the_controller():
+    adapters = []
+
     async def body(svc, clock, log):
-        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
-        add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=10.0)
-        add_instance(svc, clock, log, "spot-1", capacity=8, sample_tokens_per_s=10.0)
+        for name, kind, cap in (("reserved-0", "reserved", 16), ("spot-0", "preemptible", 8),
+                                ("spot-1", "preemptible", 8)):
+            adapters.append(add_instance(svc, clock, log, name, kind, capacity=cap, handoff=True,
+                                         sample_tokens_per_s=10.0))
         later(clock, 2.0, lambda: svc.notice("spot-0", 0.0))
         return await run_step(svc, clock, 0, GROUPS, 0)
     (batches, metrics), log = scenario(body, cfg=config(migrate_with_kv=True))
@@ -227,7 +262,21 @@ def test_with_kv_migration_drained_samples_move_with_their_pages():
     exported = next(e for e in log if e.instance == "spot-0" and e.method == "export" and e.t >= 2.0)
     imports = [e for e in log if e.method == "import" and e.t >= exported.t and set(e.ids) & set(exported.ids)]
     assert imports and imports[0].instance == "spot-1"
-    assert metrics.migrations >= len(exported.ids)
+    assert metrics.migrations >= len(exported.ids) and metrics.kv_migrations >= len(imports[0].ids)
+    assert sum(a.kv_bytes for a in adapters) == 0  # only tickets and token-only states reached it
+    assert [e for e in log if e.instance == "spot-0" and e.method == "release"]  # its pages were let go
+
+
+def test_kv_pages_go_only_to_instances_whose_layout_fits():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, handoff=True, sample_tokens_per_s=10.0)
+        add_instance(svc, clock, log, "spot-0", capacity=16, sample_tokens_per_s=10.0)  # declares no layout
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body, cfg=config(migrate_with_kv=True))
+    assert outputs(batches) == uninterrupted(GROUPS)
+    assert metrics.migrations > 0 and metrics.kv_migrations == 0  # moved by re-prefill instead
+    assert not [e for e in log if e.instance == "spot-0" and e.method == "import"]
+    assert metrics.deaths == 0
 
 
 def test_deregistered_instance_is_lost_and_its_samples_resume():
@@ -252,3 +301,48 @@ def test_a_crashed_loop_is_reported_to_callers_instead_of_leaving_them_waiting()
         with pytest.raises(RolloutError, match="loop stopped"):
             svc.start_step(0, GROUPS, 0)
     scenario(body)
+
+
+def test_a_weight_pull_before_activation_is_not_mistaken_for_slow_decoding():
+    groups = make_groups(0, num_groups=4, group_size=4, prompt_len=4, max_new_tokens=400)
+    seen = []
+
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=8, sample_tokens_per_s=30.0)
+        late = add_instance(svc, clock, log, "spot-late", capacity=8, version=None, sample_tokens_per_s=30.0)
+        await clock.asleep(60.0)  # pulling weights for a minute
+        late.engine.load_weights({}, 0)
+        svc.start_step(0, groups, 0)
+        for _ in range(40):
+            await clock.asleep(0.1)
+            seen.append(next(s.tokens_per_s for s in svc.instances() if s.instance_id == "spot-late"))
+        await svc.end_step()
+    cfg = config(sample_tokens_per_s=30.0, idle_timeout_s=200.0, registry=RegistryConfig(heartbeat_interval_s=100.0))
+    scenario(body, cfg=cfg, policy=window(1000.0))
+    # 8 samples at 30 tokens/s each: the estimate must stay near 240, not count the minute of pulling
+    assert min(seen) > 0.8 * 240
+
+
+class ExportLosesOneThenDiesForTests(RecordingEngineForTests):
+    """Drained on a notice: its export leaves out one sample (as if it had just finished), and
+    the engine dies right after, so the poll that should deliver that sample fails."""
+
+    async def export_states(self, sample_ids, *, with_kv):
+        batch = await super().export_states(sample_ids, with_kv=with_kv)
+        self.kill()
+        return MigrationBatch(states=batch.states[1:])
+
+
+def test_a_sample_lost_during_a_drain_spends_one_retry_not_two():
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
+        engine = EmulatedEngine(engine_config(max_running=8, sample_tokens_per_s=10.0), clock=clock)
+        engine.load_weights({}, 0)
+        svc.register(InstanceInfo(instance_id="spot-0", kind="preemptible", capacity=8),
+                     ExportLosesOneThenDiesForTests("spot-0", engine, log, clock))
+        add_instance(svc, clock, log, "spot-1", capacity=8, sample_tokens_per_s=10.0)
+        later(clock, 2.0, lambda: svc.notice("spot-0", 0.0))
+        return await run_step(svc, clock, 0, GROUPS, 0)
+    (batches, metrics), log = scenario(body, cfg=config(router=RouterConfig(retry_budget=1)))
+    assert outputs(batches) == uninterrupted(GROUPS)
+    assert metrics.deaths == 1 and metrics.resumes >= 1
