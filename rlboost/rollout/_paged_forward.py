@@ -7,6 +7,8 @@ whether its prefix was decoded or re-prefilled) comes from fixed shapes, not luc
   full kernel tile and is reduced in the same order whatever the row count;
 - attention is per sample; keys are padded to a multiple of KEY_SEGMENT and values are
   reduced segment by segment with a fixed-size matmul, masked keys adding exact zeros;
+  decodes attend in buckets of similar context length (a power-of-two number of
+  segments), so one long sample does not make every short one read as many keys;
 - RMSNorm divides by a square root and RoPE reads a fixed table (both exact per element).
 """
 
@@ -36,6 +38,21 @@ class Chunk:
     start: int
     blocks: list[int]
     wants_logits: bool  # True when the chunk ends at the sample's last known token
+
+
+def decode_buckets(chunks: list[Chunk]) -> dict[int, list[int]]:
+    """Indices of single-token chunks by the key width their bucket reads: the context
+    rounded up to a power-of-two number of KEY_SEGMENTs (at most 2x the keys a sample
+    needs, and log2(longest / KEY_SEGMENT) + 1 attention calls per layer).
+
+    >>> decode_buckets([Chunk([1], 10, [], True), Chunk([1], 900, [], True), Chunk([1], 40, [], True)])
+    {64: [0, 2], 1024: [1]}
+    """
+    out: dict[int, list[int]] = {}
+    for i, c in enumerate(chunks):
+        segments = -(-(c.start + 1) // KEY_SEGMENT)
+        out.setdefault(KEY_SEGMENT << (segments - 1).bit_length(), []).append(i)
+    return dict(sorted(out.items()))
 
 
 class _Group:
@@ -102,7 +119,8 @@ class PagedForward:
         pos_t = torch.tensor(pos + [0] * (padded - n), device=device)
         slots_t = torch.tensor(slots, device=device)
         dtype = self.cache.tensor.dtype
-        groups = [_Group(decode, rows_decode, self.cache, self.groups, dtype, device)] if decode else []
+        groups = [_Group([decode[i] for i in idx], [rows_decode[i] for i in idx], self.cache, self.groups,
+                         dtype, device) for idx in decode_buckets(decode).values()]
         groups += [_Group([c], rows, self.cache, self.groups, dtype, device) for c, rows in prefill]
 
         body = self.model.model

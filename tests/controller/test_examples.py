@@ -7,7 +7,8 @@ import pytest
 
 MODULES = ["rlboost.controller.clock", "rlboost.controller.records", "rlboost.controller.estimates",
            "rlboost.controller.offload", "rlboost.controller.metrics", "rlboost.controller.emulation",
-           "rlboost.rollout.emulated", "rlboost.rollout._emulated_tokens", "rlboost.rollout.engine"]
+           "rlboost.rollout.emulated", "rlboost.rollout._emulated_tokens", "rlboost.rollout.engine",
+           "rlboost.rollout._paged_forward"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -80,3 +80,36 @@ def test_block_allocator_hands_out_and_takes_back():
     alloc.free(a)
     assert sorted(alloc.allocate(4)) == [0, 1, 2, 3]
     assert run_cache.slot_ids([3, 1], 1, 4) == [7, 2, 3]
+
+
+def test_decodes_attend_in_buckets_of_similar_length():
+    from rlboost.rollout._paged_forward import KEY_SEGMENT, decode_buckets
+
+    lengths = [5, 12, 60, 64, 65, 130, 4000] + [20] * 30
+    chunks = [Chunk([1], n - 1, [], True) for n in lengths]
+    buckets = decode_buckets(chunks)
+    assert sorted(i for idx in buckets.values() for i in idx) == list(range(len(lengths)))
+    for width, idx in buckets.items():
+        assert all(lengths[i] <= width < 2 * max(lengths[i], KEY_SEGMENT) for i in idx)
+    # keys read per layer: bounded by twice what the samples need, not samples x the longest
+    read = sum(width * len(idx) for width, idx in buckets.items())
+    assert read <= 2 * sum(max(n, KEY_SEGMENT) for n in lengths) < len(lengths) * 4096 / 4
+
+
+def test_a_long_context_in_the_batch_does_not_change_short_samples(tiny_ckpt, prompts):
+    model = load_pretrained(tiny_ckpt).requires_grad_(False)
+    long_prompt = torch.randint(0, 259, (300,), generator=torch.Generator().manual_seed(5)).tolist()
+    _, alone = greedy_batch(model, prompts, steps=6)
+    run, cache = make_runner(model, num_blocks=200)
+    seqs = [list(p) for p in [*prompts, long_prompt]]
+    blocks = [cache.allocator.allocate(40) for _ in seqs]
+    chunks = [Chunk(list(s), 0, b, True) for s, b in zip(seqs, blocks)]
+    mixed = [[] for _ in seqs]
+    for _ in range(6):
+        out = run(chunks)
+        for i, row in enumerate(out):
+            mixed[i].append(row)
+            seqs[i].append(int(row.argmax()))
+        chunks = [Chunk([s[-1]], len(s) - 1, b, True) for s, b in zip(seqs, blocks)]
+    for i in range(len(prompts)):
+        torch.testing.assert_close(torch.stack(mixed[i]), alone[i], rtol=0, atol=1e-6)
