@@ -348,7 +348,7 @@ class EmulatedEngine:
         if batch.kv_layout is None:
             self._admit_states(list(batch.states), kv_tokens=None)
             return
-        if batch.kv_layout != KV_LAYOUT:
+        if not batch.kv_layout.compatible_with(KV_LAYOUT):
             raise RolloutError(f"KV pages in layout {batch.kv_layout} cannot be used here (needs {KV_LAYOUT})")
         for st, n, data in zip(batch.states, batch.kv_tokens, batch.kv_data):
             check_kv_pages(st, n, data)
