@@ -1,6 +1,321 @@
-// Bindings for the weight server, puller and transports (filled in by the transfer core).
+// Bindings for the weight server, version store, puller and transports. Thin: argument
+// conversion, GIL release around every blocking call, and lifetimes (a pull job keeps its
+// destination object alive until its threads have stopped).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
 #include "bindings/bind.h"
+#include "common/crc32c.h"
+#include "common/frame.h"
+#include "common/sha256.h"
+#include "transport/tcp/handshake.h"
+#include "transport/transport.h"
+#include "weights/puller.h"
+#include "weights/server.h"
+
+namespace py = pybind11;
 
 namespace rlboost {
-void BindTransfer(pybind11::module_& m) { (void)m; }
+namespace {
+
+// A running pull plus the Python object that owns its destination memory.
+struct PyPullJob {
+  std::unique_ptr<PullJob> job;
+  py::object keepalive;
+  ~PyPullJob() {
+    py::gil_scoped_release release;
+    job.reset();  // cancels and joins the lanes before the destination can be freed
+  }
+};
+
+py::dict StatsDict(const PullStats& s) {
+  py::list sources;
+  for (auto& src : s.sources) {
+    sources.append(py::dict(py::arg("address") = src.address, py::arg("transport") = src.transport,
+                            py::arg("bytes") = src.bytes, py::arg("chunks") = src.chunks,
+                            py::arg("not_held") = src.not_held,
+                            py::arg("checksum_failures") = src.checksum_failures,
+                            py::arg("reconnects") = src.reconnects, py::arg("error") = src.error));
+  }
+  return py::dict(py::arg("chunk_requests") = s.chunk_requests,
+                  py::arg("chunks_fetched") = s.chunks_fetched, py::arg("refetched") = s.refetched,
+                  py::arg("sources") = sources);
+}
+
+py::dict ServerStatsDict(const ServerStats& s) {
+  return py::dict(py::arg("bytes_sent") = s.bytes_sent, py::arg("chunks_sent") = s.chunks_sent,
+                  py::arg("not_held_replies") = s.not_held_replies,
+                  py::arg("connections_accepted") = s.connections_accepted,
+                  py::arg("connections_refused") = s.connections_refused,
+                  py::arg("auth_failures") = s.auth_failures,
+                  py::arg("protocol_errors") = s.protocol_errors,
+                  py::arg("active_connections") = s.active_connections);
+}
+
+void BindRecords(py::module_& m) {
+  py::class_<Region, std::shared_ptr<Region>>(m, "Region", py::buffer_protocol(),
+                                              "Native memory a server serves; a writable buffer.")
+      .def_static("create", [](uint64_t nbytes) {
+            std::shared_ptr<Region> r;
+            Status st;
+            {
+              py::gil_scoped_release release;
+              st = Region::CreateShared(nbytes, &r);
+            }
+            ThrowIfError(st);
+            return r;
+          }, py::arg("nbytes"), "A zero-filled shared-memory region (memfd), pre-faulted.")
+      .def_property_readonly("address", [](const Region& r) { return reinterpret_cast<uintptr_t>(r.data()); })
+      .def_property_readonly("nbytes", &Region::size)
+      .def_property_readonly("shareable", [](const Region& r) { return r.fd() >= 0; })
+      .def_buffer([](Region& r) {
+        return py::buffer_info(r.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(r.size())}, {1});
+      });
+
+  py::class_<Manifest>(m, "Manifest", "Native manifest: payload size, chunking, per-chunk crc32c, metadata.")
+      .def(py::init([](int64_t version, uint64_t total, uint32_t chunk, std::vector<uint32_t> crcs,
+                       py::bytes meta) {
+             Manifest mf;
+             mf.version = version;
+             mf.total_bytes = total;
+             mf.chunk_bytes = chunk;
+             mf.crcs = std::move(crcs);
+             mf.meta = meta;
+             uint32_t n;
+             ThrowIfError(ChunkCount(total, chunk, &n));
+             if (n != mf.crcs.size()) ThrowIfError(Status(Code::kInvalidArgument, "one crc per chunk"));
+             return mf;
+           }), py::arg("version"), py::arg("total_bytes"), py::arg("chunk_bytes"), py::arg("crcs"),
+           py::arg("meta"))
+      .def_readonly("version", &Manifest::version)
+      .def_readonly("total_bytes", &Manifest::total_bytes)
+      .def_readonly("chunk_bytes", &Manifest::chunk_bytes)
+      .def_property_readonly("num_chunks", &Manifest::num_chunks)
+      .def_readonly("crcs", &Manifest::crcs)
+      .def_property_readonly("meta", [](const Manifest& mf) { return py::bytes(mf.meta); })
+      .def("encode", [](const Manifest& mf) { return py::bytes(EncodeManifest(mf)); })
+      .def_static("decode", [](py::bytes data) {
+        std::string s = data;
+        Manifest mf;
+        ThrowIfError(DecodeManifest(reinterpret_cast<const uint8_t*>(s.data()), s.size(), &mf));
+        return mf;
+      });
+}
+
+void BindStoreAndServer(py::module_& m) {
+  py::class_<VersionStore, std::shared_ptr<VersionStore>>(m, "VersionStore",
+                                                          "Versions a server holds, with read pins.")
+      .def(py::init<int>(), py::arg("versions_kept"))
+      .def("stage", [](VersionStore& s, int64_t v, uint64_t n) {
+            std::shared_ptr<Region> r;
+            ThrowIfError(s.Stage(v, n, &r));
+            return r;
+          }, py::arg("version"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>())
+      .def("commit", [](VersionStore& s, int64_t v, uint32_t chunk, py::bytes meta, int threads) {
+            std::string m = meta;
+            Manifest out;
+            Status st;
+            {
+              py::gil_scoped_release release;
+              st = s.Commit(v, chunk, std::move(m), threads, &out);
+            }
+            ThrowIfError(st);
+            return out;
+          }, py::arg("version"), py::arg("chunk_bytes"), py::arg("meta"), py::arg("threads") = 2)
+      .def("discard_staged", &VersionStore::DiscardStaged, py::arg("version"))
+      .def("add_partial", [](VersionStore& s, const Manifest& mf, std::shared_ptr<Region> r) {
+            uint64_t registration = 0;
+            ThrowIfError(s.AddPartial(mf, std::move(r), &registration));
+            return registration;
+          }, py::arg("manifest"), py::arg("region"),
+          "Serves a version as a pull fills it in; returns the registration id for start().")
+      .def("add_partial_borrowed", [](VersionStore& s, const Manifest& mf, uintptr_t addr, uint64_t n) {
+            uint64_t registration = 0;
+            ThrowIfError(s.AddPartial(mf, Region::Borrow(reinterpret_cast<uint8_t*>(addr), n), &registration));
+            return registration;
+          }, py::arg("manifest"), py::arg("address"), py::arg("nbytes"),
+          "Like add_partial over memory the caller owns and keeps alive until retire() returns.")
+      .def("retire", [](VersionStore& s, int64_t v, double timeout_s) {
+            ThrowIfError(s.Retire(v, Deadline::After(timeout_s)));
+          }, py::arg("version"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+      .def("latest", &VersionStore::Latest)
+      .def("versions", &VersionStore::Versions)
+      .def("corrupt_byte_for_tests", [](VersionStore& s, int64_t v, uint64_t off) {
+            ThrowIfError(s.CorruptByteForTests(v, off));
+          }, py::arg("version"), py::arg("offset"));
+
+  py::class_<WeightServer>(m, "WeightServer", "Serves a VersionStore on one TCP port.")
+      .def(py::init([](std::shared_ptr<VersionStore> store, const std::string& host, int port,
+                       py::bytes secret, uint64_t egress, int max_connections, double handshake_timeout_s) {
+             ServerOptions o;
+             o.host = host;
+             o.port = port;
+             o.secret = secret;
+             o.egress_bytes_per_s = egress;
+             o.max_connections = max_connections;
+             o.handshake_timeout_s = handshake_timeout_s;
+             std::unique_ptr<WeightServer> s;
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = WeightServer::Start(o, std::move(store), &s);
+             }
+             ThrowIfError(st);
+             return s;
+           }), py::arg("store"), py::arg("host"), py::arg("port"), py::arg("secret"),
+           py::arg("egress_bytes_per_s") = 0, py::arg("max_connections") = 256,
+           py::arg("handshake_timeout_s") = 10.0)
+      .def_property_readonly("host", &WeightServer::host)
+      .def_property_readonly("port", &WeightServer::port)
+      .def_property_readonly("server_id", &WeightServer::server_id)
+      .def("stats", [](const WeightServer& s) { return ServerStatsDict(s.stats()); })
+      .def("close", &WeightServer::Close, py::call_guard<py::gil_scoped_release>());
+}
+
+void BindPuller(py::module_& m) {
+  py::class_<PullPlan>(m, "PullPlan", "A version resolved against the sources.")
+      .def_property_readonly("manifest", [](const PullPlan& p) { return p.manifest; })
+      .def_readonly("skipped", &PullPlan::skipped)
+      .def_property_readonly("num_sources", [](const PullPlan& p) { return p.sources.size(); });
+
+  py::class_<PyPullJob>(m, "PullJob", "Bytes moving into one destination.")
+      .def("wait", [](PyPullJob& j, double timeout_s) { return j.job->Wait(timeout_s); },
+           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+           "True once finished; then raise_if_failed() tells how.")
+      .def("raise_if_failed", [](PyPullJob& j) { ThrowIfError(j.job->result()); })
+      .def("cancel", [](PyPullJob& j) { j.job->Cancel(); }, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("bytes_done", [](PyPullJob& j) { return j.job->bytes_done(); })
+      .def_property_readonly("total_bytes", [](PyPullJob& j) { return j.job->manifest().total_bytes; })
+      .def("stats", [](PyPullJob& j) { return StatsDict(j.job->stats()); })
+      .def("held_bitmap", [](PyPullJob& j) {
+        auto bits = j.job->HeldBitmap();
+        return py::bytes(reinterpret_cast<const char*>(bits.data()), bits.size());
+      });
+
+  py::class_<Puller>(m, "Puller", "Connects out to sources and starts pulls.")
+      .def(py::init([](std::vector<std::pair<std::string, int>> sources, py::bytes secret,
+                       const std::string& transport, int streams, int max_in_flight,
+                       double request_timeout_s, double connect_timeout_s, int reconnect_attempts,
+                       uint64_t self_server_id) {
+             PullOptions o;
+             o.secret = secret;
+             o.transport = transport;
+             o.streams = streams;
+             o.max_in_flight = max_in_flight;
+             o.request_timeout_s = request_timeout_s;
+             o.connect_timeout_s = connect_timeout_s;
+             o.reconnect_attempts = reconnect_attempts;
+             std::vector<SourceAddress> addrs;
+             for (auto& s : sources) addrs.push_back(SourceAddress{s.first, s.second});
+             return std::make_unique<Puller>(o, addrs, self_server_id);
+           }), py::arg("sources"), py::arg("secret"), py::arg("transport"), py::arg("streams"),
+           py::arg("max_in_flight"), py::arg("request_timeout_s"), py::arg("connect_timeout_s"),
+           py::arg("reconnect_attempts"), py::arg("self_server_id") = 0)
+      .def("resolve", [](Puller& p, int64_t version, double timeout_s) {
+            auto plan = std::make_unique<PullPlan>();
+            ThrowIfError(p.Resolve(version, timeout_s, plan.get()));
+            return plan;
+          }, py::arg("version"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+      .def("start", [](Puller& p, PullPlan& plan, uintptr_t address, uint64_t nbytes,
+                       std::shared_ptr<VersionStore> relay, uint64_t registration, py::bytes held,
+                       py::object keepalive) {
+            if (nbytes < plan.manifest.total_bytes) {
+              ThrowIfError(Status(Code::kInvalidArgument, "destination of " + std::to_string(nbytes) +
+                                                              " bytes is smaller than the payload (" +
+                                                              std::to_string(plan.manifest.total_bytes) + ")"));
+            }
+            if (plan.sources.empty()) ThrowIfError(Status(Code::kInvalidArgument, "plan already started"));
+            std::string h = held;
+            std::vector<uint8_t> seed(h.begin(), h.end());
+            auto out = std::make_unique<PyPullJob>();
+            out->keepalive = std::move(keepalive);
+            Status st;
+            {
+              py::gil_scoped_release release;
+              st = p.Start(std::move(plan), reinterpret_cast<uint8_t*>(address),
+                           RelayTarget{std::move(relay), registration}, seed, &out->job);
+            }
+            ThrowIfError(st);
+            return out;
+          }, py::arg("plan"), py::arg("address"), py::arg("nbytes"), py::arg("relay"),
+          py::arg("registration"), py::arg("held"), py::arg("keepalive"));
+}
+
+void BindUtilities(py::module_& m) {
+  m.def("crc32c", [](py::object data, uint32_t crc) {
+        Py_buffer view;  // PyBUF_SIMPLE: contiguous bytes, or a BufferError
+        if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+        {
+          py::gil_scoped_release release;
+          crc = Crc32cExtend(crc, view.buf, static_cast<size_t>(view.len));
+        }
+        PyBuffer_Release(&view);
+        return crc;
+      }, py::arg("data"), py::arg("crc") = 0, "CRC-32C of a contiguous buffer, continuing from `crc`.");
+  m.def("crc32c_portable", [](py::bytes b) {
+        std::string s = b;
+        return Crc32cExtendPortable(0, s.data(), s.size());
+      }, py::arg("data"));
+  m.def("crc32c_uses_hardware", &Crc32cUsesHardware);
+  m.def("crc32c_uses_folding", &Crc32cUsesFolding);
+  m.def("hmac_sha256", [](py::bytes key, py::bytes msg) {
+        std::string k = key, s = msg;
+        Digest256 d = HmacSha256(k, s.data(), s.size());
+        return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+      }, py::arg("key"), py::arg("msg"));
+  m.def("transports", [] {
+        py::list out;
+        for (auto& name : BuiltTransports()) {
+          std::unique_ptr<Transport> t;
+          ThrowIfError(MakeTransport(name, &t));
+          TransportCaps c = t->caps();
+          out.append(py::dict(py::arg("name") = name, py::arg("same_host_only") = c.same_host_only,
+                              py::arg("needs_shared_region") = c.needs_shared_region,
+                              py::arg("source_cpu_free") = c.source_cpu_free,
+                              py::arg("device_memory") = c.device_memory));
+        }
+        return out;
+      }, "Built transports and their capabilities.");
+  m.def("parse_frame", [](py::bytes data) {
+        std::string s = data;
+        if (s.size() < kFrameHeaderBytes) ThrowIfError(Status(Code::kProtocol, "truncated frame header"));
+        FrameHeader h;
+        ThrowIfError(DecodeFrameHeader(reinterpret_cast<const uint8_t*>(s.data()), &h));
+        if (s.size() - kFrameHeaderBytes != h.length) ThrowIfError(Status(Code::kProtocol, "frame length mismatch"));
+        const auto* body = reinterpret_cast<const uint8_t*>(s.data()) + kFrameHeaderBytes;
+        if (h.type == FrameType::kError) ThrowIfError(DecodeErrorBody(body, h.length));
+        return py::make_tuple(static_cast<int>(h.type), h.status, h.request_id,
+                              py::bytes(reinterpret_cast<const char*>(body), h.length));
+      }, py::arg("frame"), "Decodes one whole frame; an error frame raises its typed error.");
+  m.attr("WIRE") = py::dict(
+      py::arg("magic") = kWireMagic, py::arg("format_version") = kWireFormatVersion,
+      py::arg("header_bytes") = kFrameHeaderBytes, py::arg("min_chunk_bytes") = kMinChunkBytes,
+      py::arg("max_chunk_bytes") = kMaxChunkBytes, py::arg("nonce_bytes") = kNonceBytes,
+      py::arg("hello") = static_cast<int>(FrameType::kHello),
+      py::arg("challenge") = static_cast<int>(FrameType::kChallenge),
+      py::arg("auth") = static_cast<int>(FrameType::kAuth),
+      py::arg("welcome") = static_cast<int>(FrameType::kWelcome),
+      py::arg("manifest_request") = static_cast<int>(FrameType::kManifestRequest),
+      py::arg("manifest") = static_cast<int>(FrameType::kManifest),
+      py::arg("chunk_request") = static_cast<int>(FrameType::kChunkRequest),
+      py::arg("chunk") = static_cast<int>(FrameType::kChunk),
+      py::arg("have_request") = static_cast<int>(FrameType::kHaveRequest),
+      py::arg("have") = static_cast<int>(FrameType::kHave),
+      py::arg("shm_open_request") = static_cast<int>(FrameType::kShmOpenRequest),
+      py::arg("error") = static_cast<int>(FrameType::kError),
+      py::arg("reply_ok") = static_cast<int>(ReplyStatus::kOk),
+      py::arg("reply_not_held") = static_cast<int>(ReplyStatus::kNotHeld),
+      py::arg("reply_unknown_version") = static_cast<int>(ReplyStatus::kUnknownVersion));
+}
+
+}  // namespace
+
+void BindTransfer(py::module_& m) {
+  BindRecords(m);
+  BindStoreAndServer(m);
+  BindPuller(m);
+  BindUtilities(m);
+}
+
 }  // namespace rlboost

@@ -1,1 +1,6 @@
-# common/ is header-only for now; components add .cpp files here when they need them.
+list(APPEND RLBOOST_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/crc32c.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/crc32c_fold.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sha256.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/random.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/frame.cpp)

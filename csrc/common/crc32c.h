@@ -1,0 +1,24 @@
+// CRC-32C (Castagnoli), the per-chunk checksum of weight transfers. Large buffers fold
+// with AVX-512 carry-less multiplies when the CPU has them (crc32c_fold.h); otherwise,
+// and for the tails, the SSE4.2 crc32 instruction runs three interleaved lanes (hiding
+// its latency); a slicing-by-8 table covers CPUs with neither.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rlboost {
+
+// Continues a running checksum: Crc32cExtend(Crc32c(a), b) == Crc32c(a + b).
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
+inline uint32_t Crc32c(const void* data, size_t n) { return Crc32cExtend(0, data, n); }
+
+// The table-driven path, always available; exposed so tests can compare both paths.
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n);
+
+// True when Crc32cExtend uses the hardware instruction on this CPU.
+bool Crc32cUsesHardware();
+// True when it also folds large buffers with carry-less multiplication.
+bool Crc32cUsesFolding();
+
+}  // namespace rlboost

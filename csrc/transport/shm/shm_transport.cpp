@@ -1,0 +1,172 @@
+// Shared-memory chunk streams (client) and region leases (server).
+#include "transport/shm/shm_transport.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+#include "common/bytes.h"
+#include "common/crc32c.h"
+#include "transport/shm/shm_region.h"
+#include "transport/tcp/frame_io.h"
+
+namespace rlboost {
+namespace {
+
+// Copy and checksum alternate over blocks this large, so the checksum reads bytes that
+// are still in L2 right after the copy wrote them.
+constexpr size_t kCopyBlock = 256u << 10;
+constexpr size_t kMaxLeasesPerConnection = 16;
+
+std::string VersionBody(int64_t version) {
+  std::string b;
+  ByteWriter w(&b);
+  w.I64(version);
+  return b;
+}
+
+class ShmChunkStream : public ChunkStream {
+ public:
+  explicit ShmChunkStream(std::shared_ptr<SharedMapping> m) : mapping_(std::move(m)) {}
+
+  Status Submit(const ChunkRead& read, Deadline) override {
+    pending_.push_back(read);
+    return Status::Ok();
+  }
+
+  Status Complete(ChunkRead* read, Deadline) override {
+    if (pending_.empty()) return Status(Code::kInternal, "complete without a submitted read");
+    pending_.pop_front();
+    if (read->offset + read->length > mapping_->size()) {
+      return Status(Code::kProtocol, "chunk lies outside the shared region");
+    }
+    const uint8_t* src = mapping_->data() + read->offset;
+    uint32_t crc = 0;
+    for (uint64_t done = 0; done < read->length;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBlock, read->length - done));
+      std::memcpy(read->dst + done, src + done, n);
+      crc = Crc32cExtend(crc, read->dst + done, n);
+      done += n;
+    }
+    read->crc = crc;
+    read->reply = ReplyStatus::kOk;
+    return Status::Ok();
+  }
+
+  void Abort() override {}
+
+ private:
+  std::shared_ptr<SharedMapping> mapping_;
+  std::deque<ChunkRead> pending_;
+};
+
+class ShmTransport : public Transport {
+ public:
+  ~ShmTransport() override {
+    if (mapping_ != nullptr && link_ != nullptr) {
+      link_->Notify(FrameType::kShmClose, VersionBody(version_), Deadline::After(1.0));
+    }
+  }
+  const char* name() const override { return "shm"; }
+  TransportCaps caps() const override {
+    TransportCaps c;
+    c.same_host_only = true;
+    c.needs_shared_region = true;
+    c.source_cpu_free = true;
+    return c;
+  }
+  bool Reaches(const PeerIdentity& source) const override {
+    return source.host_key == LocalHostKey();
+  }
+
+  Status OpenStream(SourceLink& link, int64_t version, const StreamOptions& opts,
+                    std::unique_ptr<ChunkStream>* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (mapping_ == nullptr) RLB_RETURN_IF_ERROR(MapRegion(link, version, opts));
+    if (version != version_) return Status(Code::kInternal, "one shm transport per version");
+    *out = std::make_unique<ShmChunkStream>(mapping_);
+    return Status::Ok();
+  }
+
+ private:
+  Status MapRegion(SourceLink& link, int64_t version, const StreamOptions& opts) {
+    FrameHeader h;
+    std::string reply;
+    Deadline d = Deadline::After(opts.connect_timeout_s);
+    RLB_RETURN_IF_ERROR(link.Call(FrameType::kShmOpenRequest, VersionBody(version),
+                                  FrameType::kShmOpen, &h, &reply, d));
+    auto st = static_cast<ReplyStatus>(h.status);
+    if (st == ReplyStatus::kUnknownVersion) {
+      return Status(Code::kUnknownVersion, "source does not hold version " + std::to_string(version));
+    }
+    if (st != ReplyStatus::kOk) {
+      return Status(Code::kInvalidArgument, "source does not serve this version over shared memory "
+                                            "(its region is borrowed memory, or its egress is capped)");
+    }
+    ByteReader r(reinterpret_cast<const uint8_t*>(reply.data()), reply.size());
+    uint32_t pid, fd;
+    uint64_t size;
+    RLB_RETURN_IF_ERROR(r.U32(&pid));
+    RLB_RETURN_IF_ERROR(r.U32(&fd));
+    RLB_RETURN_IF_ERROR(r.U64(&size));
+    RLB_RETURN_IF_ERROR(r.ExpectEnd());
+    if (size < opts.region_bytes) return Status(Code::kProtocol, "shared region is too small");
+    link_ = &link;
+    version_ = version;
+    RLB_RETURN_IF_ERROR(SharedMapping::OpenRemote(pid, static_cast<int>(fd), opts.region_bytes, &mapping_));
+    return Status::Ok();
+  }
+
+  std::mutex mu_;
+  std::shared_ptr<SharedMapping> mapping_;
+  SourceLink* link_ = nullptr;
+  int64_t version_ = -1;
+};
+
+class ShmService : public TransportService {
+ public:
+  bool Handles(FrameType t) const override {
+    return t == FrameType::kShmOpenRequest || t == FrameType::kShmClose;
+  }
+
+  Status Handle(const FrameHeader& h, const std::string& body, ServiceConnection& conn,
+                ServingBackend& backend, Deadline d) override {
+    ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
+    int64_t version;
+    RLB_RETURN_IF_ERROR(r.I64(&version));
+    RLB_RETURN_IF_ERROR(r.ExpectEnd());
+    auto& leases = conn.region_leases;
+    if (h.type == FrameType::kShmClose) {
+      auto it = std::find_if(leases.begin(), leases.end(),
+                             [&](const auto& l) { return l.first == version; });
+      if (it != leases.end()) leases.erase(it);
+      return Status::Ok();
+    }
+    RegionLease lease;
+    ReplyStatus st = backend.LeaseRegion(version, &lease);
+    if (st == ReplyStatus::kOk && lease.fd < 0) st = ReplyStatus::kUnavailable;
+    if (st == ReplyStatus::kOk && leases.size() >= kMaxLeasesPerConnection) {
+      return Status(Code::kProtocol, "too many shared-memory leases on one connection");
+    }
+    std::string reply;
+    if (st == ReplyStatus::kOk) {
+      ByteWriter w(&reply);
+      w.U32(static_cast<uint32_t>(getpid()));
+      w.U32(static_cast<uint32_t>(lease.fd));
+      w.U64(lease.size);
+      leases.emplace_back(version, std::move(lease));
+    }
+    return SendFrame(*conn.socket, FrameType::kShmOpen, static_cast<uint32_t>(st),
+                     h.request_id, reply, d);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> MakeShmTransport() { return std::make_unique<ShmTransport>(); }
+std::unique_ptr<TransportService> MakeShmService() { return std::make_unique<ShmService>(); }
+
+}  // namespace rlboost

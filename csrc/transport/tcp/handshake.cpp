@@ -1,0 +1,105 @@
+// HMAC challenge-response: client nonce -> server nonce + server proof -> client proof ->
+// welcome. Proofs bind both nonces and a role label, so one side's proof cannot be
+// reflected back as the other's.
+#include "transport/tcp/handshake.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "common/bytes.h"
+#include "common/frame.h"
+#include "common/random.h"
+#include "common/sha256.h"
+#include "transport/tcp/frame_io.h"
+
+namespace rlboost {
+namespace {
+
+constexpr char kServerLabel[] = "rlboost-server-proof-v1";
+constexpr char kClientLabel[] = "rlboost-client-proof-v1";
+
+Digest256 Proof(const std::string& secret, const char* label, const uint8_t* client_nonce,
+                const uint8_t* server_nonce) {
+  std::string msg(label);
+  msg.append(reinterpret_cast<const char*>(client_nonce), kNonceBytes);
+  msg.append(reinterpret_cast<const char*>(server_nonce), kNonceBytes);
+  return HmacSha256(secret, msg.data(), msg.size());
+}
+
+std::string ReadLink(const char* path) {
+  char buf[256];
+  ssize_t n = readlink(path, buf, sizeof(buf));
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+std::array<uint8_t, 16> ComputeHostKey() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string material = ss.str() + "|" + ReadLink("/proc/self/ns/pid");
+  Digest256 d = Sha256Of(material.data(), material.size());
+  std::array<uint8_t, 16> key;
+  std::copy(d.begin(), d.begin() + 16, key.begin());
+  return key;
+}
+
+}  // namespace
+
+const std::array<uint8_t, 16>& LocalHostKey() {
+  static const std::array<uint8_t, 16> key = ComputeHostKey();
+  return key;
+}
+
+Status ClientHandshake(Socket& s, const std::string& secret, Deadline d, PeerIdentity* server) {
+  uint8_t client_nonce[kNonceBytes];
+  RLB_RETURN_IF_ERROR(SecureRandom(client_nonce, kNonceBytes));
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kHello, 0, 0, client_nonce, kNonceBytes, d));
+  FrameHeader h;
+  std::string body;
+  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kChallenge, &h, &body, d));
+  if (body.size() != 2 * kNonceBytes) return Status(Code::kProtocol, "challenge has the wrong size");
+  const auto* server_nonce = reinterpret_cast<const uint8_t*>(body.data());
+  Digest256 want = Proof(secret, kServerLabel, client_nonce, server_nonce);
+  if (!ConstantTimeEqual(want.data(), server_nonce + kNonceBytes, kNonceBytes)) {
+    return Status(Code::kAuth, "the server does not know the shared secret (check RLBOOST_SECRET)");
+  }
+  Digest256 proof = Proof(secret, kClientLabel, client_nonce, server_nonce);
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kAuth, 0, 0, proof.data(), proof.size(), d));
+  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kWelcome, &h, &body, d));
+  ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
+  RLB_RETURN_IF_ERROR(r.U64(&server->server_id));
+  RLB_RETURN_IF_ERROR(r.Raw(server->host_key.data(), server->host_key.size()));
+  RLB_RETURN_IF_ERROR(r.U32(&server->pid));
+  return r.ExpectEnd();
+}
+
+Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, Deadline d) {
+  FrameHeader h;
+  std::string body;
+  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kHello, &h, &body, d));
+  if (body.size() != kNonceBytes) return Status(Code::kProtocol, "hello has the wrong size");
+  uint8_t client_nonce[kNonceBytes];
+  std::memcpy(client_nonce, body.data(), kNonceBytes);
+  uint8_t challenge[2 * kNonceBytes];
+  RLB_RETURN_IF_ERROR(SecureRandom(challenge, kNonceBytes));
+  Digest256 proof = Proof(secret, kServerLabel, client_nonce, challenge);
+  std::memcpy(challenge + kNonceBytes, proof.data(), kNonceBytes);
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kChallenge, 0, 0, challenge, sizeof(challenge), d));
+  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kAuth, &h, &body, d));
+  if (body.size() != kNonceBytes) return Status(Code::kProtocol, "auth has the wrong size");
+  Digest256 want = Proof(secret, kClientLabel, client_nonce, challenge);
+  if (!ConstantTimeEqual(want.data(), reinterpret_cast<const uint8_t*>(body.data()), kNonceBytes)) {
+    return Status(Code::kAuth, "wrong shared secret");
+  }
+  std::string welcome;
+  ByteWriter w(&welcome);
+  w.U64(self.server_id);
+  w.Raw(self.host_key.data(), self.host_key.size());
+  w.U32(self.pid);
+  return SendFrame(s, FrameType::kWelcome, 0, 0, welcome, d);
+}
+
+}  // namespace rlboost

@@ -1,0 +1,258 @@
+// Blocking TCP sockets with deadlines; errors map onto Code so callers see PeerLost,
+// TransferTimeout or a plain I/O error.
+#include "transport/tcp/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+namespace rlboost {
+namespace {
+
+Status ErrnoStatus(const char* what, int err) {
+  std::string msg = std::string(what) + ": " + std::strerror(err);
+  switch (err) {
+    case ECONNRESET:
+    case EPIPE:
+    case ENOTCONN:
+    case ECONNABORTED:
+    case ESHUTDOWN:
+      return Status(Code::kPeerLost, msg);
+    case EAGAIN:
+    case ETIMEDOUT:
+      return Status(Code::kTimeout, msg);
+    default:
+      return Status(Code::kIo, msg);
+  }
+}
+
+Status ResolveOne(const std::string& host, int port, bool passive, struct addrinfo** out) {
+  struct addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  std::string port_s = std::to_string(port);
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port_s.c_str(), &hints, out);
+  if (rc != 0) {
+    return Status(Code::kInvalidArgument, "cannot resolve '" + host + "': " + gai_strerror(rc));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+  if (this != &o) {
+    Close();
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void Socket::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void Socket::Shutdown() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+Status Socket::ApplyTimeout(int option, Deadline d) {
+  struct timeval tv = {0, 0};
+  if (!d.never()) {
+    double s = d.RemainingSeconds();
+    if (s <= 0) return Status(Code::kTimeout, "deadline passed");
+    s = std::max(s, 0.001);
+    tv.tv_sec = static_cast<time_t>(s);
+    tv.tv_usec = static_cast<suseconds_t>((s - std::floor(s)) * 1e6);
+  }
+  if (setsockopt(fd_, SOL_SOCKET, option, &tv, sizeof(tv)) != 0) {
+    return ErrnoStatus("setsockopt(timeout)", errno);
+  }
+  return Status::Ok();
+}
+
+Status Socket::SendAll(const void* data, size_t n, Deadline d) {
+  struct iovec iov = {const_cast<void*>(data), n};
+  return SendV(&iov, 1, d);
+}
+
+Status Socket::SendV(struct iovec* iov, int iovcnt, Deadline d) {
+  if (fd_ < 0) return Status(Code::kClosed, "socket is closed");
+  RLB_RETURN_IF_ERROR(ApplyTimeout(SO_SNDTIMEO, d));
+  while (iovcnt > 0) {
+    if (d.Expired()) return Status(Code::kTimeout, "send did not finish before the deadline");
+    if (iov->iov_len == 0) {
+      ++iov;
+      --iovcnt;
+      continue;
+    }
+    struct msghdr msg;
+    std::memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(iovcnt);
+    ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (d.Expired()) return Status(Code::kTimeout, "send did not finish before the deadline");
+        RLB_RETURN_IF_ERROR(ApplyTimeout(SO_SNDTIMEO, d));
+        continue;
+      }
+      return ErrnoStatus("send", errno);
+    }
+    size_t left = static_cast<size_t>(sent);
+    while (iovcnt > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --iovcnt;
+    }
+    if (iovcnt > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Socket::RecvAll(void* data, size_t n, Deadline d) {
+  if (fd_ < 0) return Status(Code::kClosed, "socket is closed");
+  auto* p = static_cast<char*>(data);
+  RLB_RETURN_IF_ERROR(ApplyTimeout(SO_RCVTIMEO, d));
+  while (n > 0) {
+    ssize_t got = ::recv(fd_, p, n, MSG_WAITALL);
+    if (got == 0) return Status(Code::kPeerLost, "peer closed the connection mid-frame");
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (d.Expired()) return Status(Code::kTimeout, "no data before the request deadline");
+        RLB_RETURN_IF_ERROR(ApplyTimeout(SO_RCVTIMEO, d));
+        continue;
+      }
+      return ErrnoStatus("recv", errno);
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return Status::Ok();
+}
+
+bool Socket::WaitReadable(Deadline d) {
+  while (true) {
+    struct pollfd pfd = {fd_, POLLIN, 0};
+    int ms = -1;
+    if (!d.never()) ms = static_cast<int>(std::min(d.RemainingSeconds() * 1000.0, 1e9));
+    int rc = ::poll(&pfd, 1, ms);
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) return true;  // let the following recv report the error
+  }
+}
+
+void TuneForBulk(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out) {
+  struct addrinfo* res = nullptr;
+  RLB_RETURN_IF_ERROR(ResolveOne(host, port, false, &res));
+  Status last(Code::kPeerLost, "no address for " + host);
+  for (struct addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!s.valid()) {
+      last = ErrnoStatus("socket", errno);
+      continue;
+    }
+    int flags = fcntl(s.fd(), F_GETFL, 0);
+    fcntl(s.fd(), F_SETFL, flags | O_NONBLOCK);
+    int rc = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      struct pollfd pfd = {s.fd(), POLLOUT, 0};
+      int ms = d.never() ? -1 : static_cast<int>(d.RemainingSeconds() * 1000.0);
+      int prc;
+      do {
+        prc = ::poll(&pfd, 1, ms);
+      } while (prc < 0 && errno == EINTR);
+      if (prc == 0) {
+        last = Status(Code::kTimeout, "connect to " + host + ":" + std::to_string(port) + " timed out");
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc != 0) {
+      last = Status(Code::kPeerLost, "connect to " + host + ":" + std::to_string(port) +
+                                         " failed: " + std::strerror(errno));
+      continue;
+    }
+    fcntl(s.fd(), F_SETFL, flags & ~O_NONBLOCK);
+    TuneForBulk(s.fd());
+    *out = std::move(s);
+    freeaddrinfo(res);
+    return Status::Ok();
+  }
+  freeaddrinfo(res);
+  return last;
+}
+
+Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port) {
+  struct addrinfo* res = nullptr;
+  RLB_RETURN_IF_ERROR(ResolveOne(host, port, true, &res));
+  Status last(Code::kIo, "no address to bind for " + host);
+  for (struct addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!s.valid()) continue;
+    int one = 1;
+    setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(s.fd(), 128) != 0) {
+      last = Status(Code::kIo, "cannot listen on " + host + ":" + std::to_string(port) + ": " +
+                                   std::strerror(errno));
+      continue;
+    }
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    getsockname(s.fd(), reinterpret_cast<struct sockaddr*>(&ss), &len);
+    *bound_port = ss.ss_family == AF_INET6
+                      ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&ss)->sin6_port)
+                      : ntohs(reinterpret_cast<struct sockaddr_in*>(&ss)->sin_port);
+    *out = std::move(s);
+    freeaddrinfo(res);
+    return Status::Ok();
+  }
+  freeaddrinfo(res);
+  return last;
+}
+
+Status AcceptTcp(Socket& listener, Socket* out) {
+  while (true) {
+    int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      TuneForBulk(fd);
+      *out = Socket(fd);
+      return Status::Ok();
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EINVAL || errno == EBADF) return Status(Code::kClosed, "listener closed");
+    if (errno == EMFILE || errno == ENFILE) return Status(Code::kIo, "out of file descriptors");
+    return ErrnoStatus("accept", errno);
+  }
+}
+
+}  // namespace rlboost

@@ -1,0 +1,52 @@
+// Socket: a blocking TCP socket with deadline-bounded send and receive. Blocking calls
+// (MSG_WAITALL, one sendmsg per frame) keep the syscall count per chunk small; the
+// deadline is applied through SO_RCVTIMEO / SO_SNDTIMEO, and Shutdown() wakes a thread
+// blocked in any call so servers and pullers can close promptly.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <string>
+
+#include "common/deadline.h"
+#include "common/status.h"
+
+namespace rlboost {
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket() { Close(); }
+  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket& operator=(Socket&& o) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void Close();
+  // Wakes any thread blocked on this socket; the fd stays open until Close().
+  void Shutdown();
+
+  Status SendAll(const void* data, size_t n, Deadline d);
+  // Gathers iov in as few sendmsg calls as the kernel allows; iov is consumed.
+  Status SendV(struct iovec* iov, int iovcnt, Deadline d);
+  Status RecvAll(void* data, size_t n, Deadline d);
+  // Waits until the socket is readable (or closed); false when the deadline passed.
+  bool WaitReadable(Deadline d);
+
+ private:
+  Status ApplyTimeout(int option, Deadline d);
+  int fd_ = -1;
+};
+
+Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out);
+// Binds only the given address (never a wildcard unless asked for one explicitly).
+Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port);
+// Blocks until a connection arrives or the listener is shut down (then kClosed).
+Status AcceptTcp(Socket& listener, Socket* out);
+// TCP_NODELAY and buffer sizes for bulk transfer.
+void TuneForBulk(int fd);
+
+}  // namespace rlboost

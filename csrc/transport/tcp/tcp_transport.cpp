@@ -1,0 +1,138 @@
+// TCP chunk streams (client) and chunk sending (server).
+#include "transport/tcp/tcp_transport.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "common/bytes.h"
+#include "common/crc32c.h"
+#include "transport/tcp/frame_io.h"
+
+namespace rlboost {
+namespace {
+
+// Received bytes are checksummed in pieces this large, while they are still in cache.
+constexpr size_t kRecvPiece = 1u << 20;
+
+std::string ChunkPrefix(int64_t version, uint32_t index) {
+  std::string b;
+  ByteWriter w(&b);
+  w.I64(version);
+  w.U32(index);
+  w.U32(0);
+  return b;
+}
+
+class TcpChunkStream : public ChunkStream {
+ public:
+  TcpChunkStream(Socket s) : sock_(std::move(s)) {}
+
+  Status Submit(const ChunkRead& read, Deadline d) override {
+    std::string body;
+    ByteWriter w(&body);
+    w.I64(read.version);
+    w.U32(read.index);
+    pending_.push_back(++next_id_);
+    return SendFrame(sock_, FrameType::kChunkRequest, 0, next_id_, body, d);
+  }
+
+  Status Complete(ChunkRead* read, Deadline d) override {
+    if (pending_.empty()) return Status(Code::kInternal, "complete without a submitted read");
+    uint64_t want_id = pending_.front();
+    pending_.pop_front();
+    FrameHeader h;
+    RLB_RETURN_IF_ERROR(RecvHeader(sock_, &h, d));
+    if (h.type == FrameType::kError) {
+      std::string body;
+      RLB_RETURN_IF_ERROR(RecvBody(sock_, h, &body, d));
+      return DecodeErrorBody(reinterpret_cast<const uint8_t*>(body.data()), body.size());
+    }
+    if (h.type != FrameType::kChunk || h.request_id != want_id) {
+      return Status(Code::kProtocol, "chunk response out of order or of the wrong type");
+    }
+    read->reply = static_cast<ReplyStatus>(h.status);
+    uint64_t want_len = kChunkPrefixBytes + (read->reply == ReplyStatus::kOk ? read->length : 0);
+    if (h.length != want_len) {
+      return Status(Code::kProtocol, "chunk response of " + std::to_string(h.length) +
+                                         " bytes, expected " + std::to_string(want_len));
+    }
+    uint8_t prefix[kChunkPrefixBytes];
+    RLB_RETURN_IF_ERROR(sock_.RecvAll(prefix, sizeof(prefix), d));
+    ByteReader r(prefix, sizeof(prefix));
+    int64_t version;
+    uint32_t index;
+    RLB_RETURN_IF_ERROR(r.I64(&version));
+    RLB_RETURN_IF_ERROR(r.U32(&index));
+    if (version != read->version || index != read->index) {
+      return Status(Code::kProtocol, "chunk response names another chunk than was asked for");
+    }
+    if (read->reply != ReplyStatus::kOk) return Status::Ok();
+    uint32_t crc = 0;
+    for (uint64_t done = 0; done < read->length;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kRecvPiece, read->length - done));
+      RLB_RETURN_IF_ERROR(sock_.RecvAll(read->dst + done, n, d));
+      crc = Crc32cExtend(crc, read->dst + done, n);
+      done += n;
+    }
+    read->crc = crc;
+    return Status::Ok();
+  }
+
+  void Abort() override { sock_.Shutdown(); }
+
+ private:
+  Socket sock_;
+  std::deque<uint64_t> pending_;
+  uint64_t next_id_ = 0;
+};
+
+class TcpTransport : public Transport {
+ public:
+  const char* name() const override { return "tcp"; }
+  TransportCaps caps() const override { return TransportCaps{}; }
+  bool Reaches(const PeerIdentity&) const override { return true; }
+
+  Status OpenStream(SourceLink& link, int64_t, const StreamOptions& opts,
+                    std::unique_ptr<ChunkStream>* out) override {
+    Deadline d = Deadline::After(opts.connect_timeout_s);
+    Socket s;
+    RLB_RETURN_IF_ERROR(ConnectTcp(link.host(), link.port(), d, &s));
+    PeerIdentity peer;
+    RLB_RETURN_IF_ERROR(ClientHandshake(s, link.secret(), d, &peer));
+    if (peer.server_id != link.peer().server_id) {
+      return Status(Code::kPeerLost, "the source at " + link.host() + ":" +
+                                         std::to_string(link.port()) + " restarted");
+    }
+    *out = std::make_unique<TcpChunkStream>(std::move(s));
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> MakeTcpTransport() { return std::make_unique<TcpTransport>(); }
+
+Status SendChunkOverTcp(Socket& s, uint64_t request_id, int64_t version, uint32_t index,
+                        ReplyStatus reply, const ChunkLease& lease, Pacer* pacer, Deadline d) {
+  std::string prefix = ChunkPrefix(version, index);
+  uint32_t len = reply == ReplyStatus::kOk ? lease.length : 0;
+  FrameHeader h;
+  h.type = FrameType::kChunk;
+  h.status = static_cast<uint32_t>(reply);
+  h.length = kChunkPrefixBytes + len;
+  h.request_id = request_id;
+  uint8_t head[kFrameHeaderBytes];
+  EncodeFrameHeader(h, head);
+  // The whole chunk's tokens are reserved at once: under a cap, chunks then finish one
+  // after another in request order instead of all crawling in parallel, so pullers get
+  // whole chunks early and can relay them to each other sooner.
+  if (pacer != nullptr && !pacer->Acquire(kFrameHeaderBytes + kChunkPrefixBytes + len)) {
+    return Status(Code::kClosed, "server closing");
+  }
+  struct iovec iov[3] = {{head, kFrameHeaderBytes},
+                         {&prefix[0], kChunkPrefixBytes},
+                         {const_cast<uint8_t*>(lease.data), len}};
+  return s.SendV(iov, 3, d);
+}
+
+}  // namespace rlboost

@@ -1,0 +1,144 @@
+// Transport: how chunk bytes move from one source into local memory. Every transport
+// has a client half (ChunkStream: ordered lanes of chunk reads, written straight into
+// the destination and checksummed on the way) and an optional server half
+// (TransportService: answers that transport's control requests on the authenticated
+// TCP connection). Capability queries let the puller choose one per source.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/frame.h"
+#include "common/status.h"
+#include "transport/tcp/handshake.h"
+
+namespace rlboost {
+
+struct TransportCaps {
+  bool same_host_only = false;       // the source must share this host's memory
+  bool needs_shared_region = false;  // the source's region must live in shared memory
+  bool source_cpu_free = false;      // the source's CPU does no per-chunk work
+  bool device_memory = false;        // can write into GPU memory
+};
+
+struct ChunkRead {
+  int64_t version = 0;
+  uint32_t index = 0;
+  uint64_t offset = 0;  // within the version's payload
+  uint32_t length = 0;
+  uint8_t* dst = nullptr;  // where the chunk's bytes go (already offset)
+  // Filled in by Complete():
+  ReplyStatus reply = ReplyStatus::kOk;
+  uint32_t crc = 0;  // crc32c of the bytes written to dst
+};
+
+// One ordered lane of chunk reads from one source, driven by one thread.
+class ChunkStream {
+ public:
+  virtual ~ChunkStream() = default;
+  virtual Status Submit(const ChunkRead& read, Deadline d) = 0;
+  // Finishes the oldest submitted read (FIFO) and fills its reply and crc.
+  virtual Status Complete(ChunkRead* read, Deadline d) = 0;
+  // Makes a blocked Submit/Complete in another thread return promptly.
+  virtual void Abort() = 0;
+};
+
+// The control connection to one source, as transports see it.
+class SourceLink {
+ public:
+  virtual ~SourceLink() = default;
+  virtual const std::string& host() const = 0;
+  virtual int port() const = 0;
+  virtual const std::string& secret() const = 0;
+  virtual const PeerIdentity& peer() const = 0;
+  // One request/response on the control connection (serialized with other calls).
+  virtual Status Call(FrameType request, const std::string& body, FrameType response,
+                      FrameHeader* reply_header, std::string* reply, Deadline d) = 0;
+  // A request with no response.
+  virtual Status Notify(FrameType request, const std::string& body, Deadline d) = 0;
+};
+
+struct StreamOptions {
+  double connect_timeout_s = 10.0;
+  uint64_t region_bytes = 0;  // payload size of the version
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  virtual TransportCaps caps() const = 0;
+  // Whether this transport can reach a source with that identity at all.
+  virtual bool Reaches(const PeerIdentity& source) const = 0;
+  virtual Status OpenStream(SourceLink& link, int64_t version, const StreamOptions& opts,
+                            std::unique_ptr<ChunkStream>* out) = 0;
+};
+
+// ---- server side ----------------------------------------------------------------
+
+// A pinned range of a published version; the pin keeps it from being freed or reused.
+struct ChunkLease {
+  const uint8_t* data = nullptr;
+  uint32_t length = 0;
+  std::shared_ptr<void> pin;
+};
+
+struct RegionLease {
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
+  int fd = -1;  // shareable file descriptor, or -1
+  std::shared_ptr<void> pin;
+};
+
+// Paces a server's egress (a token bucket).
+class Pacer {
+ public:
+  virtual ~Pacer() = default;
+  // Blocks until `bytes` may be sent; false when the pacer was closed meanwhile.
+  virtual bool Acquire(size_t bytes) = 0;
+};
+
+// What a weight server exposes to transport services.
+class ServingBackend {
+ public:
+  virtual ~ServingBackend() = default;
+  virtual ReplyStatus LeaseChunk(int64_t version, uint32_t index, ChunkLease* out) = 0;
+  virtual ReplyStatus LeaseRegion(int64_t version, RegionLease* out) = 0;
+};
+
+// Per-connection state a service may keep (leases live until the connection ends).
+struct ServiceConnection {
+  Socket* socket = nullptr;
+  uint64_t request_id = 0;
+  std::vector<std::pair<int64_t, RegionLease>> region_leases;
+  std::vector<std::shared_ptr<void>> state;  // anything else a service keeps per connection
+};
+
+// Where a server's services may listen (a transport with its own listener binds here).
+struct ServiceOptions {
+  std::string host = "127.0.0.1";
+  int ucx_port = 0;  // 0: any free port
+};
+
+class TransportService {
+ public:
+  virtual ~TransportService() = default;
+  virtual bool Handles(FrameType type) const = 0;
+  // Answers one request. A non-OK Status closes the connection.
+  virtual Status Handle(const FrameHeader& h, const std::string& body, ServiceConnection& conn,
+                        ServingBackend& backend, Deadline d) = 0;
+};
+
+// ---- registry --------------------------------------------------------------------
+
+// Names of the transports built into this module ("tcp", "shm", and "ucx" when found).
+std::vector<std::string> BuiltTransports();
+// A fresh client-side transport by name; kInvalidArgument for an unknown or unbuilt one.
+Status MakeTransport(const std::string& name, std::unique_ptr<Transport>* out);
+// Server-side services for every built transport that needs one.
+std::vector<std::unique_ptr<TransportService>> MakeTransportServices(const ServiceOptions& opts);
+
+}  // namespace rlboost

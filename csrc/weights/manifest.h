@@ -1,0 +1,35 @@
+// Manifest (native view): one published version's payload size, chunking and per-chunk
+// crc32c, plus an opaque metadata blob (the Python tensor table) carried as-is. Encoded
+// little-endian with its own trailing crc, and validated field by field on decode.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace rlboost {
+
+struct Manifest {
+  int64_t version = 0;
+  uint64_t total_bytes = 0;
+  uint32_t chunk_bytes = 0;
+  std::vector<uint32_t> crcs;  // one per chunk
+  std::string meta;
+
+  uint32_t num_chunks() const { return static_cast<uint32_t>(crcs.size()); }
+  uint64_t ChunkOffset(uint32_t i) const { return uint64_t{i} * chunk_bytes; }
+  uint32_t ChunkLength(uint32_t i) const;
+  bool SameLayout(const Manifest& o) const;
+};
+
+// Number of chunks for a payload; checks the chunk size and count bounds.
+Status ChunkCount(uint64_t total_bytes, uint32_t chunk_bytes, uint32_t* out);
+// Fills m->crcs from the payload, splitting the work over `threads` threads.
+void ComputeChunkCrcs(const uint8_t* data, int threads, Manifest* m);
+
+std::string EncodeManifest(const Manifest& m);
+Status DecodeManifest(const uint8_t* p, size_t n, Manifest* out);
+
+}  // namespace rlboost

@@ -1,0 +1,327 @@
+// PullJob lanes: claim, submit, complete, verify; reconnect or retire a failing source.
+#include "weights/pull_job.h"
+
+#include <deque>
+
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace rlboost {
+
+struct PullJob::Source {
+  std::unique_ptr<SourceSession> session;  // declared first: outlives the transport
+  std::mutex mu;
+  std::unique_ptr<Transport> transport;
+  bool auto_choice = false;
+  std::atomic<uint64_t> generation{0};  // of the relay's held state last seen
+  bool pending = false;
+  std::atomic<uint64_t> bytes{0}, chunks{0}, not_held{0}, bad{0}, reconnects{0};
+  std::string error;
+};
+
+struct PullJob::Lane {
+  size_t source = 0;
+  std::thread thread;
+  std::mutex mu;  // guards `stream` against Cancel()
+  std::unique_ptr<ChunkStream> stream;
+  std::deque<std::pair<ChunkRead, Deadline>> in_flight;
+  int failures = 0;
+};
+
+namespace {
+
+// Errors that say the source itself is unusable for this version; retrying won't help.
+bool Permanent(Code c) {
+  return c == Code::kUnknownVersion || c == Code::kProtocol || c == Code::kAuth ||
+         c == Code::kInvalidArgument || c == Code::kInternal;
+}
+
+constexpr int kMaxBadChunksPerSource = 3;
+
+}  // namespace
+
+PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSource> sources,
+                 uint8_t* dst, RelayTarget relay, const std::vector<uint8_t>& held_seed,
+                 ClaimOrder order)
+    : opts_(opts),
+      manifest_(std::move(manifest)),
+      dst_(dst),
+      relay_(std::move(relay)),
+      map_(manifest_.num_chunks(), sources.size(), order.rank, order.pullers, order.seed) {
+  map_.SeedHeld(held_seed);
+  if (relay_.store) {
+    for (uint32_t c = 0; c < manifest_.num_chunks() && c / 8 < held_seed.size(); ++c) {
+      if ((held_seed[c / 8] >> (c % 8)) & 1u) relay_.store->MarkHeld(manifest_.version, relay_.registration, c);
+    }
+  }
+  for (size_t s = 0; s < sources.size(); ++s) {
+    auto src = std::make_unique<Source>();
+    src->session = std::move(sources[s].session);
+    src->generation = sources[s].held.generation;
+    src->pending = sources[s].pending;
+    map_.UpdateSource(s, sources[s].held, true);
+    sources_.push_back(std::move(src));
+  }
+}
+
+PullJob::~PullJob() {
+  Cancel();
+  for (auto& lane : lanes_) {
+    if (lane->thread.joinable()) lane->thread.join();
+  }
+  for (auto& w : watchers_) w.join();
+  lanes_.clear();
+}
+
+Status PullJob::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (started_) return Status(Code::kInvalidArgument, "pull already started");
+  for (auto& src : sources_) {
+    std::string name = opts_.transport;
+    if (name == "auto") {
+      src->auto_choice = true;
+      name = MakeShmTransport()->Reaches(src->session->peer()) ? "shm" : "tcp";
+    }
+    RLB_RETURN_IF_ERROR(MakeTransport(name, &src->transport));
+    if (!src->transport->Reaches(src->session->peer())) {
+      return Status(Code::kInvalidArgument, "transport '" + name + "' cannot reach source " +
+                                                src->session->host() + ":" +
+                                                std::to_string(src->session->port()));
+    }
+  }
+  started_ = true;
+  for (size_t s = 0; s < sources_.size(); ++s) {
+    for (int k = 0; k < opts_.streams; ++k) {
+      auto lane = std::make_unique<Lane>();
+      lane->source = s;
+      lanes_.push_back(std::move(lane));
+    }
+  }
+  running_ = static_cast<int>(lanes_.size());
+  has_watcher_.assign(sources_.size(), false);
+  for (size_t s = 0; s < sources_.size(); ++s) {
+    if (map_.source_may_grow(s)) {
+      has_watcher_[s] = true;
+      watchers_.emplace_back([this, s] { RunWatcher(s); });
+    }
+  }
+  for (auto& lane : lanes_) lane->thread = std::thread([this, l = lane.get()] { RunLane(l); });
+  return Status::Ok();
+}
+
+bool PullJob::Wait(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!started_) return false;
+  return cv_.wait_until(lock, Deadline::After(timeout_s).Min(Deadline::After(1e8)).at(),
+                        [&] { return running_ == 0; });
+}
+
+Status PullJob::result() const { return map_.result(); }
+
+void PullJob::Cancel() {
+  map_.Cancel(Status(Code::kClosed, "pull cancelled"));
+  for (auto& lane : lanes_) {
+    std::lock_guard<std::mutex> lock(lane->mu);
+    if (lane->stream) lane->stream->Abort();
+  }
+  for (auto& src : sources_) {
+    if (src->session) src->session->Abort();
+  }
+}
+
+Status PullJob::OpenStream(Lane* lane) {
+  Source& src = *sources_[lane->source];
+  StreamOptions so;
+  so.connect_timeout_s = opts_.connect_timeout_s;
+  so.region_bytes = manifest_.total_bytes;
+  std::unique_ptr<ChunkStream> stream;
+  std::lock_guard<std::mutex> lock(src.mu);
+  Status st = src.transport->OpenStream(*src.session, manifest_.version, so, &stream);
+  if (!st.ok() && src.auto_choice && std::string(src.transport->name()) == "shm" &&
+      st.code() != Code::kUnknownVersion) {
+    // The source cannot share this region (borrowed memory, /proc not reachable): TCP.
+    src.transport = MakeTcpTransport();
+    st = src.transport->OpenStream(*src.session, manifest_.version, so, &stream);
+  }
+  if (!st.ok()) return st;
+  std::lock_guard<std::mutex> lane_lock(lane->mu);
+  lane->stream = std::move(stream);
+  return Status::Ok();
+}
+
+void PullJob::ReleaseInFlight(Lane* lane, const Status& cause) {
+  for (auto& r : lane->in_flight) {
+    AnnouncePending(r.first.index, false);
+    map_.Release(r.first.index, cause);
+  }
+  lane->in_flight.clear();
+}
+
+void PullJob::AnnouncePending(uint32_t chunk, bool pending) {
+  if (relay_.store) relay_.store->MarkPending(manifest_.version, relay_.registration, chunk, pending);
+}
+
+void PullJob::FailLane(Lane* lane, const Status& st) {
+  Source& src = *sources_[lane->source];
+  {
+    std::lock_guard<std::mutex> lock(lane->mu);
+    lane->stream.reset();
+  }
+  bool retire = Permanent(st.code()) || ++lane->failures > opts_.reconnect_attempts;
+  if (!retire) ++src.reconnects;
+  {
+    std::lock_guard<std::mutex> lock(src.mu);
+    src.error = st.message();
+  }
+  if (retire) map_.RetireSource(lane->source, st);
+  ReleaseInFlight(lane, st);
+}
+
+void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
+  Source& src = *sources_[lane->source];
+  if (r.reply != ReplyStatus::kOk || r.crc != manifest_.crcs[r.index]) AnnouncePending(r.index, false);
+  if (r.reply == ReplyStatus::kNotHeld) {
+    ++src.not_held;
+    map_.NotHeld(lane->source, r.index);
+    return;
+  }
+  if (r.reply != ReplyStatus::kOk) {
+    Status st = r.reply == ReplyStatus::kUnknownVersion
+                    ? Status(Code::kUnknownVersion, "source no longer holds version " +
+                                                        std::to_string(manifest_.version))
+                    : Status(Code::kProtocol, "unexpected chunk reply status");
+    map_.Release(r.index, st);
+    FailLane(lane, st);
+    return;
+  }
+  if (r.crc != manifest_.crcs[r.index]) {
+    Status st(Code::kChecksum, "chunk " + std::to_string(r.index) + " of version " +
+                                   std::to_string(manifest_.version) + " from " +
+                                   src.session->host() + ":" + std::to_string(src.session->port()) +
+                                   " failed its crc32c check");
+    map_.Bad(lane->source, r.index, st);
+    if (++src.bad >= kMaxBadChunksPerSource) map_.RetireSource(lane->source, st);
+    return;
+  }
+  if (relay_.store) relay_.store->MarkHeld(manifest_.version, relay_.registration, r.index);
+  if (map_.Held(r.index)) {
+    bytes_done_ += r.length;
+    ++fetched_;
+    src.bytes += r.length;
+    ++src.chunks;
+  } else {
+    ++refetched_;
+  }
+}
+
+void PullJob::RunWatcher(size_t s) {
+  Source& src = *sources_[s];
+  bool seen = !src.pending;
+  while (!map_.finished() && map_.source_may_grow(s)) {
+    HeldState held;
+    Status st = src.session->FetchHave(manifest_.version, src.generation, opts_.have_wait_ms, &held,
+                                       Deadline::After(opts_.request_timeout_s));
+    if (map_.finished()) return;
+    if (!seen && st.code() == Code::kUnknownVersion) continue;  // not started there yet
+    if (st.ok() && !seen) {
+      Manifest theirs;
+      st = src.session->FetchManifest(manifest_.version, &theirs, Deadline::After(opts_.request_timeout_s));
+      if (st.ok() && !theirs.SameLayout(manifest_)) {
+        st = Status(Code::kProtocol, "peer's manifest differs from the agreed one");
+      }
+      seen = true;
+    }
+    if (!st.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(src.mu);
+        src.error = st.message();
+      }
+      map_.RetireSource(s, st);
+      return;
+    }
+    src.generation = held.generation;
+    map_.UpdateSource(s, held, true);
+  }
+}
+
+void PullJob::RunLane(Lane* lane) {
+  uint64_t epoch = 0;
+  const size_t s = lane->source;
+  while (!map_.finished() && map_.source_alive(s)) {
+    if (!lane->stream) {
+      Status st = OpenStream(lane);
+      if (!st.ok()) {
+        FailLane(lane, st);
+        continue;
+      }
+    }
+    uint32_t c;
+    while (lane->stream && lane->in_flight.size() < static_cast<size_t>(opts_.max_in_flight) &&
+           map_.TryClaim(s, &c) == ChunkMap::Claim::kClaimed) {
+      ChunkRead r;
+      r.version = manifest_.version;
+      r.index = c;
+      r.offset = manifest_.ChunkOffset(c);
+      r.length = manifest_.ChunkLength(c);
+      r.dst = dst_ + r.offset;
+      Deadline d = Deadline::After(opts_.request_timeout_s);
+      lane->in_flight.emplace_back(r, d);
+      AnnouncePending(c, true);
+      ++requests_;
+      Status st = lane->stream->Submit(r, d);
+      if (!st.ok()) FailLane(lane, st);
+    }
+    if (!lane->stream) continue;
+    if (lane->in_flight.empty()) {
+      map_.WaitForChange(&epoch, Deadline::After(0.25));
+      map_.FailIfStalled(opts_.request_timeout_s);
+      continue;
+    }
+    ChunkRead r = lane->in_flight.front().first;
+    Status st = lane->stream->Complete(&r, lane->in_flight.front().second);
+    if (!st.ok()) {
+      FailLane(lane, st);
+      continue;
+    }
+    lane->in_flight.pop_front();
+    lane->failures = 0;
+    OnReadDone(lane, r);
+  }
+  Status cause = map_.source_cause(s);
+  ReleaseInFlight(lane, cause.ok() ? Status(Code::kClosed, "pull stopped") : cause);
+  {
+    std::lock_guard<std::mutex> lock(lane->mu);
+    lane->stream.reset();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--running_ == 0) {
+    // Watchers may sit in a long poll; closing their control connections ends it now.
+    for (size_t i = 0; i < sources_.size(); ++i) {
+      if (i < has_watcher_.size() && has_watcher_[i]) sources_[i]->session->Abort();
+    }
+    cv_.notify_all();
+  }
+}
+
+PullStats PullJob::stats() const {
+  PullStats out;
+  out.chunk_requests = requests_;
+  out.chunks_fetched = fetched_;
+  out.refetched = refetched_;
+  for (auto& src : sources_) {
+    SourceStats s;
+    s.address = src->session->host() + ":" + std::to_string(src->session->port());
+    std::lock_guard<std::mutex> lock(src->mu);
+    s.transport = src->transport ? src->transport->name() : "";
+    s.bytes = src->bytes;
+    s.chunks = src->chunks;
+    s.not_held = src->not_held;
+    s.checksum_failures = src->bad;
+    s.reconnects = src->reconnects;
+    s.error = src->error;
+    out.sources.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace rlboost

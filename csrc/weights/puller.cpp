@@ -1,0 +1,140 @@
+// Version resolution across sources: two parallel rounds (each source's own answer, then
+// the chosen version from the rest), layout agreement, and the most telling error when
+// no source can serve.
+#include "weights/puller.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "common/random.h"
+
+namespace rlboost {
+
+struct Puller::Probe {
+  std::unique_ptr<SourceSession> session;
+  Manifest manifest;
+  HeldState held;
+  Status status;
+};
+
+namespace {
+
+// Which failure best explains "no source could serve": the user's mistake before the
+// network's.
+int Severity(Code c) {
+  switch (c) {
+    case Code::kAuth: return 6;
+    case Code::kProtocol: return 5;
+    case Code::kUnknownVersion: return 4;
+    case Code::kTimeout: return 3;
+    case Code::kPeerLost: return 2;
+    default: return 1;
+  }
+}
+
+template <typename F>
+void ForEachParallel(size_t n, F f) {
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) threads.emplace_back(f, i);
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+Puller::Puller(PullOptions opts, std::vector<SourceAddress> sources, uint64_t self_server_id)
+    : opts_(std::move(opts)), sources_(std::move(sources)), self_server_id_(self_server_id) {}
+
+Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
+  if (sources_.empty()) return Status(Code::kInvalidArgument, "no sources to pull from");
+  Deadline d = Deadline::After(timeout_s);
+  std::vector<Probe> probes(sources_.size());
+  ForEachParallel(sources_.size(), [&](size_t i) {
+    Probe& p = probes[i];
+    Deadline cd = d.Min(Deadline::After(opts_.connect_timeout_s));
+    p.status = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.secret, cd, &p.session);
+    if (p.status.ok() && self_server_id_ != 0 && p.session->peer().server_id == self_server_id_) {
+      p.status = Status(Code::kInvalidArgument, "this process's own relay");
+    }
+    if (p.status.ok()) p.status = p.session->FetchManifest(version, &p.manifest, d);
+  });
+  int64_t target = version;
+  for (auto& p : probes) {
+    if (version < 0 && p.status.ok()) target = std::max(target, p.manifest.version);
+  }
+  if (target >= 0) {
+    ForEachParallel(sources_.size(), [&](size_t i) {
+      Probe& p = probes[i];
+      bool retry = p.session && (p.status.code() == Code::kUnknownVersion ||
+                                 (p.status.ok() && p.manifest.version != target));
+      if (retry) p.status = p.session->FetchManifest(target, &p.manifest, d);
+      if (p.status.ok()) p.status = p.session->FetchHave(target, 0, 0, &p.held, d);
+    });
+  }
+  const Manifest* reference = nullptr;
+  Status worst;
+  bool any_holds = false;
+  for (auto& p : probes) any_holds = any_holds || p.status.ok();
+  out->sources.clear();
+  out->skipped.clear();
+  std::vector<PullSource> pending_sources;
+  for (size_t i = 0; i < probes.size(); ++i) {
+    Probe& p = probes[i];
+    if (p.status.ok() && reference != nullptr && !p.manifest.SameLayout(*reference)) {
+      p.status = Status(Code::kProtocol, "manifest differs from the other sources' for version " +
+                                             std::to_string(target));
+    }
+    if (p.status.code() == Code::kUnknownVersion && p.session && any_holds) {
+      // A reachable peer without the version yet (it may be starting the same pull):
+      // watched, and used once it holds chunks with the agreed layout.
+      PullSource pending{std::move(p.session), HeldState{}, true};
+      pending_sources.push_back(std::move(pending));
+      continue;
+    }
+    if (!p.status.ok()) {
+      std::string where = sources_[i].host + ":" + std::to_string(sources_[i].port);
+      out->skipped.push_back(where + ": " + p.status.message());
+      if (p.status.code() != Code::kInvalidArgument &&
+          (worst.ok() || Severity(p.status.code()) > Severity(worst.code()))) {
+        worst = Status(p.status.code(), where + ": " + p.status.message());
+      }
+      continue;
+    }
+    if (reference == nullptr) {
+      reference = &p.manifest;
+      out->manifest = p.manifest;
+    }
+    out->sources.push_back(PullSource{std::move(p.session), std::move(p.held), false});
+  }
+  for (auto& p : pending_sources) {
+    p.held.num_chunks = out->manifest.num_chunks();
+    p.held.bitmap.assign((p.held.num_chunks + 7) / 8, 0);
+    out->sources.push_back(std::move(p));
+  }
+  if (out->sources.empty()) {
+    if (worst.ok()) worst = Status(Code::kInvalidArgument, "no usable source (only this process's own relay)");
+    return worst;
+  }
+  return Status::Ok();
+}
+
+Status Puller::Start(PullPlan&& plan, uint8_t* dst, RelayTarget relay,
+                     const std::vector<uint8_t>& held_seed, std::unique_ptr<PullJob>* out) {
+  ClaimOrder order;
+  RLB_RETURN_IF_ERROR(SecureRandom(&order.seed, sizeof(order.seed)));
+  // Pullers that relay to each other (the sources still pulling, and this one) agree on
+  // their ranks without talking: each sorts the same set of relay server ids.
+  std::vector<uint64_t> ids = {self_server_id_};
+  for (auto& s : plan.sources) {
+    if (s.pending || s.held.held_count < s.held.num_chunks) ids.push_back(s.session->peer().server_id);
+  }
+  std::sort(ids.begin(), ids.end());
+  order.pullers = static_cast<uint32_t>(ids.size());
+  order.rank = static_cast<uint32_t>(std::find(ids.begin(), ids.end(), self_server_id_) - ids.begin());
+  auto job = std::make_unique<PullJob>(opts_, std::move(plan.manifest), std::move(plan.sources), dst,
+                                       std::move(relay), held_seed, order);
+  RLB_RETURN_IF_ERROR(job->Start());
+  *out = std::move(job);
+  return Status::Ok();
+}
+
+}  // namespace rlboost

@@ -1,0 +1,46 @@
+// Puller: the receiving side's entry point. It connects out to every source it is given
+// (trainer and peers), agrees on one version and its manifest, learns what each source
+// holds, and hands that plan to a PullJob that moves the bytes.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weights/pull_job.h"
+
+namespace rlboost {
+
+struct SourceAddress {
+  std::string host;
+  int port = 0;
+};
+
+// A version resolved against the sources: its manifest and the sources that hold it.
+struct PullPlan {
+  Manifest manifest;
+  std::vector<PullSource> sources;
+  std::vector<std::string> skipped;  // "host:port: reason" for sources left out
+};
+
+class Puller {
+ public:
+  // self_server_id: this process's own relay server, never used as a source (0: none).
+  Puller(PullOptions opts, std::vector<SourceAddress> sources, uint64_t self_server_id);
+
+  // version -1 asks for the newest version any source holds complete.
+  Status Resolve(int64_t version, double timeout_s, PullPlan* out);
+  // Starts moving bytes into dst (at least manifest.total_bytes long).
+  Status Start(PullPlan&& plan, uint8_t* dst, RelayTarget relay, const std::vector<uint8_t>& held_seed,
+               std::unique_ptr<PullJob>* out);
+
+  const PullOptions& options() const { return opts_; }
+
+ private:
+  struct Probe;
+  PullOptions opts_;
+  std::vector<SourceAddress> sources_;
+  uint64_t self_server_id_;
+};
+
+}  // namespace rlboost

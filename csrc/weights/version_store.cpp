@@ -1,0 +1,308 @@
+// Version bookkeeping, pins and region reuse.
+#include "weights/version_store.h"
+
+#include <algorithm>
+
+namespace rlboost {
+
+struct VersionStore::Sync {
+  mutable std::mutex mu;
+  std::condition_variable cv;
+};
+
+struct VersionStore::Entry {
+  Manifest manifest;
+  std::string encoded;
+  std::shared_ptr<Region> region;
+  HeldState held;
+  bool partial = false;  // registered by a relay: retired only explicitly
+  uint64_t registration = 0;
+  int pins = 0;
+  bool complete() const { return held.held_count == held.num_chunks; }
+};
+
+namespace {
+
+HeldState AllHeld(uint32_t n) {
+  HeldState h;
+  h.num_chunks = n;
+  h.held_count = n;
+  h.bitmap.assign((n + 7) / 8, 0xFF);
+  h.pending.assign((n + 7) / 8, 0);
+  return h;
+}
+
+bool IsHeld(const HeldState& h, uint32_t i) { return (h.bitmap[i / 8] >> (i % 8)) & 1u; }
+
+}  // namespace
+
+VersionStore::VersionStore(int versions_kept)
+    : versions_kept_(std::max(1, versions_kept)), sync_(std::make_shared<Sync>()) {}
+
+VersionStore::~VersionStore() { WakeAll(); }
+
+std::shared_ptr<void> VersionStore::Pin(const std::shared_ptr<Entry>& e) {
+  ++e->pins;
+  std::shared_ptr<Sync> sync = sync_;
+  return std::shared_ptr<void>(e.get(), [sync, e](void*) {
+    std::lock_guard<std::mutex> lock(sync->mu);
+    --e->pins;
+    sync->cv.notify_all();
+  });
+}
+
+std::shared_ptr<VersionStore::Entry> VersionStore::FindLocked(int64_t version) const {
+  if (version < 0) {
+    for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
+      if (it->second->complete()) return it->second;
+    }
+    return nullptr;
+  }
+  auto it = live_.find(version);
+  return it == live_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Region> VersionStore::TakeIdleRegionLocked(uint64_t nbytes) {
+  for (auto it = draining_.begin(); it != draining_.end(); ++it) {
+    auto& e = *it;
+    if (e->pins == 0 && e->region->owned() && e->region->size() == nbytes) {
+      std::shared_ptr<Region> found = e->region;
+      draining_.erase(it);
+      return found;
+    }
+  }
+  return nullptr;
+}
+
+void VersionStore::PruneLocked() {
+  // Idle retired regions are released, except the newest owned one, kept as a spare for
+  // the next Stage() (fresh memory costs a page fault per 4 KiB on first write).
+  std::vector<std::shared_ptr<Entry>> kept;
+  bool spare_kept = false;
+  for (auto it = draining_.rbegin(); it != draining_.rend(); ++it) {
+    const auto& e = *it;
+    if (e->pins > 0) {
+      kept.push_back(e);
+    } else if (e->region->owned() && !spare_kept) {
+      kept.push_back(e);
+      spare_kept = true;
+    }
+  }
+  std::reverse(kept.begin(), kept.end());
+  draining_.swap(kept);
+}
+
+Status VersionStore::Stage(int64_t version, uint64_t nbytes, std::shared_ptr<Region>* out) {
+  if (version < 0) return Status(Code::kInvalidArgument, "version must be >= 0");
+  std::shared_ptr<Region> region;
+  {
+    std::lock_guard<std::mutex> lock(sync_->mu);
+    if (live_.count(version) || staged_.count(version)) {
+      return Status(Code::kInvalidArgument, "version " + std::to_string(version) + " already exists");
+    }
+    region = TakeIdleRegionLocked(nbytes);
+  }
+  if (region == nullptr) RLB_RETURN_IF_ERROR(Region::CreateShared(nbytes, &region));
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  staged_[version] = region;
+  *out = region;
+  return Status::Ok();
+}
+
+Status VersionStore::Commit(int64_t version, uint32_t chunk_bytes, std::string meta, int threads,
+                            Manifest* out) {
+  std::shared_ptr<Region> region;
+  {
+    std::lock_guard<std::mutex> lock(sync_->mu);
+    auto it = staged_.find(version);
+    if (it == staged_.end()) {
+      return Status(Code::kInvalidArgument, "version " + std::to_string(version) + " was not staged");
+    }
+    region = it->second;
+  }
+  auto e = std::make_shared<Entry>();
+  e->manifest.version = version;
+  e->manifest.total_bytes = region->size();
+  e->manifest.chunk_bytes = chunk_bytes;
+  e->manifest.meta = std::move(meta);
+  uint32_t n;
+  RLB_RETURN_IF_ERROR(ChunkCount(region->size(), chunk_bytes, &n));
+  e->manifest.crcs.resize(n);
+  ComputeChunkCrcs(region->data(), threads, &e->manifest);
+  e->encoded = EncodeManifest(e->manifest);
+  e->region = region;
+  e->held = AllHeld(n);
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  staged_.erase(version);
+  live_[version] = e;
+  sync_->cv.notify_all();
+  std::vector<int64_t> committed;
+  for (auto& kv : live_) {
+    if (!kv.second->partial) committed.push_back(kv.first);
+  }
+  for (size_t i = 0; i + versions_kept_ < committed.size(); ++i) RetireLocked(live_.find(committed[i]));
+  *out = e->manifest;
+  return Status::Ok();
+}
+
+void VersionStore::DiscardStaged(int64_t version) {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  staged_.erase(version);
+}
+
+Status VersionStore::AddPartial(const Manifest& m, std::shared_ptr<Region> region,
+                                uint64_t* registration) {
+  if (region->size() < m.total_bytes) return Status(Code::kInvalidArgument, "region smaller than the manifest");
+  auto e = std::make_shared<Entry>();
+  e->manifest = m;
+  e->encoded = EncodeManifest(m);
+  e->region = std::move(region);
+  e->partial = true;
+  e->held.num_chunks = m.num_chunks();
+  e->held.bitmap.assign((m.num_chunks() + 7) / 8, 0);
+  e->held.pending.assign((m.num_chunks() + 7) / 8, 0);
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  if (live_.count(m.version)) {
+    return Status(Code::kInvalidArgument, "version " + std::to_string(m.version) + " is already served");
+  }
+  e->registration = ++next_registration_;
+  *registration = e->registration;
+  live_[m.version] = e;
+  sync_->cv.notify_all();
+  return Status::Ok();
+}
+
+void VersionStore::MarkHeld(int64_t version, uint64_t registration, uint32_t index) {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  auto e = FindLocked(version);
+  if (e == nullptr || e->registration != registration || index >= e->held.num_chunks ||
+      IsHeld(e->held, index)) {
+    return;
+  }
+  e->held.bitmap[index / 8] |= static_cast<uint8_t>(1u << (index % 8));
+  e->held.pending[index / 8] &= static_cast<uint8_t>(~(1u << (index % 8)));
+  ++e->held.held_count;
+  ++e->held.generation;
+  sync_->cv.notify_all();
+}
+
+void VersionStore::MarkPending(int64_t version, uint64_t registration, uint32_t index, bool pending) {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  auto e = FindLocked(version);
+  if (e == nullptr || e->registration != registration || index >= e->held.num_chunks ||
+      IsHeld(e->held, index)) {
+    return;
+  }
+  uint8_t bit = static_cast<uint8_t>(1u << (index % 8));
+  uint8_t& byte = e->held.pending[index / 8];
+  if (((byte & bit) != 0) == pending) return;
+  byte = pending ? (byte | bit) : (byte & ~bit);
+  ++e->held.generation;
+  sync_->cv.notify_all();
+}
+
+void VersionStore::RetireLocked(std::map<int64_t, std::shared_ptr<Entry>>::iterator it) {
+  draining_.push_back(it->second);
+  live_.erase(it);
+  PruneLocked();
+  sync_->cv.notify_all();
+}
+
+Status VersionStore::Retire(int64_t version, Deadline d) {
+  std::unique_lock<std::mutex> lock(sync_->mu);
+  std::shared_ptr<Entry> e;
+  auto it = live_.find(version);
+  if (it != live_.end()) {
+    e = it->second;
+    RetireLocked(it);
+  } else {
+    for (auto& x : draining_) {
+      if (x->manifest.version == version) e = x;
+    }
+    if (e == nullptr) return Status::Ok();
+  }
+  bool idle = sync_->cv.wait_until(lock, d.never() ? Deadline::After(1e8).at() : d.at(),
+                                   [&] { return e->pins == 0; });
+  if (!idle) return Status(Code::kTimeout, "reads of version " + std::to_string(version) + " still in flight");
+  PruneLocked();
+  return Status::Ok();
+}
+
+int64_t VersionStore::Latest() const {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  auto e = FindLocked(-1);
+  return e == nullptr ? -1 : e->manifest.version;
+}
+
+std::vector<int64_t> VersionStore::Versions() const {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  std::vector<int64_t> out;
+  for (auto& kv : live_) out.push_back(kv.first);
+  return out;
+}
+
+Status VersionStore::EncodedManifest(int64_t version, std::string* out) const {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  auto e = FindLocked(version);
+  if (e == nullptr) {
+    return Status(Code::kUnknownVersion, version < 0 ? std::string("no version published yet")
+                                                     : "version " + std::to_string(version) + " is not held here");
+  }
+  *out = e->encoded;
+  return Status::Ok();
+}
+
+Status VersionStore::Have(int64_t version, uint64_t known, uint32_t wait_ms,
+                          const std::function<bool()>& stop, HeldState* out) {
+  std::unique_lock<std::mutex> lock(sync_->mu);
+  auto until = Deadline::After(std::min<uint32_t>(wait_ms, 2000) / 1000.0).at();
+  std::shared_ptr<Entry> e;
+  sync_->cv.wait_until(lock, until, [&] {
+    e = FindLocked(version);
+    // A version not (yet) held is waited for too: a peer may register it any moment.
+    return (e != nullptr && (e->held.generation > known || e->complete())) || stop();
+  });
+  if (e == nullptr) return Status(Code::kUnknownVersion, "version " + std::to_string(version) + " is not held here");
+  *out = e->held;
+  return Status::Ok();
+}
+
+void VersionStore::WakeAll() {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  sync_->cv.notify_all();
+}
+
+ReplyStatus VersionStore::LeaseChunk(int64_t version, uint32_t index, ChunkLease* out) {
+  out->pin.reset();  // an old pin's release takes the lock below
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  auto e = FindLocked(version);
+  if (e == nullptr || version < 0) return ReplyStatus::kUnknownVersion;
+  if (index >= e->held.num_chunks || !IsHeld(e->held, index)) return ReplyStatus::kNotHeld;
+  out->data = e->region->data() + e->manifest.ChunkOffset(index);
+  out->length = e->manifest.ChunkLength(index);
+  out->pin = Pin(e);
+  return ReplyStatus::kOk;
+}
+
+ReplyStatus VersionStore::LeaseRegion(int64_t version, RegionLease* out) {
+  out->pin.reset();
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  auto e = FindLocked(version);
+  if (e == nullptr || version < 0) return ReplyStatus::kUnknownVersion;
+  out->data = e->region->data();
+  out->size = e->manifest.total_bytes;
+  out->fd = e->region->fd();
+  out->pin = Pin(e);
+  return ReplyStatus::kOk;
+}
+
+Status VersionStore::CorruptByteForTests(int64_t version, uint64_t offset) {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  auto e = FindLocked(version);
+  if (e == nullptr) return Status(Code::kUnknownVersion, "no such version");
+  if (offset >= e->manifest.total_bytes) return Status(Code::kInvalidArgument, "offset out of range");
+  e->region->data()[offset] ^= 0xFF;
+  return Status::Ok();
+}
+
+}  // namespace rlboost

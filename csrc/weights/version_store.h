@@ -1,0 +1,91 @@
+// VersionStore: the versions a weight server holds. Published versions are complete;
+// versions being pulled by a relay are partial, with a held-chunk bitmap that grows as
+// chunks arrive. Every read pins its version, and a version's region is never reused or
+// released to its owner while a pin is alive, so a slow reader is never torn.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "transport/transport.h"
+#include "weights/manifest.h"
+#include "weights/region.h"
+
+namespace rlboost {
+
+struct HeldState {
+  uint32_t num_chunks = 0;
+  uint32_t held_count = 0;
+  uint64_t generation = 0;       // bumped by every change of either bitmap
+  std::vector<uint8_t> bitmap;   // bit i of byte i/8: chunk i is held
+  std::vector<uint8_t> pending;  // chunks the relay's own pull is fetching right now
+};
+
+class VersionStore : public ServingBackend {
+ public:
+  // Committed versions beyond `versions_kept` retire automatically (oldest first).
+  explicit VersionStore(int versions_kept);
+  ~VersionStore() override;
+
+  // --- publisher side -----------------------------------------------------------
+  // A writable shared region for `version`, reusing an idle retired region of the same
+  // size when there is one.
+  Status Stage(int64_t version, uint64_t nbytes, std::shared_ptr<Region>* out);
+  // Checksums the staged bytes and serves them.
+  Status Commit(int64_t version, uint32_t chunk_bytes, std::string meta, int threads, Manifest* out);
+  void DiscardStaged(int64_t version);
+
+  // --- relay side -----------------------------------------------------------------
+  // Serves chunks of a version as MarkHeld reports them; retired only explicitly.
+  // `registration` names this entry, so a pull that outlives it (the version was
+  // retired and registered again over other memory) cannot mark the new one.
+  Status AddPartial(const Manifest& m, std::shared_ptr<Region> region, uint64_t* registration);
+  void MarkHeld(int64_t version, uint64_t registration, uint32_t index);
+  // Announces (or withdraws) a chunk the relay's pull is fetching, so peers deciding
+  // what to ask the trainer for can leave it to this relay.
+  void MarkPending(int64_t version, uint64_t registration, uint32_t index, bool pending);
+
+  // Stops serving `version` and waits until no read is in flight (kTimeout otherwise).
+  Status Retire(int64_t version, Deadline d);
+  // Newest version with every chunk held, or -1.
+  int64_t Latest() const;
+  std::vector<int64_t> Versions() const;
+  Status EncodedManifest(int64_t version, std::string* out) const;  // -1 = latest
+  // Held chunks of a version; waits up to wait_ms for a generation newer than `known`
+  // (or for the version to appear) before answering.
+  Status Have(int64_t version, uint64_t known, uint32_t wait_ms, const std::function<bool()>& stop,
+              HeldState* out);
+  // Wakes Have() waiters so a closing server's threads return promptly.
+  void WakeAll();
+
+  ReplyStatus LeaseChunk(int64_t version, uint32_t index, ChunkLease* out) override;
+  ReplyStatus LeaseRegion(int64_t version, RegionLease* out) override;
+
+  // Flips one byte of a served version in place (tests of checksum handling only).
+  Status CorruptByteForTests(int64_t version, uint64_t offset);
+
+ private:
+  struct Entry;
+  struct Sync;
+  std::shared_ptr<void> Pin(const std::shared_ptr<Entry>& e);
+  void RetireLocked(std::map<int64_t, std::shared_ptr<Entry>>::iterator it);
+  std::shared_ptr<Region> TakeIdleRegionLocked(uint64_t nbytes);
+  void PruneLocked();
+  std::shared_ptr<Entry> FindLocked(int64_t version) const;
+
+  int versions_kept_;
+  uint64_t next_registration_ = 0;
+  std::shared_ptr<Sync> sync_;
+  std::map<int64_t, std::shared_ptr<Entry>> live_;
+  std::map<int64_t, std::shared_ptr<Region>> staged_;
+  std::vector<std::shared_ptr<Entry>> draining_;
+};
+
+}  // namespace rlboost

@@ -1,0 +1,101 @@
+"""TransferConfig: every knob of weight publishing and pulling, validated on construction.
+
+The shared secret and the transport override may come from the environment
+(RLBOOST_SECRET, RLBOOST_TRANSPORT, read through rlboost.env); explicit values win.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from rlboost import env
+
+TRANSPORTS = ("auto", "tcp", "shm", "ucx")
+_MIN_CHUNK = 4096
+_MAX_CHUNK = 256 << 20
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Splits "host:port" (or "[v6]:port") into (host, port); ValueError when malformed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address must look like 'host:port', got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(kw_only=True, slots=True)
+class TransferConfig:
+    """How weights are served and pulled.
+
+    Example: ``TransferConfig(secret=b"s3cret", streams=4, egress_bytes_per_s=500_000_000)``.
+    """
+
+    bind_host: str = "127.0.0.1"  # servers listen only here
+    port: int = 0  # publisher port; 0 picks a free one
+    relay_port: int = 0  # port of a puller's relay server; 0 picks a free one
+    secret: bytes | None = None  # None: RLBOOST_SECRET, else empty (loopback only)
+    transport: str = "auto"  # auto (same host: shm, else tcp) | tcp | shm | ucx
+    streams: int = 4  # parallel streams (lanes) per source
+    chunk_bytes: int = 8 << 20  # publisher's chunk size (one checksum each)
+    max_in_flight: int = 2  # chunk requests outstanding per stream
+    request_timeout_s: float = 60.0  # deadline of one chunk request
+    connect_timeout_s: float = 10.0
+    reconnect_attempts: int = 2  # per stream, before a source is given up
+    egress_bytes_per_s: int | None = None  # cap on what one server sends; None: no cap
+    versions_kept: int = 2  # complete versions a server keeps serving
+    alignment: int = 4096  # every tensor starts at a multiple of this
+    relay: bool = True  # pullers re-serve what they hold
+    commit_threads: int = 2  # threads checksumming a staged version
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        if self.secret is None:
+            self.secret = env.secret() or b""
+        if not isinstance(self.secret, bytes):
+            raise ValueError(f"secret must be bytes, got {type(self.secret).__name__}")
+        if self.transport == "auto" and env.transport():
+            self.transport = env.transport()
+        _check(self.transport in TRANSPORTS, "transport", f"one of {TRANSPORTS}", self.transport)
+        _check(bool(self.bind_host), "bind_host", "a host name or address", self.bind_host)
+        if not self.secret and not _is_loopback(self.bind_host):
+            raise ValueError(
+                f"secret: required when bind_host ({self.bind_host}) is not a loopback address; "
+                "set TransferConfig(secret=...) or RLBOOST_SECRET"
+            )
+        for name in ("port", "relay_port"):
+            _check(0 <= getattr(self, name) < 65536, name, "[0, 65535]", getattr(self, name))
+        _check(1 <= self.streams <= 64, "streams", "[1, 64]", self.streams)
+        _check(1 <= self.max_in_flight <= 64, "max_in_flight", "[1, 64]", self.max_in_flight)
+        _check(
+            _MIN_CHUNK <= self.chunk_bytes <= _MAX_CHUNK,
+            "chunk_bytes", f"[{_MIN_CHUNK}, {_MAX_CHUNK}]", self.chunk_bytes,
+        )
+        _check(self.request_timeout_s > 0, "request_timeout_s", "> 0", self.request_timeout_s)
+        _check(self.connect_timeout_s > 0, "connect_timeout_s", "> 0", self.connect_timeout_s)
+        _check(0 <= self.reconnect_attempts <= 100, "reconnect_attempts", "[0, 100]", self.reconnect_attempts)
+        if self.egress_bytes_per_s is not None:
+            _check(self.egress_bytes_per_s >= 1024, "egress_bytes_per_s", ">= 1024 or None", self.egress_bytes_per_s)
+        _check(1 <= self.versions_kept <= 64, "versions_kept", "[1, 64]", self.versions_kept)
+        power_of_two = self.alignment > 0 and self.alignment & (self.alignment - 1) == 0
+        _check(power_of_two and self.alignment <= 1 << 20, "alignment", "a power of two <= 1 MiB", self.alignment)
+        _check(1 <= self.commit_threads <= 64, "commit_threads", "[1, 64]", self.commit_threads)
+        _check(1 <= self.max_connections <= 65536, "max_connections", "[1, 65536]", self.max_connections)
+
+
+def _check(ok: bool, field: str, allowed: str, got: object) -> None:
+    if not ok:
+        raise ValueError(f"{field}: must be {allowed}, got {got!r}")

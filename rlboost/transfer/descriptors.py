@@ -1,0 +1,60 @@
+"""The one place where tensors become (address, nbytes) descriptors for the native core,
+and where native memory becomes tensors again (zero-copy views that keep it alive).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from rlboost.transfer.manifest import Manifest
+
+
+def describe(tensor: torch.Tensor) -> tuple[int, int]:
+    """(address, nbytes) of a contiguous CPU tensor's bytes."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"destination must be in CPU memory, got a tensor on {tensor.device}")
+    if not tensor.is_contiguous():
+        raise ValueError("destination tensor must be contiguous")
+    return tensor.data_ptr(), tensor.numel() * tensor.element_size()
+
+
+def byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous CPU tensor as a flat uint8 view (no copy)."""
+    describe(tensor)
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def region_tensor(region: object) -> torch.Tensor:
+    """A writable uint8 tensor over a native Region; the tensor keeps the region alive."""
+    if region.nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(region, dtype=torch.uint8)
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two byte buffers overlap."""
+    (pa, na), (pb, nb) = describe(a), describe(b)
+    return na > 0 and nb > 0 and pa < pb + nb and pb < pa + na
+
+
+def tensor_views(buffer: torch.Tensor, manifest: Manifest) -> dict[str, torch.Tensor]:
+    """Named tensors over a flat uint8 buffer laid out by the manifest (no copy)."""
+    if buffer.numel() < manifest.total_bytes:
+        raise ValueError(f"buffer of {buffer.numel()} bytes is smaller than the payload ({manifest.total_bytes})")
+    views = {}
+    for s in manifest.tensors:
+        raw = buffer[s.offset : s.offset + s.nbytes]
+        views[s.name] = raw.view(getattr(torch, s.dtype)).view(s.shape)
+    return views
+
+
+def copy_tensors(views: Mapping[str, torch.Tensor], named_tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copies tensors (any device, any strides) into their staging views."""
+    for name, t in named_tensors.items():
+        dst = views[name]
+        if tuple(t.shape) != tuple(dst.shape) or t.dtype != dst.dtype:
+            raise ValueError(f"tensor {name!r}: {t.dtype}{tuple(t.shape)} does not match the manifest's "
+                             f"{dst.dtype}{tuple(dst.shape)}")
+        dst.copy_(t)

@@ -1,0 +1,161 @@
+"""Manifest: the tensor table of one weight version (name, dtype, shape, offset, nbytes).
+
+Tensors sit in one flat payload at aligned offsets, so a version moves as plain byte
+chunks and is viewed as tensors without copying. Serialized as JSON (never pickle) and
+validated field by field when it arrives from another process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping
+
+from rlboost.errors import ProtocolError
+
+FORMAT_VERSION = 1
+MAX_TENSORS = 1 << 20
+
+# Bytes per element of every dtype a manifest may carry (torch names).
+DTYPE_SIZES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1,
+    "bool": 1, "complex64": 8, "complex128": 16,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """Where one tensor lives in the payload.
+
+    Example: ``TensorSpec(name="lm_head.weight", dtype="bfloat16", shape=(4, 8), offset=4096, nbytes=64)``.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """The layout of one weight version, plus its chunk checksums once published.
+
+    Example::
+
+        Manifest(version=3, total_bytes=16, alignment=4096,
+                 tensors=(TensorSpec(name="w", dtype="float32", shape=(2, 2), offset=0, nbytes=16),))
+    """
+
+    version: int
+    tensors: tuple[TensorSpec, ...]
+    total_bytes: int
+    alignment: int = 4096
+    chunk_bytes: int = 0  # set when published
+    chunk_crcs: tuple[int, ...] = ()  # crc32c per chunk, set when published
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def build(cls, version: int, named_tensors: Mapping[str, object], alignment: int = 4096) -> "Manifest":
+        """Lays out tensors (anything with .dtype and .shape, e.g. torch tensors) in order."""
+        layout = ((name, _dtype_name(t.dtype), tuple(t.shape)) for name, t in named_tensors.items())
+        return cls.from_layout(version, layout, alignment)
+
+    @classmethod
+    def from_layout(
+        cls, version: int, layout: Iterable[tuple[str, str, tuple[int, ...]]], alignment: int = 4096
+    ) -> "Manifest":
+        """Lays out (name, dtype, shape) triples, each at the next aligned offset."""
+        if version < 0:
+            raise ValueError(f"version: must be >= 0, got {version}")
+        specs, offset, seen = [], 0, set()
+        for name, dtype, shape in layout:
+            if name in seen:
+                raise ValueError(f"tensor name {name!r} appears twice")
+            if dtype not in DTYPE_SIZES:
+                raise ValueError(f"tensor {name!r}: dtype {dtype!r} is not one of {sorted(DTYPE_SIZES)}")
+            seen.add(name)
+            offset = _align(offset, alignment)
+            nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
+            specs.append(TensorSpec(name=name, dtype=dtype, shape=tuple(int(d) for d in shape),
+                                    offset=offset, nbytes=nbytes))
+            offset += nbytes
+        return cls(version=version, tensors=tuple(specs), total_bytes=offset, alignment=alignment)
+
+    def spec(self, name: str) -> TensorSpec:
+        for s in self.tensors:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.tensors)
+
+    def with_chunks(self, version: int, chunk_bytes: int, crcs: Iterable[int]) -> "Manifest":
+        return replace(self, version=version, chunk_bytes=chunk_bytes, chunk_crcs=tuple(crcs))
+
+    def to_bytes(self) -> bytes:
+        """The tensor table as UTF-8 JSON (the chunk table travels in the native manifest)."""
+        doc = {
+            "format_version": self.format_version,
+            "alignment": self.alignment,
+            "total_bytes": self.total_bytes,
+            "tensors": [[s.name, s.dtype, list(s.shape), s.offset, s.nbytes] for s in self.tensors],
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, version: int, chunk_bytes: int = 0, crcs: Iterable[int] = ()) -> "Manifest":
+        """Parses and validates a tensor table; ProtocolError when anything is off."""
+        try:
+            doc = json.loads(data.decode())
+            if doc["format_version"] != FORMAT_VERSION:
+                raise ProtocolError(f"manifest format_version {doc['format_version']} is not {FORMAT_VERSION}")
+            tensors = tuple(_parse_spec(t) for t in doc["tensors"][: MAX_TENSORS + 1])
+            m = cls(version=version, tensors=tensors, total_bytes=int(doc["total_bytes"]),
+                    alignment=int(doc["alignment"]), chunk_bytes=chunk_bytes, chunk_crcs=tuple(crcs))
+        except ProtocolError:
+            raise
+        except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as e:
+            raise ProtocolError(f"malformed manifest: {e!r}") from None
+        m.validate()
+        return m
+
+    def validate(self) -> None:
+        """Checks that every tensor is aligned, sized by its shape and inside the payload."""
+        if len(self.tensors) > MAX_TENSORS:
+            raise ProtocolError(f"manifest lists more than {MAX_TENSORS} tensors")
+        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
+            raise ProtocolError(f"manifest alignment {self.alignment} is not a power of two")
+        end, names = 0, set()
+        for s in sorted(self.tensors, key=lambda t: t.offset):
+            size = DTYPE_SIZES.get(s.dtype)
+            if size is None or s.name in names:
+                raise ProtocolError(f"tensor {s.name!r}: unknown dtype or duplicate name")
+            if any(d < 0 for d in s.shape) or s.nbytes != math.prod(s.shape) * size:
+                raise ProtocolError(f"tensor {s.name!r}: nbytes does not match shape and dtype")
+            if s.offset % self.alignment or s.offset < end or s.offset + s.nbytes > self.total_bytes:
+                raise ProtocolError(f"tensor {s.name!r}: offset {s.offset} is misaligned, overlapping or out of range")
+            names.add(s.name)
+            end = s.offset + s.nbytes
+
+
+def _align(offset: int, alignment: int) -> int:
+    return (offset + alignment - 1) // alignment * alignment
+
+
+def _dtype_name(dtype: object) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _parse_spec(t: list) -> TensorSpec:
+    name, dtype, shape, offset, nbytes = t
+    ints = [offset, nbytes, *shape] if isinstance(shape, list) else [None]
+    if not isinstance(name, str) or not isinstance(dtype, str) or not all(type(v) is int for v in ints):
+        raise TypeError("tensor entry has fields of the wrong type")
+    return TensorSpec(name=name, dtype=dtype, shape=tuple(shape), offset=offset, nbytes=nbytes)

@@ -1,0 +1,123 @@
+"""WeightPublisher: the trainer side. Each version is copied once into a shared-memory
+staging region and served from there by a native weight server; publishing returns as
+soon as the copy and the chunk checksums are done.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from rlboost import _C
+from rlboost.errors import TransferClosed
+from rlboost.transfer import descriptors
+from rlboost.transfer.config import TransferConfig, format_address
+from rlboost.transfer.manifest import Manifest
+
+
+class WeightPublisher:
+    """Serves published weight versions to pullers.
+
+    Either ``publish(version, named_tensors)`` or, to gather bucket by bucket straight
+    into staging, ``views = stage(version, manifest)``, fill the views, ``commit(version)``.
+    Staging views stay valid until the version is retired (``versions_kept`` newer ones).
+    """
+
+    def __init__(self, config: TransferConfig | None = None):
+        self.config = config if config is not None else TransferConfig()
+        c = self.config
+        self._store = _C.VersionStore(c.versions_kept)
+        self._server = _C.WeightServer(
+            self._store, c.bind_host, c.port, c.secret,
+            egress_bytes_per_s=c.egress_bytes_per_s or 0, max_connections=c.max_connections,
+        )
+        self._staged: dict[int, tuple[Manifest, object]] = {}
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        """Where pullers connect: "host:port"."""
+        return format_address(self._server.host, self._server.port)
+
+    @property
+    def versions(self) -> list[int]:
+        return list(self._store.versions())
+
+    @property
+    def latest(self) -> int | None:
+        v = self._store.latest()
+        return None if v < 0 else v
+
+    def stage(self, version: int, manifest: Manifest) -> dict[str, torch.Tensor]:
+        """Writable named views into the staging region of `version`, laid out by `manifest`."""
+        self._check_open()
+        if version in self._staged:
+            raise ValueError(f"version {version} is already staged")
+        region = self._store.stage(version, manifest.total_bytes)
+        self._staged[version] = (manifest, region)
+        return descriptors.tensor_views(descriptors.region_tensor(region), manifest)
+
+    def commit(self, version: int) -> Manifest:
+        """Checksums the staged bytes and starts serving `version`; returns its manifest."""
+        self._check_open()
+        if version not in self._staged:
+            raise ValueError(f"version {version} was not staged")
+        manifest, _ = self._staged[version]
+        try:
+            native = self._store.commit(version, self.config.chunk_bytes, manifest.to_bytes(),
+                                        self.config.commit_threads)
+        finally:
+            self.discard(version)
+        return manifest.with_chunks(version, native.chunk_bytes, native.crcs)
+
+    def publish(self, version: int, named_tensors: Mapping[str, torch.Tensor]) -> Manifest:
+        """Copies tensors (any device) into staging and serves them as `version`."""
+        manifest = Manifest.build(version, named_tensors, self.config.alignment)
+        views = self.stage(version, manifest)
+        try:
+            descriptors.copy_tensors(views, named_tensors)
+        except BaseException:
+            self.discard(version)
+            raise
+        return self.commit(version)
+
+    def discard(self, version: int) -> None:
+        """Drops a staged version that will not be committed."""
+        if self._staged.pop(version, None) is not None:
+            self._store.discard_staged(version)
+
+    def retire(self, version: int, timeout: float | None = None) -> None:
+        """Stops serving `version`, waiting until no read of it is in flight."""
+        self._store.retire(version, self.config.request_timeout_s if timeout is None else timeout)
+
+    def stats(self) -> dict:
+        """Server counters: bytes_sent, chunks_sent, auth_failures, protocol_errors, ..."""
+        return self._server.stats()
+
+    def corrupt_byte_for_tests(self, version: int, offset: int) -> None:
+        """Flips one served byte in place; only for tests of checksum handling."""
+        self._store.corrupt_byte_for_tests(version, offset)
+
+    def close(self) -> None:
+        """Stops serving and joins every server thread. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._server.close()
+            self._staged.clear()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferClosed("publisher is closed")
+
+    def __enter__(self) -> "WeightPublisher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter teardown: the native server may already be gone
+            pass

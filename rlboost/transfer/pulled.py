@@ -1,0 +1,136 @@
+"""PullHandle (prepare -> start -> wait) and PulledWeights (the named tensor views over
+a received buffer)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+import torch
+
+from rlboost.errors import TransferError, TransferTimeout
+from rlboost.transfer import descriptors
+from rlboost.transfer.manifest import Manifest
+from rlboost.transfer.progress import ProgressCallback, TqdmProgress
+
+if TYPE_CHECKING:
+    from rlboost.transfer.puller import WeightPuller
+
+
+class PulledWeights(Mapping[str, torch.Tensor]):
+    """A pulled version: name -> tensor views over one received buffer (zero-copy).
+
+    The views share memory with ``buffer``; pass ``into=this`` to the next pull to reuse it.
+    """
+
+    def __init__(self, manifest: Manifest, buffer: torch.Tensor, region: object | None, stats: dict):
+        self.manifest = manifest
+        self.version = manifest.version
+        self.buffer = buffer
+        self.stats = stats
+        self._region = region  # native memory behind buffer, when the puller allocated it
+        self._views = descriptors.tensor_views(buffer, manifest)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._views[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __repr__(self) -> str:
+        return f"PulledWeights(version={self.version}, tensors={len(self)}, bytes={self.manifest.total_bytes})"
+
+
+class PullHandle:
+    """One pull in progress: ``start()`` returns at once, ``wait(timeout)`` collects it."""
+
+    def __init__(self, owner: "WeightPuller", native_puller, plan, manifest: Manifest,
+                 buffer: torch.Tensor, region: object | None, seed: bytes,
+                 progress: ProgressCallback | bool | None):
+        self.manifest = manifest
+        self.version = manifest.version
+        self.buffer = buffer
+        self._owner = owner
+        self._native = native_puller
+        self._plan = plan
+        self._region = region
+        self._seed = seed
+        # progress=True: a tqdm bar, for runs a person is watching.
+        self._progress = TqdmProgress(desc=f"pull weights v{self.version}") if progress is True else progress
+        self._job = None
+        self._result: PulledWeights | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return self.manifest.total_bytes
+
+    @property
+    def bytes_done(self) -> int:
+        return self._job.bytes_done if self._job is not None else 0
+
+    @property
+    def started(self) -> bool:
+        return self._job is not None
+
+    def start(self) -> "PullHandle":
+        """Starts moving bytes in native threads and returns immediately."""
+        if self._job is not None:
+            raise ValueError("pull already started")
+        relay, registration = self._owner._register_relay(self)
+        addr, nbytes = descriptors.describe(self.buffer)
+        try:
+            self._job = self._native.start(self._plan, addr, nbytes, relay, registration, self._seed,
+                                           keepalive=(self.buffer, self._region))
+        except BaseException:
+            self._owner.retire(self.version)
+            raise
+        self._plan = None
+        return self
+
+    def wait(self, timeout: float | None = None) -> PulledWeights:
+        """Blocks until the pull is done (or `timeout` seconds pass: TransferTimeout, the pull
+        keeps running). Raises the pull's typed error if it failed."""
+        if self._result is not None:
+            return self._result
+        if self._job is None:
+            self.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # Short native waits keep progress callbacks flowing and Ctrl-C responsive.
+        step = 0.1 if self._progress is not None else 0.25
+        while True:
+            left = step if deadline is None else max(0.0, min(step, deadline - time.monotonic()))
+            finished = self._job.wait(left)
+            if self._progress is not None:
+                self._progress(self.bytes_done, self.total_bytes)
+            if finished:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TransferTimeout(f"pull of version {self.version} not done after {timeout} s "
+                                      f"({self.bytes_done} of {self.total_bytes} bytes)")
+        try:
+            self._job.raise_if_failed()
+        except TransferError:
+            self._owner._remember_failed(self, self._job.held_bitmap())
+            raise
+        self._owner._forget_failed(self.version)
+        self._result = PulledWeights(self.manifest, self.buffer, self._region, self._job.stats())
+        return self._result
+
+    def cancel(self) -> None:
+        """Stops the pull; a later wait() raises TransferClosed."""
+        if self._job is not None:
+            self._job.cancel()
+
+    def stats(self) -> dict:
+        """chunk_requests, chunks_fetched, refetched, and per source bytes/chunks/errors."""
+        return self._job.stats() if self._job is not None else {}
+
+    def __enter__(self) -> "PullHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._result is None:
+            self.cancel()

@@ -1,0 +1,199 @@
+"""WeightPuller: the receiving side. It connects out to its sources (the trainer's
+publisher and peers' relays), pulls a version into a buffer, and re-serves what it holds
+through its own relay server, even while the pull is still running.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Sequence
+
+import torch
+
+from rlboost import _C
+from rlboost.errors import ProtocolError, TransferClosed
+from rlboost.transfer import descriptors
+from rlboost.transfer.config import TransferConfig, format_address, parse_address
+from rlboost.transfer.manifest import Manifest
+from rlboost.transfer.progress import ProgressCallback
+from rlboost.transfer.pulled import PulledWeights, PullHandle
+
+Into = torch.Tensor | PulledWeights | None
+
+
+class WeightPuller:
+    """Pulls weight versions from one or more sources ("host:port")."""
+
+    def __init__(self, sources: str | Sequence[str] = (), config: TransferConfig | None = None):
+        self.config = config if config is not None else TransferConfig()
+        self._sources = self._parse(sources)
+        self._relayed: dict[int, tuple[torch.Tensor, object | None]] = {}
+        self._failed: dict[int, tuple[torch.Tensor, object | None, bytes, tuple[int, ...]]] = {}
+        self._handles: weakref.WeakSet[PullHandle] = weakref.WeakSet()
+        self._closed = False
+        self._relay_store = self._relay_server = None
+        c = self.config
+        if c.relay:
+            self._relay_store = _C.VersionStore(c.versions_kept)
+            self._relay_server = _C.WeightServer(
+                self._relay_store, c.bind_host, c.relay_port, c.secret,
+                egress_bytes_per_s=c.egress_bytes_per_s or 0, max_connections=c.max_connections,
+            )
+
+    # ---- sources -----------------------------------------------------------------
+    @property
+    def sources(self) -> list[str]:
+        return [format_address(h, p) for h, p in self._sources]
+
+    def set_sources(self, sources: str | Sequence[str]) -> None:
+        """Replaces the sources used by later pulls (e.g. once peers' relays are known)."""
+        self._sources = self._parse(sources)
+
+    @property
+    def relay_address(self) -> str | None:
+        """Where peers can pull what this process holds, or None when relay is off."""
+        if self._relay_server is None:
+            return None
+        return format_address(self._relay_server.host, self._relay_server.port)
+
+    # ---- pulling -----------------------------------------------------------------
+    def prepare(self, version: int | None = None, into: Into = None,
+                progress: ProgressCallback | bool | None = None,
+                sources: str | Sequence[str] | None = None) -> PullHandle:
+        """Resolves `version` (None: the newest any source holds) and sizes the destination.
+
+        `into`: a contiguous CPU tensor (or a previous PulledWeights) to receive into; None
+        allocates shared memory. While relay is on, the buffer is re-served to peers until
+        this version is retired (``retire(version)``): do not modify it before then.
+        `progress`: a callback (bytes_done, total_bytes), or True for a tqdm bar.
+        Returns a handle to start() and wait() on.
+        """
+        self._check_open()
+        addrs = self._parse(sources) if sources is not None else self._sources
+        c = self.config
+        native = _C.Puller(addrs, c.secret, c.transport, c.streams, c.max_in_flight,
+                           c.request_timeout_s, c.connect_timeout_s, c.reconnect_attempts,
+                           self._relay_server.server_id if self._relay_server is not None else 0)
+        plan = native.resolve(-1 if version is None else version, c.request_timeout_s)
+        nm = plan.manifest
+        manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.crcs)
+        if manifest.total_bytes != nm.total_bytes:
+            raise ProtocolError("tensor table and chunk table disagree on the payload size")
+        buffer, region, seed = self._destination(manifest, into)
+        handle = PullHandle(self, native, plan, manifest, buffer, region, seed, progress)
+        self._handles.add(handle)
+        return handle
+
+    def pull(self, version: int | None = None, into: Into = None, timeout: float | None = None,
+             progress: ProgressCallback | bool | None = None,
+             sources: str | Sequence[str] | None = None) -> PulledWeights:
+        """Pulls a version and returns its named tensor views (blocking)."""
+        handle = self.prepare(version, into=into, progress=progress, sources=sources).start()
+        try:
+            return handle.wait(timeout)
+        except BaseException:
+            handle.cancel()
+            raise
+
+    def latest_version(self) -> int:
+        """The newest version any source holds complete."""
+        self._check_open()
+        c = self.config
+        native = _C.Puller(self._sources, c.secret, c.transport, 1, 1, c.request_timeout_s,
+                           c.connect_timeout_s, 0,
+                           self._relay_server.server_id if self._relay_server is not None else 0)
+        return native.resolve(-1, c.request_timeout_s).manifest.version
+
+    # ---- relay -------------------------------------------------------------------
+    @property
+    def relayed_versions(self) -> list[int]:
+        return sorted(self._relayed)
+
+    def retire(self, version: int) -> None:
+        """Stops relaying `version` (waits for reads in flight) and releases its buffer."""
+        if self._relay_store is not None and version in self._relayed:
+            self._relay_store.retire(version, self.config.request_timeout_s)
+            del self._relayed[version]
+
+    def stats(self) -> dict:
+        """Relay server counters (empty when relay is off)."""
+        return self._relay_server.stats() if self._relay_server is not None else {}
+
+    def close(self) -> None:
+        """Cancels running pulls and stops the relay server. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in list(self._handles):
+            handle.cancel()
+        if self._relay_server is not None:
+            self._relay_server.close()
+        self._relayed.clear()
+        self._failed.clear()
+
+    def __enter__(self) -> "WeightPuller":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter teardown: native objects may already be gone
+            pass
+
+    # ---- internals used by PullHandle ----------------------------------------------
+    def _register_relay(self, handle: PullHandle) -> tuple[object | None, int]:
+        """Serves the handle's buffer as a partial version: (store, registration id)."""
+        if self._relay_store is None:
+            return None, 0
+        for v, (buf, _) in list(self._relayed.items()):
+            if v == handle.version or descriptors.same_memory(buf, handle.buffer):
+                self.retire(v)
+        for v in sorted(self._relayed)[: max(0, len(self._relayed) - self.config.versions_kept + 1)]:
+            self.retire(v)
+        nm = _C.Manifest(handle.version, handle.manifest.total_bytes, handle.manifest.chunk_bytes,
+                         list(handle.manifest.chunk_crcs), handle.manifest.to_bytes())
+        if handle._region is not None:
+            registration = self._relay_store.add_partial(nm, handle._region)
+        else:
+            addr, nbytes = descriptors.describe(handle.buffer)
+            registration = self._relay_store.add_partial_borrowed(nm, addr, nbytes)
+        self._relayed[handle.version] = (handle.buffer, handle._region)
+        return self._relay_store, registration
+
+    def _remember_failed(self, handle: PullHandle, held: bytes) -> None:
+        self._failed[handle.version] = (handle.buffer, handle._region, held, handle.manifest.chunk_crcs)
+
+    def _forget_failed(self, version: int) -> None:
+        self._failed.pop(version, None)
+
+    def _destination(self, manifest: Manifest, into: Into) -> tuple[torch.Tensor, object | None, bytes]:
+        total = manifest.total_bytes
+        failed = self._failed.get(manifest.version)
+        resumable = failed is not None and failed[3] == manifest.chunk_crcs
+        region = None
+        if into is None:
+            if resumable:
+                return failed[0], failed[1], failed[2]
+            region = _C.Region.create(total)
+            return descriptors.region_tensor(region), region, b""
+        if isinstance(into, PulledWeights):
+            into, region = into.buffer, into._region
+        buffer = descriptors.byte_view(into)
+        if buffer.numel() < total:
+            raise ValueError(f"into: holds {buffer.numel()} bytes, the payload needs {total}")
+        buffer = buffer[:total]
+        same = resumable and descriptors.describe(failed[0]) == descriptors.describe(buffer)
+        return buffer, region, failed[2] if same else b""
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferClosed("puller is closed")
+
+    @staticmethod
+    def _parse(sources: str | Sequence[str]) -> list[tuple[str, int]]:
+        if isinstance(sources, str):
+            sources = [sources]
+        return [parse_address(s) for s in sources]

@@ -1,0 +1,85 @@
+"""Manifests lay tensors out aligned, survive a round trip, and reject malformed bytes."""
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlboost import _C
+from rlboost.errors import ProtocolError
+from rlboost.transfer.manifest import DTYPE_SIZES, Manifest
+
+shapes = st.lists(st.integers(0, 7), min_size=0, max_size=3).map(tuple)
+layouts = st.lists(st.tuples(st.sampled_from(sorted(DTYPE_SIZES)), shapes), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts, st.sampled_from([256, 4096]), st.integers(0, 2**40))
+def test_layout_is_aligned_disjoint_and_round_trips(layout, alignment, version):
+    m = Manifest.from_layout(version, [(f"t{i}", d, s) for i, (d, s) in enumerate(layout)], alignment)
+    end = 0
+    for spec in m.tensors:
+        assert spec.offset % alignment == 0 and spec.offset >= end
+        end = spec.offset + spec.nbytes
+    assert m.total_bytes == end
+    assert Manifest.from_bytes(m.to_bytes(), version) == m
+
+
+def test_build_from_tensors_matches_dtypes_and_shapes():
+    t = {"a": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.zeros(2, dtype=torch.int64)}
+    m = Manifest.build(4, t, alignment=256)
+    assert [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in m.tensors] == [
+        ("a", "bfloat16", (3, 5), 0, 30), ("b", "int64", (2,), 256, 16)]
+
+
+def _doc(**changes):
+    doc = {"format_version": 1, "alignment": 256, "total_bytes": 512,
+           "tensors": [["a", "float32", [4], 0, 16], ["b", "int8", [3], 256, 3]]}
+    doc.update(changes)
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("data", [
+    b"\xff\xfe not json",
+    _doc(format_version=2),
+    _doc(tensors=[["a", "float32", [4], 0, 17]]),                # nbytes does not match shape
+    _doc(tensors=[["a", "float32", [4], 8, 16]]),                # misaligned
+    _doc(tensors=[["a", "float32", [4], 0, 16], ["b", "int8", [3], 0, 3]]),  # overlapping
+    _doc(tensors=[["a", "float32", [400], 0, 1600]]),            # past the payload
+    _doc(tensors=[["a", "complex32", [4], 0, 16]]),              # unknown dtype
+    _doc(tensors=[["a", "float32", [4.5], 0, 16]]),              # non-integer shape
+    _doc(tensors=[["a", "float32", [4], 0]]),                    # missing field
+    _doc(alignment=3),
+])
+def test_malformed_tensor_tables_raise_protocol_error(data):
+    with pytest.raises(ProtocolError):
+        Manifest.from_bytes(data, 1)
+
+
+def test_native_manifest_round_trip_and_corruption():
+    m = _C.Manifest(3, 10000, 4096, [1, 2, 3], b"meta")
+    back = _C.Manifest.decode(m.encode())
+    assert (back.version, back.total_bytes, back.chunk_bytes, back.crcs, back.meta) == (3, 10000, 4096, [1, 2, 3], b"meta")
+    raw = bytearray(m.encode())
+    raw[9] ^= 1
+    with pytest.raises(ProtocolError):
+        _C.Manifest.decode(bytes(raw))
+    with pytest.raises(ProtocolError):
+        _C.Manifest.decode(m.encode()[:-7])
+
+
+def test_native_manifest_handles_payloads_over_4_gib_without_allocating_them():
+    total = (5 << 30) + 123
+    n = -(-total // (1 << 20))
+    m = _C.Manifest(1, total, 1 << 20, list(range(n)), b"")
+    back = _C.Manifest.decode(m.encode())
+    assert back.total_bytes == total and back.num_chunks == n
+
+
+def test_native_manifest_rejects_inconsistent_chunking():
+    with pytest.raises(ValueError):
+        _C.Manifest(1, 10000, 4096, [1, 2], b"")  # needs 3 chunks
+    with pytest.raises(ValueError):
+        _C.Manifest(1, 10000, 100, [0] * 100, b"")  # chunk below the minimum

@@ -1,0 +1,83 @@
+"""Relay: a process that holds a version (or part of it) serves it to others, so
+newcomers do not all drain the trainer's link."""
+
+import struct
+
+import pytest
+import torch
+
+from rlboost import _C
+from rlboost.transfer import WeightPublisher, WeightPuller
+
+from .conftest import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes
+from .wire_client import W, client_handshake, connect, frame, recv_frame
+
+
+@pytest.mark.parametrize("transport", BUILT_TRANSPORTS)
+def test_peer_relays_a_version_it_pulled(publisher, transport):
+    tensors = random_tensors(2)
+    publisher.publish(1, tensors)
+    cfg = make_config(transport=transport)
+    with WeightPuller(publisher.address, cfg) as first, WeightPuller(first.relay_address, cfg) as second:
+        first.pull(1)
+        sent = publisher.stats()["bytes_sent"]
+        pulled = second.pull(1)
+        assert_same(pulled, tensors)
+        assert publisher.stats()["bytes_sent"] == sent  # nothing more from the trainer
+        assert [s["address"] for s in pulled.stats["sources"]] == [first.relay_address]
+
+
+def test_newcomer_pulls_from_a_peer_that_is_still_pulling():
+    blob = torch.randint(0, 256, (2 << 20,), dtype=torch.uint8)
+    with WeightPublisher(make_config(egress_bytes_per_s=1_000_000)) as pub:
+        pub.publish(1, {"blob": blob})
+        cfg = make_config(transport="tcp")
+        with WeightPuller(pub.address, cfg) as first, WeightPuller(first.relay_address, cfg) as second:
+            h1 = first.prepare(1).start()
+            wait_for_bytes(h1, 256 << 10)
+            h2 = second.prepare(1).start()  # the peer holds only part of the version
+            assert h2.bytes_done < blob.numel()
+            p2, p1 = h2.wait(timeout=60), h1.wait(timeout=60)
+            assert torch.equal(p1["blob"], blob) and torch.equal(p2["blob"], blob)
+            assert pub.stats()["bytes_sent"] == blob.numel()  # only the first puller used the trainer
+            assert first.stats()["bytes_sent"] == blob.numel()
+
+
+def test_relay_answers_not_held_for_chunks_it_lacks():
+    store = _C.VersionStore(2)
+    server = _C.WeightServer(store, "127.0.0.1", 0, SECRET)
+    try:
+        region = _C.Region.create(3 * 4096)
+        store.add_partial(_C.Manifest(5, 3 * 4096, 4096, [0, 0, 0], b""), region)
+        with connect(f"127.0.0.1:{server.port}") as s:
+            client_handshake(s, SECRET)
+            s.sendall(frame(W["chunk_request"], struct.pack("<qI", 5, 1), request_id=1))
+            ftype, status, _, body = _C.parse_frame(recv_frame(s))
+            assert (ftype, status, len(body)) == (W["chunk"], W["reply_not_held"], 16)
+            s.sendall(frame(W["have_request"], struct.pack("<qQI", 5, 0, 0), request_id=2))
+            _, _, _, have = _C.parse_frame(recv_frame(s))
+            version, chunks, held, _generation = struct.unpack("<qIIQ", have[:24])
+            assert (version, chunks, held) == (5, 3, 0) and have[24:] == b"\x00\x00"
+    finally:
+        server.close()
+
+
+def test_four_newcomers_share_the_trainer_link_through_relays():
+    nbytes = 4 << 20
+    blob = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    cfg = make_config(transport="tcp", egress_bytes_per_s=4_000_000)
+    with WeightPublisher(cfg) as pub:
+        pub.publish(1, {"blob": blob})
+        pullers = [WeightPuller(pub.address, cfg) for _ in range(4)]
+        try:
+            for i, p in enumerate(pullers):
+                p.set_sources([pub.address] + [q.relay_address for q in pullers if q is not p])
+            handles = [p.prepare(1).start() for p in pullers]
+            for h in handles:
+                assert torch.equal(h.wait(timeout=120)["blob"], blob)
+            # Without relays the trainer would send the payload four times.
+            assert pub.stats()["bytes_sent"] < 2 * nbytes
+            assert sum(p.stats()["bytes_sent"] for p in pullers) > nbytes
+        finally:
+            for p in pullers:
+                p.close()

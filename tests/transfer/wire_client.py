@@ -1,0 +1,168 @@
+"""A hand-written client and server for the weight wire format, used by tests to send
+hostile frames and to act as a misbehaving source. Built from the format description
+(struct + hmac), independent of the native code it tests."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+import threading
+
+from rlboost import _C
+
+W = _C.WIRE
+HEADER = struct.Struct("<IHHIIQ")  # magic, format, type, status, length, request id
+
+
+def frame(ftype: int, body: bytes = b"", *, status: int = 0, request_id: int = 0,
+          magic: int = W["magic"], fmt: int = W["format_version"], length: int | None = None) -> bytes:
+    n = len(body) if length is None else length
+    return HEADER.pack(magic, fmt, ftype, status, n, request_id) + body
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        got = sock.recv(n - len(out))
+        if not got:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += got
+    return out
+
+
+def recv_frame(sock: socket.socket) -> bytes:
+    head = recv_exact(sock, W["header_bytes"])
+    length = HEADER.unpack(head)[4]
+    return head + recv_exact(sock, length)
+
+
+def proof(secret: bytes, label: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    return hmac.new(secret, label + client_nonce + server_nonce, hashlib.sha256).digest()
+
+
+def connect(address: str, timeout: float = 10.0) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=timeout)
+    return s
+
+
+def client_handshake(sock: socket.socket, secret: bytes, *, wrong_proof: bool = False) -> None:
+    """Authenticates as a client; with wrong_proof, sends a proof that must be refused."""
+    nonce = os.urandom(32)
+    sock.sendall(frame(W["hello"], nonce))
+    _, _, _, body = _C.parse_frame(recv_frame(sock))
+    server_nonce = body[:32]
+    assert hmac.compare_digest(body[32:], proof(secret, b"rlboost-server-proof-v1", nonce, server_nonce))
+    p = os.urandom(32) if wrong_proof else proof(secret, b"rlboost-client-proof-v1", nonce, server_nonce)
+    sock.sendall(frame(W["auth"], p))
+    if not wrong_proof:
+        ftype, _, _, _ = _C.parse_frame(recv_frame(sock))
+        assert ftype == W["welcome"]
+
+
+def is_closed_by_peer(sock: socket.socket) -> bool:
+    """True when the peer has closed the connection (reads EOF or reset)."""
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except ConnectionResetError:
+        return True
+
+
+class HostileSourceForTests:
+    """A fake weight source that answers the handshake, then misbehaves as `behavior` says.
+
+    Behaviors: "bad_magic", "bad_format", "huge_length", "truncated" (in place of the
+    challenge); "wrong_chunk_length", "close_mid_chunk" (after a valid manifest).
+    """
+
+    def __init__(self, behavior: str, secret: bytes, payload: bytes):
+        self.behavior = behavior
+        self.secret = secret
+        self.payload = payload
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._threads: list[threading.Thread] = []
+        self._conns: list[socket.socket] = []
+        self._closing = False
+        self._accept = threading.Thread(target=self._accept_loop, daemon=True)
+        self._accept.start()
+
+    def close(self) -> None:
+        self._closing = True
+        self._listener.close()
+        for c in self._conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self._conns.append(conn)
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._serve_frames(conn)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            conn.close()
+
+    def _serve_frames(self, conn: socket.socket) -> None:
+        hello = recv_frame(conn)
+        client_nonce = hello[W["header_bytes"]:]
+        server_nonce = os.urandom(32)
+        challenge = server_nonce + proof(self.secret, b"rlboost-server-proof-v1", client_nonce, server_nonce)
+        early = {
+            "bad_magic": frame(W["challenge"], challenge, magic=0xDEADBEEF),
+            "bad_format": frame(W["challenge"], challenge, fmt=W["format_version"] + 7),
+            "huge_length": frame(W["challenge"], b"", length=0xFFFFFFF0),
+            "truncated": frame(W["challenge"], challenge)[:30],
+        }
+        if self.behavior in early:
+            conn.sendall(early[self.behavior])
+            conn.shutdown(socket.SHUT_WR)
+            recv_exact(conn, 1)  # hold the connection until the client gives up
+            return
+        conn.sendall(frame(W["challenge"], challenge))
+        recv_frame(conn)  # auth: accepted without checking, this source only misbehaves later
+        conn.sendall(frame(W["welcome"], struct.pack("<Q", 42) + bytes(16) + struct.pack("<I", 1)))
+        chunk = 4096
+        crcs = [_C.crc32c(self.payload[i:i + chunk]) for i in range(0, len(self.payload), chunk)]
+        meta = (b'{"format_version":1,"alignment":256,"total_bytes":%d,'
+                b'"tensors":[["blob","uint8",[%d],0,%d]]}' % ((len(self.payload),) * 3))
+        manifest = _C.Manifest(1, len(self.payload), chunk, crcs, meta).encode()
+        while True:
+            head = recv_frame(conn)
+            _, _, ftype, _, _, rid = HEADER.unpack(head[:24])
+            if ftype == W["manifest_request"]:
+                conn.sendall(frame(W["manifest"], manifest, request_id=rid))
+            elif ftype == W["have_request"]:
+                n = len(crcs)
+                bits = bytes([0xFF] * (n // 8)) + (bytes([(1 << (n % 8)) - 1]) if n % 8 else b"")
+                reply = struct.pack("<qIIQ", 1, n, n, 0) + bits + bytes(len(bits))
+                conn.sendall(frame(W["have"], reply, request_id=rid))
+            elif ftype == W["chunk_request"]:
+                version, index = struct.unpack("<qI", head[24:36])
+                data = self.payload[index * chunk:(index + 1) * chunk]
+                prefix = struct.pack("<qII", version, index, 0)
+                if self.behavior == "wrong_chunk_length":
+                    conn.sendall(frame(W["chunk"], prefix + data + b"extra", request_id=rid))
+                else:  # close_mid_chunk: announce the whole chunk, send half, vanish
+                    conn.sendall(frame(W["chunk"], prefix, request_id=rid, length=16 + len(data)) + data[:len(data) // 2])
+                    conn.shutdown(socket.SHUT_RDWR)
+                    return
