@@ -11,8 +11,8 @@
 namespace rlboost {
 namespace {
 
-// Received bytes are checksummed in pieces this large, while they are still in cache.
-constexpr size_t kRecvPiece = 1u << 20;
+// Received bytes are checksummed in pieces this large, while they are still in L2.
+constexpr size_t kRecvPiece = 512u << 10;
 
 std::string ChunkPrefix(int64_t version, uint32_t index) {
   std::string b;
