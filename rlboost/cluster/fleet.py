@@ -218,7 +218,7 @@ class Fleet:
                     m.handle.set_peers.remote(list(peers))
 
     def close(self) -> None:
-        """Stop watching and end every instance (billing stops now)."""
+        """Stop watching and end every instance (billing stops now; each is recorded gone)."""
         self._stop.set()
         for timer in self._timers:
             timer.cancel()
@@ -227,6 +227,4 @@ class Fleet:
         with self._lock:
             for iid, m in self._members.items():
                 if m.alive:
-                    m.alive = False
-                    ray.kill(m.handle, no_restart=True)
-                    self.ledger.stop(iid, at_s=self.now())
+                    self._terminate(iid, "gone")

@@ -77,6 +77,11 @@ class TraceReplay:
         elif ev.sudden:
             self.fleet.kill(ev.instance_id)
 
+    def wait(self, timeout: float) -> bool:
+        """True once every event has been applied (or the replay stopped)."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

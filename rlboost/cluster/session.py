@@ -49,6 +49,11 @@ class RaySession:
 
     def __enter__(self) -> RaySession:
         if ray.is_initialized():
+            have = ray.cluster_resources()
+            missing = [r for r in ("reserved", "preemptible") if have.get(r, 0) <= 0]
+            if missing:
+                raise RuntimeError(f"the running Ray cluster offers no {' or '.join(missing)} resource; "
+                                   "start it with resources={'reserved': N, 'preemptible': M}")
             return self
         s = self.settings
         address = s.address or env.ray_address()
