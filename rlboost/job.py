@@ -76,7 +76,7 @@ def train_step(cluster: Cluster, feed: TaskFeed, step: int, config: RunConfig) -
         published = cluster.publish(step + 1)
     pulls = cluster.fleet.pull_records(step)
     return step_record(step, outcome, rollout, phases, pulls, published, cluster.fleet.up(),
-                       cluster.ledger, cluster.run.elapsed())
+                       cluster.ledger, cluster.run.elapsed(), feed.describe(outcome.example))
 
 
 def task_feed(task: TaskSection, checkpoint: Path) -> TaskFeed:

@@ -64,20 +64,28 @@ class Cluster:
                  reference: Path, optimizer_state: str | None):
         self.config, self.run, self.ledger = config, run, ledger
         self.replay: TraceReplay | None = None
+        self.controller = self.trainer = self.fleet = None
         self.injections: dict[int, list[str]] = {}
         for item in config.cluster.inject:
             kind, step = parse_injection(item)
             self.injections.setdefault(step, []).append(kind)
+        try:
+            self._launch(weights, reference, optimizer_state)
+        except BaseException:
+            self.close()
+            raise
+
+    def _launch(self, weights: Path, reference: Path, optimizer_state: str | None) -> None:
+        config, run = self.config, self.run
         self.controller = start_controller(config)
-        t = config.trainer
+        t, r = config.trainer, config.rollout
         self.trainer = TrainerGroup.launch(rank_specs(config, weights, reference),
                                            actor_options("reserved", cpus=t.rank_cpus, gpus=t.rank_gpus))
         publisher = ray.get(self.trainer.ranks[0].address.remote(), timeout=READY_TIMEOUT_S)
-        r = config.rollout
         self.fleet = Fleet(self.controller, instance_template(config, weights, publisher),
                            lambda kind: actor_options(kind, cpus=r.instance_cpus, gpus=r.instance_gpus),
-                           ledger, run.append_event, run.elapsed)
-        ledger.start("reserved-cluster", "reserved", at_s=run.elapsed())
+                           self.ledger, run.append_event, run.elapsed)
+        self.ledger.start("reserved-cluster", "reserved", at_s=run.elapsed())
         for i in range(config.cluster.reserved_instances):  # engines start while the trainer loads
             self.fleet.join(f"reserved-{i}", "reserved")
         for i in range(config.cluster.initial_preemptible):
@@ -153,17 +161,22 @@ class Cluster:
             raise RuntimeError(f"the trace replay failed: {self.replay.error!r}") from self.replay.error
 
     def close(self) -> None:
-        """Stop the trace, the instances, the controller and the trainer (in that order)."""
+        """Stop the trace, the instances, the controller and the trainer (in that order);
+        whatever was started, even by a launch that failed half way."""
         if self.replay is not None:
             self.replay.stop()
-        self.fleet.close()
-        try:
-            ray.get(self.controller.close.remote(), timeout=30)
-        except Exception:  # shutting down anyway
-            pass
-        ray.kill(self.controller)
-        self.trainer.close()
-        self.ledger.stop("reserved-cluster", at_s=self.run.elapsed())
+        if self.fleet is not None:
+            self.fleet.close()
+        if self.controller is not None:
+            try:
+                ray.get(self.controller.close.remote(), timeout=30)
+            except Exception:  # shutting down anyway
+                pass
+            ray.kill(self.controller)
+        if self.trainer is not None:
+            self.trainer.close()
+        if "reserved-cluster" in self.ledger.running():
+            self.ledger.stop("reserved-cluster", at_s=self.run.elapsed())
 
 
 def start_controller(config: RunConfig) -> Any:
@@ -184,7 +197,7 @@ def rank_specs(config: RunConfig, weights: Path, reference: Path) -> list[RankSp
     return [RankSpec(rank=r, world_size=t.world_size, checkpoint=str(weights), transfer=config.transfer,
                      reference_checkpoint=str(reference), device=t.device, backend=backend,
                      sharding=sharding, optimizer=optimizer, grpo=config.grpo,
-                     publish_dtype=config.rollout.engine.dtype)
+                     publish_dtype=config.rollout.engine.dtype, temperature=config.task.temperature)
             for r in range(t.world_size)]
 
 

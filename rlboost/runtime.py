@@ -131,7 +131,7 @@ class Phases:
 
 def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: Phases,
                 pulls: list[PullRecord], publish: dict, instances_up: int, ledger: CostLedger,
-                elapsed_s: float) -> dict:
+                elapsed_s: float, example: dict) -> dict:
     """One line of metrics.jsonl."""
     rec = {k: v for k, v in dataclasses.asdict(rollout).items() if k != "format_version"}
     rec["tokens_per_instance"] = dict(rollout.tokens_per_instance)
@@ -155,6 +155,7 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
         "cost_usd": cost.total_usd, "reserved_only_usd": reserved_only, "tokens_billed": cost.tokens,
     })
     rec.update({f"phase_{k}_s": v for k, v in phase.items()})
+    rec.update(example)
     return rec
 
 

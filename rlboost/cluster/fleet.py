@@ -168,15 +168,19 @@ class Fleet:
             self._stop.wait(0.02)
 
     def pull_records(self, version: int, timeout_s: float = 10.0) -> list[PullRecord]:
-        """Pulls of `version` by instances alive now (and any fetched before)."""
+        """Pulls of `version` by the instances up now (and any fetched before). Instances
+        still starting are not asked: they would answer only once started."""
         with self._lock:
-            live = [(iid, m.handle) for iid, m in self._members.items() if m.alive]
-        for iid, handle in live:
+            live = [m.handle for m in self._members.values() if m.alive and m.relay is not None]
+        refs = [h.pulls.remote() for h in live]
+        for ref in refs:
             try:
-                for rec in ray.get(handle.pulls.remote(), timeout=timeout_s):
+                for rec in ray.get(ref, timeout=timeout_s):
                     self._pulls[(rec.instance_id, rec.version)] = rec
             except Exception:  # preempted meanwhile: its earlier records stay
                 continue
+        for key in [k for k in self._pulls if k[1] < version - 1]:
+            del self._pulls[key]
         return [r for (_, v), r in sorted(self._pulls.items()) if v == version]
 
     def _watch(self) -> None:

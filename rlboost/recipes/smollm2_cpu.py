@@ -17,10 +17,10 @@ from rlboost.tasks.arithmetic import ArithmeticConfig
 def smollm2_cpu() -> RunConfig:
     return RunConfig(
         model=ModelSection(source="smollm2", warmup_steps=0),
-        task=TaskSection(name="arithmetic", arithmetic=ArithmeticConfig(max_operand=20),
-                         prompt_template="What is {prompt}? Reply with the number only.",
-                         chat_template=True, answer="extract", groups_per_step=4, group_size=4,
-                         max_new_tokens=12),
+        task=TaskSection(name="arithmetic", arithmetic=ArithmeticConfig(max_operand=9),
+                         prompt_template="{prompt} Reply with the number only.", chat_template=True,
+                         answer="extract", groups_per_step=4, group_size=4, max_new_tokens=20,
+                         temperature=0.7),
         trainer=TrainerSection(world_size=2, lr=2e-6, max_grad_norm=1.0, microbatch_groups=2),
         controller=ControllerConfig(
             poll_interval_s=0.1, idle_timeout_s=300.0, call_timeout_s=120.0,

@@ -90,5 +90,13 @@ class TaskFeed:
             text = extract_answer(text) or ""
         return float(self.task.reward(problem, text))
 
+    def describe(self, sample: ScoredSample | None) -> dict:
+        """A sample as text (prompt, completion, reward), for logs."""
+        if sample is None:
+            return {}
+        return {"example_prompt": self.tokenizer.decode(sample.prompt_ids),
+                "example_completion": self.tokenizer.decode(sample.output_ids),
+                "example_reward": sample.reward}
+
     def _seed(self, step: int, index: int) -> int:
         return (self.seed * 1_000_003 + step * 7_919 + index * 104_729 + 1) % (1 << 63)

@@ -111,6 +111,7 @@ class StepOutcome:
     samples: int = 0
     unique_samples: int = 0
     versions: set = field(default_factory=set)  # weight versions the trained samples came from
+    example: ScoredSample | None = None  # the step's first sample, for the metrics log
     rewards: list[float] = field(default_factory=list)
     denominator: int = 0
     microbatches: int = 0
@@ -152,6 +153,7 @@ def train_streaming(trainer: TrainerGroup, next_microbatch: Callable[[float], An
             out.samples += len(scored)
             seen.update(s.sample_id for s in scored)
             out.versions.update(s.weight_version for s in scored)
+            out.example = out.example or scored[0]
             out.rewards.extend(s.reward for s in scored)
             out.denominator += batch.denominator(grpo.aggregation)
             out.microbatches += 1
