@@ -101,7 +101,8 @@ class Cluster:
         self.fleet.wait_version(version, "reserved", READY_TIMEOUT_S)
 
     def replay_trace(self, plan: TracePlan) -> None:
-        self.replay = TraceReplay(self.fleet, plan.events).start()
+        self.replay = TraceReplay(self.fleet, plan.events,
+                                  busy_wait_s=self.config.cluster.preempt_busy_wait_s).start()
 
     def wait_for_weights(self, version: int) -> None:
         self.fleet.wait_version(version, "reserved", self.config.rollout.pull_timeout_s)
@@ -140,21 +141,11 @@ class Cluster:
         victim = self.fleet.oldest("preemptible")
         if victim is None:
             return
-        self._wait_busy(victim, timeout_s=5.0)
+        self.fleet.wait_busy(victim, timeout_s=5.0)  # so the preemption meets work in flight
         if kind == "notice":
             self.fleet.notice(victim, self.config.cluster.notice_s)
         else:
             self.fleet.kill(victim)
-
-    def _wait_busy(self, instance_id: str, timeout_s: float) -> None:
-        """Give the controller a moment to place samples on the victim, so the preemption
-        meets work in flight."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            states = ray.get(self.controller.instances.remote())
-            if any(s.instance_id == instance_id and s.samples > 0 for s in states):
-                return
-            time.sleep(0.01)
 
     def _check_replay(self) -> None:
         if self.replay is not None and self.replay.error is not None:

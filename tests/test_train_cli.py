@@ -40,6 +40,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _train(tmp_path: Path, *args: str, timeout: float = 150) -> Path:
     # cwd=tmp_path: the installed package is imported, not the source tree
+    tmp_path.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *args], cwd=tmp_path,
                           env=_env(tmp_path), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"rlboost train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -83,6 +84,17 @@ def test_short_run_survives_both_preemptions_and_resumes(tmp_path):
     assert metrics[-1]["weight_version"] == 4 and metrics[-1]["sample_versions"] == [4]
     assert metrics[-1]["samples_unique"] == SAMPLES_PER_STEP
     assert (run / "checkpoints" / "step_000004" / "COMPLETE").is_file()
+
+
+def test_preemptions_change_nothing_the_trainer_sees(tmp_path):
+    """Sampling depends only on (seed, sample, position) and resumed samples continue from
+    their last token, so a run with both preemptions trains on exactly what a run without
+    them does: the same rewards step by step."""
+    calm = [a.replace("notice@2,kill@3", "kill@99") for a in SHORT]  # 99: never reached
+    preempted = _jsonl(_train(tmp_path / "a", *SHORT) / "metrics.jsonl")
+    undisturbed = _jsonl(_train(tmp_path / "b", *calm) / "metrics.jsonl")
+    assert [m["reward_mean"] for m in preempted] == [m["reward_mean"] for m in undisturbed]
+    assert [m["total_tokens"] for m in preempted] == [m["total_tokens"] for m in undisturbed]
 
 
 def _wait_for(stream, text: str, timeout: float) -> str:

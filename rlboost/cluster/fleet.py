@@ -167,6 +167,16 @@ class Fleet:
                                    f"within {timeout_s:.0f} s")
             self._stop.wait(0.02)
 
+    def wait_busy(self, instance_id: str, timeout_s: float) -> bool:
+        """Wait (up to timeout_s) until the controller has samples on the instance."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = ray.get(self.controller.instances.remote())
+            if any(s.instance_id == instance_id and s.samples > 0 for s in states):
+                return True
+            if time.monotonic() >= deadline or self._stop.wait(0.01):
+                return False
+
     def pull_records(self, version: int, timeout_s: float = 10.0) -> list[PullRecord]:
         """Pulls of `version` by the instances up now (and any fetched before). Instances
         still starting are not asked: they would answer only once started."""

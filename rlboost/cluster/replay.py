@@ -43,12 +43,15 @@ class TraceReplay:
     """Applies events to a fleet at their times (seconds after start()).
 
     A notice ends in the fleet's own kill at the deadline, so the trace's announced kills
-    are skipped; sudden kills (no notice) kill at once.
+    are skipped; sudden kills (no notice) kill at once. With busy_wait_s > 0 a preemption
+    first waits up to that long for its victim to hold samples, so that a short run's few
+    preemptions meet work in flight (the events after it keep their times).
     """
 
     def __init__(self, fleet: Fleet, events: tuple[InstanceEvent, ...],
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, busy_wait_s: float = 0.0):
         self.fleet, self.events, self.clock = fleet, events, clock
+        self.busy_wait_s = busy_wait_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trace-replay", daemon=True)
         self.applied = 0
@@ -72,9 +75,14 @@ class TraceReplay:
     def apply(self, ev: InstanceEvent) -> None:
         if ev.kind == "join":
             self.fleet.join(ev.instance_id, "preemptible")
-        elif ev.kind == "notice":
+            return
+        if ev.kind == "kill" and not ev.sudden:
+            return  # the notice's own deadline ends it
+        if self.busy_wait_s > 0:
+            self.fleet.wait_busy(ev.instance_id, self.busy_wait_s)
+        if ev.kind == "notice":
             self.fleet.notice(ev.instance_id, max(0.0, ev.deadline_s - ev.time_s))
-        elif ev.sudden:
+        else:
             self.fleet.kill(ev.instance_id)
 
     def wait(self, timeout: float) -> bool:

@@ -189,6 +189,8 @@ class ClusterSection:
     with notice_s seconds of warning. inject adds preemptions at given steps, e.g.
     ("notice@2", "kill@3"): the oldest preemptible instance is preempted right after that
     step's rollout starts. initial_preemptible instances join at the start with trace "none".
+    preempt_busy_wait_s: a trace preemption waits up to this long for its victim to hold
+    samples, so a short run's few preemptions meet work in flight (0: the trace's times).
     """
 
     address: str | None = None
@@ -201,6 +203,7 @@ class ClusterSection:
     trace_duration_s: float | None = None
     trace_fraction: float = 0.6
     notice_s: float = 8.0
+    preempt_busy_wait_s: float = 0.0
     sudden_fraction: float = 0.5
     victim_order: str = "oldest"
     inject: tuple[str, ...] = ()
@@ -222,6 +225,8 @@ class ClusterSection:
         _require(0.0 < self.trace_fraction <= 1.0, "cluster.trace_fraction", "in (0, 1]",
                  self.trace_fraction)
         _require(self.notice_s >= 0, "cluster.notice_s", ">= 0", self.notice_s)
+        _require(self.preempt_busy_wait_s >= 0, "cluster.preempt_busy_wait_s", ">= 0",
+                 self.preempt_busy_wait_s)
         _require(0.0 <= self.sudden_fraction <= 1.0, "cluster.sudden_fraction", "in [0, 1]",
                  self.sudden_fraction)
         _require(self.victim_order in VICTIM_ORDERS, "cluster.victim_order", f"one of {VICTIM_ORDERS}",

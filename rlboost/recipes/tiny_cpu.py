@@ -22,10 +22,11 @@ def tiny_cpu() -> RunConfig:
         trainer=TrainerSection(world_size=2, lr=1e-3, max_grad_norm=1.0, microbatch_groups=16),
         controller=ControllerConfig(
             poll_interval_s=0.05, idle_timeout_s=120.0, call_timeout_s=30.0,
-            registry=RegistryConfig(heartbeat_interval_s=1.0, missed_beats=5, drain_margin_s=2.0)),
+            registry=RegistryConfig(heartbeat_interval_s=1.0, missed_beats=5, drain_margin_s=8.0)),
         rollout=RolloutSection(engine=EmbeddedEngineConfig(num_blocks=256, block_size=16, max_batch_size=64,
                                                            max_prefill_tokens=512, stream_interval=4),
                                capacity=64),
-        cluster=ClusterSection(reserved_instances=1, max_preemptible=3, trace="sample", trace_fraction=0.6, notice_s=8.0, sudden_fraction=0.5),
+        cluster=ClusterSection(reserved_instances=1, max_preemptible=3, trace="sample", trace_fraction=0.6,
+                               notice_s=8.0, sudden_fraction=0.5, preempt_busy_wait_s=2.0),
         run=RunSection(name="tiny_cpu", steps=60, checkpoint_every=20),
     )
