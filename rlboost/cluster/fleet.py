@@ -153,17 +153,21 @@ class Fleet:
         ray.get(refs, timeout=timeout_s)
 
     def wait_version(self, version: int, kind: str, timeout_s: float) -> float:
-        """Block until every live instance of a kind is active at `version`; returns seconds waited."""
+        """Block until every live instance of a kind is active at `version`; returns seconds
+        waited. An instance that failed to start raises its error here."""
         t0 = time.perf_counter()
         while True:
             with self._lock:
-                wanted = {i for i, m in self._members.items() if m.alive and m.spec.kind == kind}
+                members = {i: m for i, m in self._members.items() if m.alive and m.spec.kind == kind}
+            done, _ = ray.wait([m.ready for m in members.values()], num_returns=len(members), timeout=0) \
+                if members else ([], [])
+            ray.get(done)  # raises the error of an instance whose start failed
             states = ray.get(self.controller.instances.remote())
             ok = {s.instance_id for s in states if s.state == "active" and s.weight_version == version}
-            if wanted <= ok:
+            if set(members) <= ok:
                 return time.perf_counter() - t0
             if time.perf_counter() - t0 > timeout_s:
-                raise TimeoutError(f"{sorted(wanted - ok)} did not load weight version {version} "
+                raise TimeoutError(f"{sorted(set(members) - ok)} did not load weight version {version} "
                                    f"within {timeout_s:.0f} s")
             self._stop.wait(0.02)
 
@@ -181,8 +185,9 @@ class Fleet:
         """Pulls of `version` by the instances up now (and any fetched before). Instances
         still starting are not asked: they would answer only once started."""
         with self._lock:
-            live = [m.handle for m in self._members.values() if m.alive and m.relay is not None]
-        refs = [h.pulls.remote() for h in live]
+            live = [m for m in self._members.values() if m.alive]
+        started, _ = ray.wait([m.ready for m in live], num_returns=len(live), timeout=0) if live else ([], [])
+        refs = [m.handle.pulls.remote() for m in live if m.ready in started]
         for ref in refs:
             try:
                 for rec in ray.get(ref, timeout=timeout_s):

@@ -97,6 +97,7 @@ class RolloutInstance:
         self._peers: tuple[str, ...] = ()
         self._pulls: list[PullRecord] = []
         self._held = None  # the last pulled version: its buffer is reused and relayed
+        self._loading = threading.Lock()  # a version loads and is recorded as one step
         self._stop = threading.Event()
         self._nudged = threading.Event()
         self._agent = threading.Thread(target=self._run_agent, name=f"agent-{spec.instance_id}", daemon=True)
@@ -144,7 +145,9 @@ class RolloutInstance:
         self._peers = tuple(a for a in addresses if a != own)
 
     def pulls(self) -> list[PullRecord]:
-        return list(self._pulls)
+        """Versions pulled so far; a version the engine already reports is listed."""
+        with self._loading:
+            return list(self._pulls)
 
     def nudge(self) -> None:
         """Heartbeat now rather than at the next beat (a new version was just published)."""
@@ -192,13 +195,14 @@ class RolloutInstance:
                     raise
                 ray.get(self.controller.heartbeat.remote(self.spec.instance_id, loaded))
         t1 = time.perf_counter()
-        self.engine.load_weights(pulled, version)
-        t2 = time.perf_counter()
-        self._held = pulled
-        own = set(self.spec.sources)
-        peer_bytes = sum(s["bytes"] for s in pulled.stats.get("sources", []) if s["address"] not in own)
-        self._pulls.append(PullRecord(instance_id=self.spec.instance_id, version=version, pull_s=t1 - t0,
-                                      load_s=t2 - t1, nbytes=pulled.manifest.total_bytes,
-                                      peer_bytes=peer_bytes))
+        with self._loading:
+            self.engine.load_weights(pulled, version)
+            t2 = time.perf_counter()
+            self._held = pulled
+            own = set(self.spec.sources)
+            peer_bytes = sum(s["bytes"] for s in pulled.stats.get("sources", []) if s["address"] not in own)
+            self._pulls.append(PullRecord(instance_id=self.spec.instance_id, version=version, pull_s=t1 - t0,
+                                          load_s=t2 - t1, nbytes=pulled.manifest.total_bytes,
+                                          peer_bytes=peer_bytes))
         ray.get(self.controller.heartbeat.remote(self.spec.instance_id, version))
         return version
