@@ -11,6 +11,7 @@ instance lifetime in the cost ledger. A watcher thread follows the controller's 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.instance import InstanceSpec, PullRecord, RolloutInstance
 
 WATCH_INTERVAL_S = 0.25
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -201,23 +203,29 @@ class Fleet:
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_INTERVAL_S):
             try:
-                states = {s.instance_id: s.state for s in ray.get(self.controller.instances.remote(),
-                                                                   timeout=30)}
-            except Exception:  # controller busy or shutting down: try again next round
-                continue
-            with self._lock:
-                for iid, m in self._members.items():
-                    state = states.get(iid)
-                    if state == "active" and "active" not in m.seen and m.alive:
-                        self.record("active", instance=iid, pool=m.spec.kind, up=self.up())
-                    if state is not None:
-                        m.seen.add(state)
-                        if m.deadline is not None and m.alive:
-                            self._deliver_notice(iid, m)
-                    elif m.alive and m.seen and not m.noticed:
-                        # the controller dropped a live instance (missed heartbeats): end it
-                        self._terminate(iid, "gone")
-                self._refresh_peers()
+                self._observe()
+            except Exception:  # keep watching: a bad round must not end the event log
+                log.exception("fleet watcher round failed")
+
+    def _observe(self) -> None:
+        try:
+            states = {s.instance_id: s.state for s in ray.get(self.controller.instances.remote(), timeout=30)}
+        except ray.exceptions.GetTimeoutError:  # controller busy: try again next round
+            return
+        with self._lock:
+            for iid, m in self._members.items():
+                state = states.get(iid)
+                if state == "active" and "active" not in m.seen and m.alive:
+                    self.record("active", instance=iid, pool=m.spec.kind, up=self.up())
+                if state is not None:
+                    m.seen.add(state)
+                    if m.deadline is not None and m.alive:
+                        self._deliver_notice(iid, m)
+                elif m.alive and m.seen and not m.noticed:
+                    # the controller dropped a live instance (missed heartbeats): end it
+                    log.warning("the controller dropped instance %s; ending it", iid)
+                    self._terminate(iid, "gone")
+            self._refresh_peers()
 
     def _refresh_peers(self) -> None:
         for m in self._members.values():
