@@ -48,6 +48,7 @@ Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
   if (sources_.empty()) return Status(Code::kInvalidArgument, "no sources to pull from");
   Deadline d = Deadline::After(timeout_s);
   std::vector<Probe> probes(sources_.size());
+  // Round one: connect, authenticate and ask each source for `version` (or its latest).
   ForEachParallel(sources_.size(), [&](size_t i) {
     Probe& p = probes[i];
     Deadline cd = d.Min(Deadline::After(opts_.connect_timeout_s));
@@ -61,6 +62,8 @@ Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
   for (auto& p : probes) {
     if (version < 0 && p.status.ok()) target = std::max(target, p.manifest.version);
   }
+  // Round two: the chosen version from every source that answered another one, and
+  // what each source holds of it.
   if (target >= 0) {
     ForEachParallel(sources_.size(), [&](size_t i) {
       Probe& p = probes[i];
@@ -70,49 +73,47 @@ Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
       if (p.status.ok()) p.status = p.session->FetchHave(target, 0, 0, &p.held, d);
     });
   }
+  return AssemblePlan(probes, out);
+}
+
+Status Puller::AssemblePlan(std::vector<Probe>& probes, PullPlan* out) {
   const Manifest* reference = nullptr;
   Status worst;
-  bool any_holds = false;
-  for (auto& p : probes) any_holds = any_holds || p.status.ok();
+  std::vector<PullSource> pending;
   out->sources.clear();
   out->skipped.clear();
-  std::vector<PullSource> pending_sources;
   for (size_t i = 0; i < probes.size(); ++i) {
     Probe& p = probes[i];
     if (p.status.ok() && reference != nullptr && !p.manifest.SameLayout(*reference)) {
-      p.status = Status(Code::kProtocol, "manifest differs from the other sources' for version " +
-                                             std::to_string(target));
-    }
-    if (p.status.code() == Code::kUnknownVersion && p.session && any_holds) {
-      // A reachable peer without the version yet (it may be starting the same pull):
-      // watched, and used once it holds chunks with the agreed layout.
-      PullSource pending{std::move(p.session), HeldState{}, true};
-      pending_sources.push_back(std::move(pending));
-      continue;
+      p.status = Status(Code::kProtocol, "its manifest differs from the other sources'");
     }
     if (!p.status.ok()) {
       std::string where = sources_[i].host + ":" + std::to_string(sources_[i].port);
-      out->skipped.push_back(where + ": " + p.status.message());
       if (p.status.code() != Code::kInvalidArgument &&
           (worst.ok() || Severity(p.status.code()) > Severity(worst.code()))) {
         worst = Status(p.status.code(), where + ": " + p.status.message());
       }
+      if (p.status.code() == Code::kUnknownVersion && p.session) {
+        // Reachable but without the version yet (a peer may be starting the same pull):
+        // watched, and used once it holds chunks with the agreed layout.
+        pending.push_back(PullSource{std::move(p.session), HeldState{}, true});
+      } else {
+        out->skipped.push_back(where + ": " + p.status.message());
+      }
       continue;
     }
-    if (reference == nullptr) {
-      reference = &p.manifest;
-      out->manifest = p.manifest;
-    }
+    if (reference == nullptr) reference = &p.manifest;
     out->sources.push_back(PullSource{std::move(p.session), std::move(p.held), false});
-  }
-  for (auto& p : pending_sources) {
-    p.held.num_chunks = out->manifest.num_chunks();
-    p.held.bitmap.assign((p.held.num_chunks + 7) / 8, 0);
-    out->sources.push_back(std::move(p));
   }
   if (out->sources.empty()) {
     if (worst.ok()) worst = Status(Code::kInvalidArgument, "no usable source (only this process's own relay)");
     return worst;
+  }
+  out->manifest = *reference;
+  for (auto& p : pending) {
+    p.held.num_chunks = out->manifest.num_chunks();
+    p.held.bitmap.assign((p.held.num_chunks + 7) / 8, 0);
+    out->sources.push_back(std::move(p));
   }
   return Status::Ok();
 }

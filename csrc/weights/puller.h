@@ -38,6 +38,7 @@ class Puller {
 
  private:
   struct Probe;
+  Status AssemblePlan(std::vector<Probe>& probes, PullPlan* out);
   PullOptions opts_;
   std::vector<SourceAddress> sources_;
   uint64_t self_server_id_;

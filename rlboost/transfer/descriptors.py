@@ -4,7 +4,7 @@ and where native memory becomes tensors again (zero-copy views that keep it aliv
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

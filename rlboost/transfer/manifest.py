@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from rlboost.errors import ProtocolError
 

@@ -5,7 +5,7 @@ soon as the copy and the chunk checksums are done.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

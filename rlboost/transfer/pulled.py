@@ -4,7 +4,8 @@ a received buffer)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 

@@ -6,7 +6,7 @@ through its own relay server, even while the pull is still running.
 from __future__ import annotations
 
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -72,8 +72,7 @@ class WeightPuller:
         addrs = self._parse(sources) if sources is not None else self._sources
         c = self.config
         native = _C.Puller(addrs, c.secret, c.transport, c.streams, c.max_in_flight,
-                           c.request_timeout_s, c.connect_timeout_s, c.reconnect_attempts,
-                           self._relay_server.server_id if self._relay_server is not None else 0)
+                           c.request_timeout_s, c.connect_timeout_s, c.reconnect_attempts, self._self_id)
         plan = native.resolve(-1 if version is None else version, c.request_timeout_s)
         nm = plan.manifest
         manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.crcs)
@@ -100,8 +99,7 @@ class WeightPuller:
         self._check_open()
         c = self.config
         native = _C.Puller(self._sources, c.secret, c.transport, 1, 1, c.request_timeout_s,
-                           c.connect_timeout_s, 0,
-                           self._relay_server.server_id if self._relay_server is not None else 0)
+                           c.connect_timeout_s, 0, self._self_id)
         return native.resolve(-1, c.request_timeout_s).manifest.version
 
     # ---- relay -------------------------------------------------------------------
@@ -144,6 +142,11 @@ class WeightPuller:
             pass
 
     # ---- internals used by PullHandle ----------------------------------------------
+    @property
+    def _self_id(self) -> int:
+        """This process's relay server id, so it never pulls from itself (0: no relay)."""
+        return self._relay_server.server_id if self._relay_server is not None else 0
+
     def _register_relay(self, handle: PullHandle) -> tuple[object | None, int]:
         """Serves the handle's buffer as a partial version: (store, registration id)."""
         if self._relay_store is None:

@@ -7,7 +7,7 @@ from rlboost import _C
 from rlboost.errors import ProtocolError, TransferClosed, TransferTimeout
 from rlboost.transfer import WeightPublisher, WeightPuller
 
-from .conftest import BUILT_TRANSPORTS, make_config, wait_for_bytes
+from .helpers import BUILT_TRANSPORTS, make_config, wait_for_bytes
 from .wire_client import W, connect, frame, recv_frame
 
 

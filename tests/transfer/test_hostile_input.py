@@ -11,7 +11,7 @@ from rlboost import _C
 from rlboost.errors import AuthError, ChecksumMismatch, PeerLost, ProtocolError, VersionMismatch
 from rlboost.transfer import WeightPublisher, WeightPuller
 
-from .conftest import SECRET, make_config
+from .helpers import SECRET, make_config
 from .wire_client import (W, HostileSourceForTests, client_handshake, connect, frame, is_closed_by_peer,
                           recv_frame)
 

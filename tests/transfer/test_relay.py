@@ -9,7 +9,7 @@ import torch
 from rlboost import _C
 from rlboost.transfer import WeightPublisher, WeightPuller
 
-from .conftest import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes
+from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes
 from .wire_client import W, client_handshake, connect, frame, recv_frame
 
 

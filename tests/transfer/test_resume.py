@@ -7,7 +7,7 @@ import torch
 from rlboost.errors import PeerLost
 from rlboost.transfer import WeightPuller
 
-from .conftest import CHUNK, make_config, wait_for_bytes
+from .helpers import CHUNK, make_config, wait_for_bytes
 from .serve_weights import payload
 
 NBYTES = 64 * CHUNK

@@ -9,7 +9,7 @@ import torch
 from rlboost.errors import TransferClosed, VersionMismatch
 from rlboost.transfer import Manifest, TqdmProgress, WeightPublisher, WeightPuller
 
-from .conftest import BUILT_TRANSPORTS, CHUNK, assert_same, make_config, random_tensors
+from .helpers import BUILT_TRANSPORTS, CHUNK, assert_same, make_config, random_tensors
 
 
 @pytest.mark.parametrize("transport", BUILT_TRANSPORTS)

@@ -6,7 +6,7 @@ import torch
 from rlboost.errors import VersionMismatch
 from rlboost.transfer import WeightPublisher, WeightPuller
 
-from .conftest import make_config, wait_for_bytes
+from .helpers import make_config, wait_for_bytes
 
 NBYTES = 2 << 20
 

@@ -150,6 +150,25 @@ Status Socket::RecvAll(void* data, size_t n, Deadline d) {
   return Status::Ok();
 }
 
+Status Socket::RecvSome(void* data, size_t n, size_t* got, Deadline d) {
+  if (fd_ < 0) return Status(Code::kClosed, "socket is closed");
+  while (true) {
+    ssize_t r = ::recv(fd_, data, n, 0);
+    if (r > 0) {
+      *got = static_cast<size_t>(r);
+      return Status::Ok();
+    }
+    if (r == 0) return Status(Code::kPeerLost, "peer closed the connection mid-frame");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (d.Expired()) return Status(Code::kTimeout, "no data before the request deadline");
+      RLB_RETURN_IF_ERROR(ApplyTimeout(SO_RCVTIMEO, d));
+      continue;
+    }
+    return ErrnoStatus("recv", errno);
+  }
+}
+
 bool Socket::WaitReadable(Deadline d) {
   while (true) {
     struct pollfd pfd = {fd_, POLLIN, 0};

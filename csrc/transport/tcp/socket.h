@@ -33,6 +33,9 @@ class Socket {
   // Gathers iov in as few sendmsg calls as the kernel allows; iov is consumed.
   Status SendV(struct iovec* iov, int iovcnt, Deadline d);
   Status RecvAll(void* data, size_t n, Deadline d);
+  // Receives what has arrived (at least one byte, at most n) into data. Uses the receive
+  // timeout the last RecvAll set, so a bulk loop pays no extra syscall per call.
+  Status RecvSome(void* data, size_t n, size_t* got, Deadline d);
   // Waits until the socket is readable (or closed); false when the deadline passed.
   bool WaitReadable(Deadline d);
 
