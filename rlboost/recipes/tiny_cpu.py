@@ -27,6 +27,6 @@ def tiny_cpu() -> RunConfig:
                                                            max_prefill_tokens=512, stream_interval=4),
                                capacity=64),
         cluster=ClusterSection(reserved_instances=1, max_preemptible=3, trace="sample", trace_fraction=0.6,
-                               notice_s=8.0, sudden_fraction=0.5, preempt_busy_wait_s=2.0),
+                               notice_s=8.0, sudden_fraction=0.5, preempt_busy_wait_s=5.0),
         run=RunSection(name="tiny_cpu", steps=60, checkpoint_every=20),
     )
