@@ -46,9 +46,14 @@ def _run_config(args: argparse.Namespace):
 
 
 def _report(args: argparse.Namespace) -> int:
-    from rlboost.report import write_report
-    from rlboost.rundir import RunDirectory
+    from pathlib import Path
 
+    from rlboost.report import write_report
+    from rlboost.rundir import METRICS_FILE, RunDirectory
+
+    if not (Path(args.run_dir) / METRICS_FILE).is_file():
+        print(f"rlboost report: {args.run_dir} is not a run directory with metrics", file=sys.stderr)
+        return 2
     write_report(RunDirectory(args.run_dir))
     return 0
 

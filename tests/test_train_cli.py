@@ -128,3 +128,15 @@ def test_ctrl_c_checkpoints_the_current_step_and_stops(tmp_path):
     assert 1 <= last < 200
     assert (run / "checkpoints" / f"step_{last:06d}" / "COMPLETE").is_file()
     assert (run / "summary.md").is_file()
+
+
+def test_bad_settings_fail_before_anything_starts(tmp_path, capsys):
+    from rlboost.cli import main
+
+    assert main(["train", "--set", "run.steps=many"]) == 2
+    assert "run.steps" in capsys.readouterr().err
+    assert main(["train", "--recipe", "nope"]) == 2
+    assert "tiny_cpu" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "missing")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    assert not (tmp_path / "missing").exists()
