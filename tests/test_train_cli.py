@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 SHORT = [
     "--set", "run.steps=3", "--set", "run.progress=false", "--set", "run.checkpoint_every=10",
