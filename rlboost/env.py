@@ -35,3 +35,26 @@ def run_root() -> str:
 def cache_dir() -> str:
     """Cache for converted checkpoints (RLBOOST_CACHE, default ~/.cache/rlboost)."""
     return get("CACHE", os.path.join(os.path.expanduser("~"), ".cache", "rlboost"))
+
+
+def ray_address() -> str | None:
+    """Ray cluster for `rlboost train` to join (RLBOOST_RAY_ADDRESS); None starts a local one."""
+    return get("RAY_ADDRESS")
+
+
+# Without this, a local Ray cluster binds to the machine's non-loopback address.
+_RAY_DEFAULTS = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# transformers and huggingface_hub must not try to reach a model hub for local directories.
+_HF_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def apply_ray_defaults() -> None:
+    """Set Ray's environment for a local cluster (existing values win); call before ray.init."""
+    for key, value in _RAY_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def apply_hf_defaults() -> None:
+    """Keep transformers offline (existing values win); call before importing it."""
+    for key, value in _HF_DEFAULTS.items():
+        os.environ.setdefault(key, value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,6 +28,7 @@ class RunDirectory:
         (self.path / "checkpoints").mkdir(exist_ok=True)
         (self.path / "plots").mkdir(exist_ok=True)
         self._t0 = time.monotonic()
+        self._lock = threading.Lock()
 
     @classmethod
     def create(cls, root: str | os.PathLike[str], name: str) -> RunDirectory:
@@ -50,8 +52,19 @@ class RunDirectory:
         _append_jsonl(self.path / METRICS_FILE, record)
 
     def append_event(self, kind: str, **fields: Any) -> None:
-        record = {"t": round(time.monotonic() - self._t0, 3), "kind": kind, **fields}
-        _append_jsonl(self.path / EVENTS_FILE, record)
+        record = {"t": round(self.elapsed(), 3), "kind": kind, **fields}
+        with self._lock:  # several threads record instance events
+            _append_jsonl(self.path / EVENTS_FILE, record)
+
+    def elapsed(self) -> float:
+        """Seconds on the run's clock (events' t; continues across resumes)."""
+        return time.monotonic() - self._t0
+
+    def continue_clock(self) -> None:
+        """Resume the run's clock after the last recorded event, so times keep increasing."""
+        last = max((float(e.get("t", 0.0)) for e in self.events()), default=0.0)
+        last = max([last] + [float(m.get("elapsed_s", 0.0)) for m in self.metrics()])
+        self._t0 = time.monotonic() - last
 
     def metrics(self) -> list[dict[str, Any]]:
         return list(_read_jsonl(self.path / METRICS_FILE))

@@ -1,1 +1,29 @@
-"""Whole runs as plain Python functions returning a config; `--set` overrides on top."""
+"""Whole runs as plain Python functions returning a RunConfig; `--set` overrides on top.
+
+tiny_cpu (the default) runs anywhere in minutes; smollm2_cpu trains a real pretrained
+135M model on CPU for a few steps; qwen3_gpu is the shape of a GPU run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rlboost.recipes.config import RunConfig
+
+DEFAULT_RECIPE = "tiny_cpu"
+
+
+def recipes() -> dict[str, Callable[[], RunConfig]]:
+    from rlboost.recipes.qwen3_gpu import qwen3_gpu
+    from rlboost.recipes.smollm2_cpu import smollm2_cpu
+    from rlboost.recipes.tiny_cpu import tiny_cpu
+
+    return {"tiny_cpu": tiny_cpu, "smollm2_cpu": smollm2_cpu, "qwen3_gpu": qwen3_gpu}
+
+
+def get_recipe(name: str) -> RunConfig:
+    """The config of the recipe called name (ValueError listing the known ones otherwise)."""
+    known = recipes()
+    if name not in known:
+        raise ValueError(f"unknown recipe {name!r}; known: {', '.join(sorted(known))}")
+    return known[name]()

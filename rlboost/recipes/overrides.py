@@ -95,5 +95,37 @@ def apply_overrides(config: Any, assignments: list[str] | tuple[str, ...]) -> An
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a nested config (for the run directory's config.json)."""
-    return dataclasses.asdict(config)
+    """A JSON-ready dict of a nested config (for the run directory's config.json).
+
+    Bytes fields (shared secrets) are written as None: secrets never reach the disk, and
+    a config read back takes them from the environment again.
+    """
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return None if isinstance(value, (bytes, bytearray)) else value
+
+    return clean(dataclasses.asdict(config))
+
+
+def from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    """Rebuild a nested config dataclass from to_dict's output (unknown keys are refused)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown fields {unknown}")
+    values = {}
+    for name, value in data.items():
+        tp, _ = _split_union(hints.get(name, fields[name].type))
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            values[name] = from_dict(tp, value)
+        elif typing.get_origin(tp) is tuple and isinstance(value, list):
+            values[name] = tuple(value)
+        else:
+            values[name] = value
+    return cls(**values)

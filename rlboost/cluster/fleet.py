@@ -1,0 +1,257 @@
+"""Fleet: the run's rollout instances as Ray actors, from the driver's side.
+
+It starts instances (reserved ones at once, preemptible ones as the trace or the job
+says), preempts them with a notice (the controller drains them, the actor is killed at
+the deadline) or suddenly (the actor is killed; the controller finds out on its next
+call), and records every instance event in the run directory's events.jsonl and every
+instance lifetime in the cost ledger. A watcher thread follows the controller's view
+(first time active, gone) and keeps each instance's list of relay peers current.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ray
+
+from rlboost.cluster.cost import CostLedger
+from rlboost.cluster.instance import InstanceSpec, PullRecord, RolloutInstance
+
+WATCH_INTERVAL_S = 0.25
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Member:
+    spec: InstanceSpec
+    handle: Any
+    ready: Any  # ObjectRef of ready(): the relay address
+    relay: str | None = None
+    alive: bool = True
+    noticed: bool = False
+    deadline: float | None = None  # run clock; a notice the controller has not received yet
+    seen: set = field(default_factory=set)  # controller states seen (this life)
+
+
+class Fleet:
+    """Rollout instances of one run.
+
+    template: an InstanceSpec whose instance_id/kind are replaced per instance.
+    record(kind, instance=..., up=...) appends one event (events.jsonl); now() is the
+    run's clock in seconds, shared with the ledger.
+    """
+
+    def __init__(self, controller: Any, template: InstanceSpec, actor_options: Callable[[str], dict],
+                 ledger: CostLedger, record: Callable[..., None], now: Callable[[], float]):
+        self.controller = controller
+        self.template = template
+        self.actor_options = actor_options
+        self.ledger, self.record, self.now = ledger, record, now
+        self._members: dict[str, _Member] = {}
+        self._pulls: dict[tuple[str, int], PullRecord] = {}
+        self._lock = threading.RLock()
+        self._timers: list[threading.Timer] = []
+        self._stop = threading.Event()
+        self._peers: tuple[str, ...] = ()
+        self._watcher = threading.Thread(target=self._watch, name="fleet-watch", daemon=True)
+        self.preemptions = {"notice": 0, "sudden": 0}
+
+    def start(self) -> None:
+        self._watcher.start()
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def join(self, instance_id: str, kind: str = "preemptible") -> None:
+        """Start an instance actor; it registers and pulls the current weights by itself."""
+        spec = dataclasses.replace(self.template, instance_id=instance_id, kind=kind)
+        actor = ray.remote(RolloutInstance).options(name=None, **self.actor_options(kind))
+        handle = actor.remote(spec, self.controller)
+        with self._lock:
+            if instance_id in self._members and self._members[instance_id].alive:
+                raise ValueError(f"instance {instance_id!r} is already running")
+            self._members[instance_id] = _Member(spec, handle, handle.ready.remote())
+            self.ledger.start(instance_id, kind, at_s=self.now())
+            self.record("join", instance=instance_id, pool=kind, up=self.up())
+
+    def notice(self, instance_id: str, grace_s: float) -> None:
+        """Preemption with notice: the controller drains it; the actor dies after grace_s.
+        An instance still starting gets the notice as soon as it has registered."""
+        with self._lock:
+            member = self._members.get(instance_id)
+            if member is None or not member.alive or member.noticed:
+                return
+            member.noticed = True
+            member.deadline = self.now() + grace_s
+            self.preemptions["notice"] += 1
+            self.record("notice", instance=instance_id, grace_s=grace_s, up=self.up())
+            if member.seen:
+                self._deliver_notice(instance_id, member)
+        timer = threading.Timer(grace_s, self._reclaim, args=(instance_id,))
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def _deliver_notice(self, instance_id: str, member: _Member) -> None:
+        grace = max(0.0, member.deadline - self.now())
+        member.deadline = None
+        try:
+            ray.get(self.controller.notice.remote(instance_id, grace), timeout=30)
+        except (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
+            pass  # already gone: the kill still comes at the deadline
+
+    def kill(self, instance_id: str) -> None:
+        """Preemption without notice: the actor process dies now."""
+        with self._lock:
+            member = self._members.get(instance_id)
+            if member is None or not member.alive:
+                return
+            self.preemptions["sudden"] += 1
+            self._terminate(instance_id, "death")
+
+    def _reclaim(self, instance_id: str) -> None:
+        with self._lock:
+            if not self._stop.is_set():
+                self._terminate(instance_id, "gone")
+
+    def _terminate(self, instance_id: str, event: str) -> None:
+        member = self._members[instance_id]
+        if not member.alive:
+            return
+        member.alive = False
+        ray.kill(member.handle, no_restart=True)
+        self.ledger.stop(instance_id, at_s=self.now())
+        self.record(event, instance=instance_id, pool=member.spec.kind, up=self.up())
+
+    def announce(self) -> None:
+        """Tell every live instance to check its lease now (a new version is current)."""
+        with self._lock:
+            for m in self._members.values():
+                if m.alive:
+                    m.handle.nudge.remote()
+
+    def oldest(self, kind: str = "preemptible") -> str | None:
+        """The longest-running live instance of a kind that is not under notice."""
+        with self._lock:
+            for iid, m in self._members.items():
+                if m.alive and not m.noticed and m.spec.kind == kind:
+                    return iid
+        return None
+
+    def up(self, kind: str = "preemptible") -> int:
+        with self._lock:
+            return sum(1 for m in self._members.values() if m.alive and m.spec.kind == kind)
+
+    # -- observation ---------------------------------------------------------------------------
+
+    def wait_ready(self, kind: str, timeout_s: float) -> None:
+        """Block until every live instance of a kind has built its engine."""
+        with self._lock:
+            refs = [m.ready for m in self._members.values() if m.alive and m.spec.kind == kind]
+        ray.get(refs, timeout=timeout_s)
+
+    def wait_version(self, version: int, kind: str, timeout_s: float) -> float:
+        """Block until every live instance of a kind is active at `version`; returns seconds
+        waited. An instance that failed to start raises its error here."""
+        t0 = time.perf_counter()
+        while True:
+            with self._lock:
+                members = {i: m for i, m in self._members.items() if m.alive and m.spec.kind == kind}
+            done, _ = ray.wait([m.ready for m in members.values()], num_returns=len(members), timeout=0) \
+                if members else ([], [])
+            ray.get(done)  # raises the error of an instance whose start failed
+            states = ray.get(self.controller.instances.remote())
+            ok = {s.instance_id for s in states if s.state == "active" and s.weight_version == version}
+            if set(members) <= ok:
+                return time.perf_counter() - t0
+            if time.perf_counter() - t0 > timeout_s:
+                raise TimeoutError(f"{sorted(set(members) - ok)} did not load weight version {version} "
+                                   f"within {timeout_s:.0f} s")
+            self._stop.wait(0.02)
+
+    def wait_busy(self, instance_id: str, timeout_s: float) -> bool:
+        """Wait (up to timeout_s) until the controller has samples on the instance."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = ray.get(self.controller.instances.remote())
+            if any(s.instance_id == instance_id and s.samples > 0 for s in states):
+                return True
+            if time.monotonic() >= deadline or self._stop.wait(0.01):
+                return False
+
+    def pull_records(self, version: int, timeout_s: float = 10.0) -> list[PullRecord]:
+        """Pulls of `version` by the instances up now (and any fetched before). Instances
+        still starting are not asked: they would answer only once started."""
+        with self._lock:
+            live = [m for m in self._members.values() if m.alive]
+        started, _ = ray.wait([m.ready for m in live], num_returns=len(live), timeout=0) if live else ([], [])
+        refs = [m.handle.pulls.remote() for m in live if m.ready in started]
+        for ref in refs:
+            try:
+                for rec in ray.get(ref, timeout=timeout_s):
+                    self._pulls[(rec.instance_id, rec.version)] = rec
+            except Exception:  # preempted meanwhile: its earlier records stay
+                continue
+        for key in [k for k in self._pulls if k[1] < version - 1]:
+            del self._pulls[key]
+        return [r for (_, v), r in sorted(self._pulls.items()) if v == version]
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            try:
+                self._observe()
+            except Exception:  # keep watching: a bad round must not end the event log
+                log.exception("fleet watcher round failed")
+
+    def _observe(self) -> None:
+        try:
+            states = {s.instance_id: s.state for s in ray.get(self.controller.instances.remote(), timeout=30)}
+        except ray.exceptions.GetTimeoutError:  # controller busy: try again next round
+            return
+        with self._lock:
+            for iid, m in self._members.items():
+                state = states.get(iid)
+                if state == "active" and "active" not in m.seen and m.alive:
+                    self.record("active", instance=iid, pool=m.spec.kind, up=self.up())
+                if state is not None:
+                    m.seen.add(state)
+                    if m.deadline is not None and m.alive:
+                        self._deliver_notice(iid, m)
+                elif m.alive and m.seen and not m.noticed:
+                    # the controller dropped a live instance (missed heartbeats): end it
+                    log.warning("the controller dropped instance %s; ending it", iid)
+                    self._terminate(iid, "gone")
+            self._refresh_peers()
+
+    def _refresh_peers(self) -> None:
+        for m in self._members.values():
+            if m.alive and m.relay is None:
+                done, _ = ray.wait([m.ready], timeout=0)
+                if done:
+                    try:
+                        m.relay = ray.get(m.ready)
+                    except Exception:
+                        m.relay = ""
+        # An instance under notice pulls nothing more and soon vanishes: not a useful relay.
+        peers = tuple(sorted(m.relay for m in self._members.values() if m.alive and m.relay and not m.noticed))
+        if peers != self._peers:
+            self._peers = peers
+            for m in self._members.values():
+                if m.alive and m.relay is not None:
+                    m.handle.set_peers.remote(list(peers))
+
+    def close(self) -> None:
+        """Stop watching and end every instance (billing stops now; each is recorded gone)."""
+        self._stop.set()
+        for timer in self._timers:
+            timer.cancel()
+        if self._watcher.is_alive():
+            self._watcher.join(timeout=5)
+        with self._lock:
+            for iid, m in self._members.items():
+                if m.alive:
+                    self._terminate(iid, "gone")

@@ -1,0 +1,208 @@
+"""RolloutInstance: one rollout instance as a Ray actor (EmbeddedEngine + WeightPuller +
+an agent thread).
+
+The controller reaches the engine through the actor's RolloutEngine methods. The agent
+registers the instance, heartbeats, and whenever the lease names another weight version
+pulls it (from the trainer's publisher and from peers that already hold it), loads it
+into the engine and reports it, heartbeating all the while. The puller's relay serves
+what the instance holds to its peers. An instance starts with no weights loaded (version
+0), so it always pulls before its first sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import ray
+import torch
+
+from rlboost.controller.records import InstanceInfo
+from rlboost.errors import RlboostError, TransferTimeout
+from rlboost.models import ModelConfig, empty_model
+from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.puller import WeightPuller
+
+SPEC_FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InstanceSpec:
+    """What a rollout instance needs to start.
+
+    >>> InstanceSpec(instance_id="spot-0", kind="preemptible", capacity=32,
+    ...              engine=EmbeddedEngineConfig(model_dir="/ckpt/tiny"), transfer=TransferConfig(),
+    ...              sources=("127.0.0.1:7000",)).kind
+    'preemptible'
+
+    engine.model_dir gives the model's shape (config.json); its weights are not read,
+    since every version comes from a pull. sources are the trainer's weight publishers.
+    """
+
+    instance_id: str
+    kind: str
+    capacity: int
+    engine: EmbeddedEngineConfig
+    transfer: TransferConfig
+    sources: tuple[str, ...]
+    pull_timeout_s: float = 600.0
+    torch_threads: int = 1
+    format_version: int = SPEC_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format_version != SPEC_FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version} is not {SPEC_FORMAT_VERSION}")
+        InstanceInfo(instance_id=self.instance_id, kind=self.kind, capacity=self.capacity)  # validates
+        if self.engine.model_dir is None:
+            raise ValueError("engine.model_dir must name the checkpoint whose shape the engine takes")
+        if not self.sources:
+            raise ValueError("sources must name at least one weight publisher")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PullRecord:
+    """One weight version pulled and loaded by an instance.
+
+    >>> PullRecord(instance_id="spot-0", version=3, pull_s=0.2, load_s=0.01, nbytes=409856,
+    ...            peer_bytes=0).version
+    3
+    """
+
+    instance_id: str
+    version: int
+    pull_s: float
+    load_s: float
+    nbytes: int
+    peer_bytes: int
+    format_version: int = SPEC_FORMAT_VERSION
+
+
+class RolloutInstance:
+    """The actor class (wrap with ray.remote). controller is the RolloutController handle."""
+
+    def __init__(self, spec: InstanceSpec, controller: Any):
+        torch.set_num_threads(spec.torch_threads)  # engines share a few cores with the trainer
+        self.spec = spec
+        self.controller = controller
+        cfg = dataclasses.replace(spec.engine, weight_version=0)
+        model = empty_model(ModelConfig.load(cfg.model_dir), dtype=cfg.torch_dtype, device=cfg.device)
+        self.engine = EmbeddedEngine(cfg, model=model)
+        self.puller = WeightPuller(list(spec.sources), spec.transfer)
+        self._peers: tuple[str, ...] = ()
+        self._pulls: list[PullRecord] = []
+        self._held = None  # the last pulled version: its buffer is reused and relayed
+        self._loading = threading.Lock()  # a version loads and is recorded as one step
+        self._stop = threading.Event()
+        self._nudged = threading.Event()
+        self._agent = threading.Thread(target=self._run_agent, name=f"agent-{spec.instance_id}", daemon=True)
+        self._agent.start()
+
+    # -- the RolloutEngine protocol, for the controller ---------------------------------------
+
+    def submit(self, states) -> None:
+        self.engine.submit(states)
+
+    def poll(self, timeout_s: float):
+        return self.engine.poll(timeout_s)
+
+    def abort(self, sample_ids) -> None:
+        self.engine.abort(sample_ids)
+
+    def export_states(self, sample_ids=None, *, with_kv: bool = False):
+        return self.engine.export_states(sample_ids, with_kv=with_kv)
+
+    def import_states(self, batch) -> None:
+        self.engine.import_states(batch)
+
+    def load_weights(self, named_tensors, version: int) -> None:
+        self.engine.load_weights(named_tensors, version)
+
+    def load(self):
+        return self.engine.load()
+
+    def close(self) -> None:
+        """The controller let the instance go (drained or shutting down): stop generating.
+        The relay keeps serving what it holds until the process ends."""
+        self._stop.set()
+        self._nudged.set()
+        self.engine.close()
+
+    # -- management, for the fleet ------------------------------------------------------------
+
+    def ready(self) -> str:
+        """The relay address peers pull from (returns once the engine is built)."""
+        return self.puller.relay_address or ""
+
+    def set_peers(self, addresses: Sequence[str]) -> None:
+        """Relays of other instances to pull from besides the trainer."""
+        own = self.puller.relay_address
+        self._peers = tuple(a for a in addresses if a != own)
+
+    def pulls(self) -> list[PullRecord]:
+        """Versions pulled so far; a version the engine already reports is listed."""
+        with self._loading:
+            return list(self._pulls)
+
+    def nudge(self) -> None:
+        """Heartbeat now rather than at the next beat (a new version was just published)."""
+        self._nudged.set()
+
+    # -- agent --------------------------------------------------------------------------------
+
+    def _run_agent(self) -> None:
+        try:
+            self._agent_loop()
+        except Exception as exc:  # the controller no longer knows us, or it is gone: stop
+            log.info("instance %s agent stops: %r", self.spec.instance_id, exc)
+        finally:
+            self._stop.set()
+
+    def _agent_loop(self) -> None:
+        me = ray.get_runtime_context().current_actor
+        info = InstanceInfo(instance_id=self.spec.instance_id, kind=self.spec.kind,
+                            capacity=self.spec.capacity, address=self.puller.relay_address or "")
+        lease = ray.get(self.controller.register.remote(info, me))
+        loaded = 0
+        while not self._stop.is_set():
+            lease = ray.get(self.controller.heartbeat.remote(self.spec.instance_id, loaded))
+            if lease.weight_version != loaded and lease.state in ("joining", "pulling", "active"):
+                try:
+                    loaded = self._pull_and_load(lease.weight_version, loaded, lease.renew_within_s)
+                    continue
+                except RlboostError as exc:  # e.g. a lost source: retried at the next beat
+                    log.warning("instance %s: pull of version %d failed: %r", self.spec.instance_id,
+                                lease.weight_version, exc)
+            self._nudged.wait(lease.renew_within_s / 2)
+            self._nudged.clear()
+
+    def _pull_and_load(self, version: int, loaded: int, beat_s: float) -> int:
+        t0 = time.perf_counter()
+        handle = self.puller.prepare(version, into=self._held,
+                                     sources=[*self.spec.sources, *self._peers]).start()
+        while True:
+            try:
+                pulled = handle.wait(timeout=beat_s / 2)
+                break
+            except TransferTimeout:  # keep the lease alive while bytes move
+                if self._stop.is_set() or time.perf_counter() - t0 > self.spec.pull_timeout_s:
+                    handle.cancel()
+                    raise
+                ray.get(self.controller.heartbeat.remote(self.spec.instance_id, loaded))
+        t1 = time.perf_counter()
+        with self._loading:
+            self.engine.load_weights(pulled, version)
+            t2 = time.perf_counter()
+            self._held = pulled
+            own = set(self.spec.sources)
+            peer_bytes = sum(s["bytes"] for s in pulled.stats.get("sources", []) if s["address"] not in own)
+            self._pulls.append(PullRecord(instance_id=self.spec.instance_id, version=version, pull_s=t1 - t0,
+                                          load_s=t2 - t1, nbytes=pulled.manifest.total_bytes,
+                                          peer_bytes=peer_bytes))
+        ray.get(self.controller.heartbeat.remote(self.spec.instance_id, version))
+        return version

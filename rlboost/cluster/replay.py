@@ -1,0 +1,96 @@
+"""Replaying an availability trace on a live fleet: the trace (bundled sample, synthetic,
+or a file) is capped to the fleet's size, compressed to the run's length and turned into
+join / notice / kill events, which a thread applies at their times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from rlboost.cluster.fleet import Fleet
+from rlboost.cluster.traces import (AvailabilityTrace, InstanceEvent, PreemptionPolicy,
+                                    SyntheticTraceConfig, load_trace, preemption_events, sample_trace,
+                                    synthetic_trace)
+
+
+def named_trace(name: str, *, max_count: int, seed: int = 0) -> AvailabilityTrace | None:
+    """The trace called name ("sample", "synthetic", "none" or a path), capped at max_count
+    instances (None for "none" or no preemptible capacity). Compress it to a run's length
+    with .compressed_to()."""
+    if name == "none" or max_count == 0:
+        return None
+    if name == "sample":
+        trace = sample_trace()
+    elif name == "synthetic":
+        trace = synthetic_trace(SyntheticTraceConfig(capacity=max_count, seed=seed))
+    else:
+        trace = load_trace(name)
+    return trace.capped(max_count)
+
+
+def trace_events(trace: AvailabilityTrace | None, *, notice_s: float, sudden_fraction: float,
+                 victim_order: str = "oldest", seed: int = 0) -> tuple[InstanceEvent, ...]:
+    if trace is None:
+        return ()
+    policy = PreemptionPolicy(victim_order=victim_order, notice_s=notice_s,
+                              sudden_fraction=sudden_fraction, seed=seed, id_prefix="spot-")
+    return preemption_events(trace, policy)
+
+
+class TraceReplay:
+    """Applies events to a fleet at their times (seconds after start()).
+
+    A notice ends in the fleet's own kill at the deadline, so the trace's announced kills
+    are skipped; sudden kills (no notice) kill at once. With busy_wait_s > 0 a preemption
+    first waits up to that long for its victim to hold samples, so that a short run's few
+    preemptions meet work in flight (the events after it keep their times).
+    """
+
+    def __init__(self, fleet: Fleet, events: tuple[InstanceEvent, ...],
+                 clock: Callable[[], float] = time.monotonic, busy_wait_s: float = 0.0):
+        self.fleet, self.events, self.clock = fleet, events, clock
+        self.busy_wait_s = busy_wait_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trace-replay", daemon=True)
+        self.applied = 0
+        self.error: BaseException | None = None
+
+    def start(self) -> TraceReplay:
+        self._start = self.clock()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            for ev in self.events:
+                if self._stop.wait(max(0.0, self._start + ev.time_s - self.clock())):
+                    return
+                self.apply(ev)
+                self.applied += 1
+        except BaseException as exc:  # surfaced by the job through .error
+            self.error = exc
+
+    def apply(self, ev: InstanceEvent) -> None:
+        if ev.kind == "join":
+            self.fleet.join(ev.instance_id, "preemptible")
+            return
+        if ev.kind == "kill" and not ev.sudden:
+            return  # the notice's own deadline ends it
+        if self.busy_wait_s > 0:
+            self.fleet.wait_busy(ev.instance_id, self.busy_wait_s)
+        if ev.kind == "notice":
+            self.fleet.notice(ev.instance_id, max(0.0, ev.deadline_s - ev.time_s))
+        else:
+            self.fleet.kill(ev.instance_id)
+
+    def wait(self, timeout: float) -> bool:
+        """True once every event has been applied (or the replay stopped)."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

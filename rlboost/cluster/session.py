@@ -1,0 +1,80 @@
+"""Starting or joining the Ray cluster of a run, and where each kind of actor goes.
+
+A local cluster gets the custom resources `reserved` and `preemptible` (actors ask for
+one unit of their kind) and small CPU demands: on a 2-core machine two actors asking
+for one CPU each would leave every later actor waiting forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+
+from rlboost import env
+
+
+@dataclass(kw_only=True, slots=True)
+class RaySettings:
+    """How the run's Ray cluster is found or started.
+
+    address: join this cluster (None: RLBOOST_RAY_ADDRESS, else start a local one with
+    num_cpus CPUs (None: all), `reserved` and `preemptible` units and an object store of
+    object_store_mb; bulk weights never go through it).
+    """
+
+    address: str | None = None
+    num_cpus: int | None = None
+    reserved: int = 4
+    preemptible: int = 8
+    object_store_mb: int = 256
+
+    def __post_init__(self) -> None:
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ValueError(f"num_cpus must be None or >= 1, got {self.num_cpus}")
+        if self.reserved < 1 or self.preemptible < 0:
+            raise ValueError(f"reserved must be >= 1 and preemptible >= 0, got {self.reserved}, "
+                             f"{self.preemptible}")
+        if self.object_store_mb < 64:
+            raise ValueError(f"object_store_mb must be >= 64, got {self.object_store_mb}")
+
+
+class RaySession:
+    """Context manager: ray.init on enter (unless Ray is already up), ray.shutdown on exit
+    (only if it started Ray)."""
+
+    def __init__(self, settings: RaySettings):
+        self.settings = settings
+        self._owned = False
+
+    def __enter__(self) -> RaySession:
+        if ray.is_initialized():
+            have = ray.cluster_resources()
+            missing = [r for r in ("reserved", "preemptible") if have.get(r, 0) <= 0]
+            if missing:
+                raise RuntimeError(f"the running Ray cluster offers no {' or '.join(missing)} resource; "
+                                   "start it with resources={'reserved': N, 'preemptible': M}")
+            return self
+        s = self.settings
+        address = s.address or env.ray_address()
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            env.apply_ray_defaults()
+            ray.init(num_cpus=s.num_cpus, resources={"reserved": s.reserved, "preemptible": s.preemptible},
+                     object_store_memory=s.object_store_mb << 20, include_dashboard=False,
+                     log_to_driver=False)
+        self._owned = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._owned:
+            ray.shutdown()
+            self._owned = False
+
+
+def actor_options(kind: str, *, cpus: float = 0.0, gpus: float = 0.0, **extra) -> dict:
+    """Ray options of an actor on a node of the given kind ("reserved" or "preemptible")."""
+    if kind not in ("reserved", "preemptible"):
+        raise ValueError(f"kind must be reserved or preemptible, got {kind!r}")
+    return {"num_cpus": cpus, "num_gpus": gpus, "resources": {kind: 1}, "max_restarts": 0, **extra}

@@ -1,0 +1,198 @@
+"""The processes of one run, built from its RunConfig: the controller actor, the FSDP
+trainer group, the rollout fleet and the trace replay; and the calls a step makes on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from rlboost.cluster.cost import CostLedger
+from rlboost.cluster.fleet import Fleet
+from rlboost.cluster.instance import InstanceSpec
+from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
+from rlboost.cluster.session import RaySettings, actor_options
+from rlboost.controller.actor import RolloutController
+from rlboost.controller.metrics import StepMetrics
+from rlboost.recipes.config import RunConfig, parse_injection
+from rlboost.rundir import RunDirectory
+from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
+from rlboost.trainer.loop import TrainerGroup
+from rlboost.trainer.rank import RankSpec
+
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class TracePlan:
+    """The preemptible capacity of a run: the events to replay over duration_s seconds."""
+
+    events: tuple
+    duration_s: float
+
+
+def plan_trace(config: RunConfig, steps: int, step_s: float) -> TracePlan:
+    """The trace compressed to trace_fraction of `steps` steps of step_s seconds (unless
+    cluster.trace_duration_s fixes its length), so its preemptions fall inside the run."""
+    c = config.cluster
+    duration = c.trace_duration_s or max(1.0, step_s * max(steps, 1) * c.trace_fraction)
+    trace = named_trace(c.trace, max_count=c.max_preemptible, seed=c.seed)
+    if trace is None:
+        return TracePlan((), duration)
+    events = trace_events(trace.compressed_to(duration), notice_s=c.notice_s,
+                          sudden_fraction=c.sudden_fraction, victim_order=c.victim_order, seed=c.seed)
+    return TracePlan(events, duration)
+
+
+def ray_settings(config: RunConfig, plan: TracePlan) -> RaySettings:
+    c = config.cluster
+    joins = sum(1 for e in plan.events if e.kind == "join")
+    return RaySettings(address=c.address, num_cpus=c.num_cpus, object_store_mb=c.object_store_mb,
+                       reserved=config.trainer.world_size + c.reserved_instances,
+                       preemptible=max(1, joins + c.initial_preemptible))
+
+
+class Cluster:
+    """The run's actors and the calls one step makes on them."""
+
+    def __init__(self, config: RunConfig, run: RunDirectory, ledger: CostLedger, *, weights: Path,
+                 reference: Path, optimizer_state: str | None):
+        self.config, self.run, self.ledger = config, run, ledger
+        self.replay: TraceReplay | None = None
+        self.controller = self.trainer = self.fleet = None
+        self.injections: dict[int, list[str]] = {}
+        for item in config.cluster.inject:
+            kind, step = parse_injection(item)
+            self.injections.setdefault(step, []).append(kind)
+        try:
+            self._launch(weights, reference, optimizer_state)
+        except BaseException:
+            self.close()
+            raise
+
+    def _launch(self, weights: Path, reference: Path, optimizer_state: str | None) -> None:
+        config, run = self.config, self.run
+        self.controller = start_controller(config)
+        t, r = config.trainer, config.rollout
+        self.trainer = TrainerGroup.launch(rank_specs(config, weights, reference),
+                                           actor_options("reserved", cpus=t.rank_cpus, gpus=t.rank_gpus))
+        publisher = ray.get(self.trainer.ranks[0].address.remote(), timeout=READY_TIMEOUT_S)
+        self.fleet = Fleet(self.controller, instance_template(config, weights, publisher),
+                           lambda kind: actor_options(kind, cpus=r.instance_cpus, gpus=r.instance_gpus),
+                           self.ledger, run.append_event, run.elapsed)
+        self.ledger.start("reserved-cluster", "reserved", at_s=run.elapsed())
+        for i in range(config.cluster.reserved_instances):  # engines start while the trainer loads
+            self.fleet.join(f"reserved-{i}", "reserved")
+        for i in range(config.cluster.initial_preemptible):
+            self.fleet.join(f"spot-s{i}", "preemptible")
+        self.fleet.start()
+        init = f"file://{run.path.resolve()}/.rendezvous-{time.time_ns()}" if t.rendezvous == "file" else None
+        self.trainer.setup(init, optimizer_state)
+
+    def begin(self, version: int) -> None:
+        """Serve the first version and wait until the reserved engines hold it."""
+        self.publish(version)
+        self.fleet.wait_version(version, "reserved", READY_TIMEOUT_S)
+
+    def replay_trace(self, plan: TracePlan) -> None:
+        self.replay = TraceReplay(self.fleet, plan.events,
+                                  busy_wait_s=self.config.cluster.preempt_busy_wait_s).start()
+
+    def wait_for_weights(self, version: int) -> None:
+        self.fleet.wait_version(version, "reserved", self.config.rollout.pull_timeout_s)
+
+    def start_rollout(self, step: int, groups: list) -> float:
+        """Hand the step's groups to the controller (samples must come from version `step`)."""
+        planned = ray.get(self.controller.start_step.remote(step, groups, step))
+        for kind in self.injections.get(step, ()):
+            self._inject(kind)
+        return planned
+
+    def wait_window_closed(self) -> None:
+        while not ray.get(self.controller.wait_window_closed.remote(1.0)):
+            self._check_replay()
+
+    def next_microbatch(self, timeout_s: float):
+        self._check_replay()
+        return ray.get(self.controller.next_microbatch.remote(timeout_s))
+
+    def end_rollout(self) -> StepMetrics:
+        metrics = ray.get(self.controller.end_step.remote())
+        self.ledger.add_tokens(metrics.total_tokens)
+        return metrics
+
+    def publish(self, version: int) -> dict:
+        """Publish the trainer's weights as `version` and make it current."""
+        out = self.trainer.publish(version)
+        ray.get(self.controller.set_weight_version.remote(version))
+        self.fleet.announce()
+        return out
+
+    def save_checkpoint(self, directory: Path, tokenizer_dir: Path) -> None:
+        self.trainer.save_checkpoint(str(directory), str(tokenizer_dir))
+
+    def _inject(self, kind: str) -> None:
+        victim = self.fleet.oldest("preemptible")
+        if victim is None:
+            return
+        self.fleet.wait_busy(victim, timeout_s=5.0)  # so the preemption meets work in flight
+        if kind == "notice":
+            self.fleet.notice(victim, self.config.cluster.notice_s)
+        else:
+            self.fleet.kill(victim)
+
+    def _check_replay(self) -> None:
+        if self.replay is not None and self.replay.error is not None:
+            raise RuntimeError(f"the trace replay failed: {self.replay.error!r}") from self.replay.error
+
+    def close(self) -> None:
+        """Stop the trace, the instances, the controller and the trainer (in that order);
+        whatever was started, even by a launch that failed half way."""
+        if self.replay is not None:
+            self.replay.stop()
+        if self.fleet is not None:
+            self.fleet.close()
+        if self.controller is not None:
+            try:
+                ray.get(self.controller.close.remote(), timeout=30)
+            except Exception:  # shutting down anyway
+                pass
+            ray.kill(self.controller)
+        if self.trainer is not None:
+            self.trainer.close()
+        if "reserved-cluster" in self.ledger.running():
+            self.ledger.stop("reserved-cluster", at_s=self.run.elapsed())
+
+
+def start_controller(config: RunConfig) -> Any:
+    ctl = config.controller
+    if ctl.microbatch_min_samples is None:
+        ctl = dataclasses.replace(
+            ctl, microbatch_min_samples=config.trainer.microbatch_groups * config.task.group_size)
+    return RolloutController.options(num_cpus=0).remote(ctl, config.rollout.policy)
+
+
+def rank_specs(config: RunConfig, weights: Path, reference: Path) -> list[RankSpec]:
+    t = config.trainer
+    sharding = FSDPConfig(param_dtype=t.param_dtype, reduce_dtype=t.reduce_dtype,
+                          gather_bucket_bytes=t.gather_bucket_mb << 20)
+    optimizer = OptimizerConfig(lr=t.lr, eps=t.adam_eps, weight_decay=t.weight_decay,
+                                max_grad_norm=t.max_grad_norm)
+    backend = None if t.backend == "auto" else t.backend
+    return [RankSpec(rank=r, world_size=t.world_size, checkpoint=str(weights), transfer=config.transfer,
+                     reference_checkpoint=str(reference), device=t.device, backend=backend,
+                     sharding=sharding, optimizer=optimizer, grpo=config.grpo,
+                     publish_dtype=config.rollout.engine.dtype, temperature=config.task.temperature)
+            for r in range(t.world_size)]
+
+
+def instance_template(config: RunConfig, weights: Path, publisher: str) -> InstanceSpec:
+    r = config.rollout
+    engine = dataclasses.replace(r.engine, model_dir=str(weights))
+    return InstanceSpec(instance_id="template", kind="preemptible", capacity=r.capacity, engine=engine,
+                        transfer=config.transfer, sources=(publisher,), pull_timeout_s=r.pull_timeout_s)

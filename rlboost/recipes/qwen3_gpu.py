@@ -1,0 +1,47 @@
+"""qwen3_gpu: the shape of a GPU run. A Qwen3-class checkpoint (HF layout) trained with
+GRPO on a math dataset: 4 FSDP ranks over NCCL (bfloat16 compute, float32 reductions),
+one reserved engine per GPU left on the node, preemptible engines following the bundled
+trace. Give the checkpoint and the dataset on the command line:
+
+    rlboost train --recipe qwen3_gpu --set model.path=/models/Qwen3-1.7B \\
+        --set task.math_path=/data/gsm8k/train.parquet
+
+The embedded engine stands in for SGLang here; one GPU per rank and per engine.
+"""
+
+from __future__ import annotations
+
+from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.service import ControllerConfig
+from rlboost.recipes.config import (ClusterSection, ModelSection, RolloutSection, RunConfig, RunSection,
+                                    TaskSection, TrainerSection)
+from rlboost.rollout.embedded_config import EmbeddedEngineConfig
+from rlboost.trainer.grpo import GRPOConfig
+from rlboost.transfer.config import TransferConfig
+
+
+def qwen3_gpu() -> RunConfig:
+    return RunConfig(
+        model=ModelSection(source="path", path="/models/Qwen3-1.7B", warmup_steps=0),
+        task=TaskSection(name="math", math_path="/data/gsm8k/train.parquet", math_prompt_field="question",
+                         math_answer_field="answer", math_answer_format="gsm8k",
+                         prompt_template="{prompt}\nPut the final answer in \\boxed{}.",
+                         chat_template=True, answer="extract", groups_per_step=64, group_size=8,
+                         max_new_tokens=1024),
+        trainer=TrainerSection(world_size=4, device="cuda", backend="nccl", rendezvous="tcp", lr=1e-6,
+                               param_dtype="bfloat16", reduce_dtype="float32", microbatch_groups=8,
+                               rank_cpus=1.0, rank_gpus=1.0),
+        grpo=GRPOConfig(clip_eps_low=0.2, clip_eps_high=0.28),
+        controller=ControllerConfig(
+            poll_interval_s=0.05, idle_timeout_s=600.0, call_timeout_s=120.0,
+            reserved_tokens_per_s=20000.0, preemptible_tokens_per_s=20000.0, sample_tokens_per_s=60.0,
+            registry=RegistryConfig(heartbeat_interval_s=2.0, missed_beats=5, drain_margin_s=10.0)),
+        rollout=RolloutSection(engine=EmbeddedEngineConfig(device="cuda", dtype="bfloat16", num_blocks=16384,
+                                                           block_size=16, max_batch_size=256,
+                                                           max_prefill_tokens=8192, stream_interval=16),
+                               capacity=256, instance_cpus=1.0, instance_gpus=1.0),
+        transfer=TransferConfig(streams=8, chunk_bytes=32 << 20),
+        cluster=ClusterSection(reserved_instances=4, max_preemptible=4, trace="sample",
+                               notice_s=30.0, sudden_fraction=0.5),
+        run=RunSection(name="qwen3_gpu", steps=200, checkpoint_every=20),
+    )

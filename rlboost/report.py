@@ -1,0 +1,124 @@
+"""The summary of a run, computed from its run directory alone (metrics.jsonl and
+events.jsonl), so `rlboost report RUN_DIR` can redo it for any run, finished or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlboost.plots import plot_run
+from rlboost.rundir import RunDirectory
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSummary:
+    """What a run achieved, for the summary table.
+
+    >>> RunSummary(steps=30, first_step=1, last_step=30, first_reward=0.45, last_reward=0.8,
+    ...            tokens=48000, tokens_per_s=900.0, wall_s=120.0, usd=1.5, reserved_only_usd=2.5,
+    ...            notices=2, sudden=1, samples_expected=960, samples_trained=960,
+    ...            samples_duplicated=0, migrations=14, resumes=3).samples_lost
+    0
+
+    Cost: instance time of the reserved cluster and of each preemptible instance, billed
+    at the configured prices; reserved_only_usd bills the same instance time at the
+    reserved price.
+    """
+
+    steps: int
+    first_step: int
+    last_step: int
+    first_reward: float
+    last_reward: float
+    tokens: int
+    tokens_per_s: float
+    wall_s: float
+    usd: float
+    reserved_only_usd: float
+    notices: int
+    sudden: int
+    samples_expected: int
+    samples_trained: int
+    samples_duplicated: int
+    migrations: int
+    resumes: int
+
+    @property
+    def samples_lost(self) -> int:
+        return self.samples_expected - (self.samples_trained - self.samples_duplicated)
+
+    @property
+    def tokens_per_usd(self) -> float:
+        return self.tokens / self.usd if self.usd > 0 else 0.0
+
+    @property
+    def reserved_only_tokens_per_usd(self) -> float:
+        return self.tokens / self.reserved_only_usd if self.reserved_only_usd > 0 else 0.0
+
+    def rows(self) -> list[tuple[str, str]]:
+        gain = (self.tokens_per_usd / self.reserved_only_tokens_per_usd - 1.0
+                if self.reserved_only_tokens_per_usd > 0 else 0.0)
+        return [
+            ("steps", f"{self.steps} (step {self.first_step} to {self.last_step})"),
+            ("mean reward, first step", f"{self.first_reward:.3f}"),
+            ("mean reward, last step", f"{self.last_reward:.3f}"),
+            ("tokens generated", f"{self.tokens:,}"),
+            ("rollout tokens/s", f"{self.tokens_per_s:,.1f}"),
+            ("wall time of the steps", f"{self.wall_s:,.1f} s"),
+            ("tokens per dollar", f"{self.tokens_per_usd:,.0f}"),
+            ("tokens per dollar, reserved only", f"{self.reserved_only_tokens_per_usd:,.0f} "
+                                                  f"({gain:+.0%} with preemptible instances)"),
+            ("preemptions survived", f"{self.notices + self.sudden} ({self.notices} with notice, "
+                                     f"{self.sudden} sudden)"),
+            ("samples lost", f"{self.samples_lost}"),
+            ("samples duplicated", f"{self.samples_duplicated}"),
+            ("migrations (live / resumed after a loss)", f"{self.migrations} / {self.resumes}"),
+        ]
+
+    def markdown(self, title: str) -> str:
+        lines = [f"# {title}", "", "| | |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in self.rows()]
+        return "\n".join(lines) + "\n"
+
+
+def summarize(run: RunDirectory) -> RunSummary:
+    metrics, events = run.metrics(), run.events()
+    if not metrics:
+        raise ValueError(f"{run.path} has no metrics yet")
+    first, last = metrics[0], metrics[-1]
+    tokens = sum(int(m.get("total_tokens", 0)) for m in metrics)
+    rollout_s = sum(float(m.get("rollout_time_s", 0.0)) for m in metrics)
+    return RunSummary(
+        steps=len(metrics), first_step=first["step"], last_step=last["step"],
+        first_reward=float(first.get("reward_mean", float("nan"))),
+        last_reward=float(last.get("reward_mean", float("nan"))),
+        tokens=tokens, tokens_per_s=tokens / rollout_s if rollout_s > 0 else 0.0,
+        wall_s=sum(float(m.get("step_wall_s", 0.0)) for m in metrics),
+        usd=float(last.get("cost_usd", 0.0)), reserved_only_usd=float(last.get("reserved_only_usd", 0.0)),
+        notices=sum(1 for e in events if e["kind"] == "notice"),
+        sudden=sum(1 for e in events if e["kind"] == "death"),
+        samples_expected=sum(int(m.get("samples", 0)) for m in metrics),
+        samples_trained=sum(int(m.get("samples_trained", 0)) for m in metrics),
+        samples_duplicated=sum(int(m.get("samples_trained", 0)) - int(m.get("samples_unique", 0))
+                               for m in metrics),
+        migrations=sum(int(m.get("migrations", 0)) for m in metrics),
+        resumes=sum(int(m.get("resumes", 0)) for m in metrics))
+
+
+def write_report(run: RunDirectory, *, echo: bool = True) -> RunSummary:
+    """Redraw the plots, write summary.md and (echo) print the summary table."""
+    plot_run(run)
+    summary = summarize(run)
+    run.write_summary(summary.markdown(f"Run {run.path.name}"))
+    if echo:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"rlboost run {run.path.name}", show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        for key, value in summary.rows():
+            table.add_row(key, value)
+        Console().print(table)
+        Console().print(f"run directory: {run.path}  (plots in {run.plots_dir})")
+    return summary

@@ -1,0 +1,185 @@
+"""Run-level helpers of `rlboost train`: opening or resuming a run directory, checkpoints,
+Ctrl-C handling, phase timing, the progress bar and the per-step metrics record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from rlboost import env
+from rlboost.cluster.cost import CostLedger
+from rlboost.cluster.instance import PullRecord
+from rlboost.controller.metrics import StepMetrics
+from rlboost.recipes.config import RunConfig
+from rlboost.recipes.overrides import from_dict, to_dict
+from rlboost.rundir import RunDirectory
+from rlboost.trainer.loop import StepOutcome
+from rlboost.trainer.rank import MODEL_DIR, OPTIMIZER_FILE
+
+STATE_FILE = "state.json"
+
+
+# -- run directory and checkpoints ----------------------------------------------------------
+
+def open_run(config: RunConfig, resume: str | None) -> tuple[RunDirectory, int]:
+    """A new run directory (config.json written) or the one to resume; returns the first step."""
+    if resume is None:
+        run = RunDirectory.create(env.run_root(), config.run.name)
+        run.write_config(to_dict(config))
+        return run, 1
+    run = RunDirectory(resume)
+    latest = run.latest_checkpoint()
+    if latest is None:
+        raise FileNotFoundError(f"{resume} has no complete checkpoint to resume from")
+    step, _ = latest
+    run.truncate_metrics(step)
+    run.continue_clock()
+    run.write_config(to_dict(config))
+    return run, step + 1
+
+
+def read_run_config(path: str) -> RunConfig:
+    """The config a run directory was started with (FileNotFoundError if it is none)."""
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a run directory (no config.json)")
+    return from_dict(RunConfig, RunDirectory(path).read_config())
+
+
+def resume_weights(run: RunDirectory, start: Path, first_step: int) -> tuple[Path, str | None]:
+    """(model directory, optimizer state file or None) to start the trainer from."""
+    if first_step == 1:
+        return start, None
+    ckpt = run.checkpoint_dir(first_step - 1)
+    state = json.loads((ckpt / STATE_FILE).read_text())
+    random.setstate(_tuplify(state["python_rng"]))
+    return ckpt / MODEL_DIR, str(ckpt / OPTIMIZER_FILE)
+
+
+def save_checkpoint(cluster: Any, run: RunDirectory, step: int, tokenizer_dir: Path) -> None:
+    """Model, optimizer, step and RNG state; the COMPLETE marker is written last."""
+    ckpt = run.checkpoint_dir(step)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    cluster.save_checkpoint(ckpt, tokenizer_dir)
+    state = {"step": step, "weight_version": step + 1, "elapsed_s": run.elapsed(),
+             "python_rng": random.getstate()}
+    (ckpt / STATE_FILE).write_text(json.dumps(state))
+    (ckpt / "COMPLETE").write_text("")
+
+
+def _tuplify(value: Any) -> Any:
+    return tuple(_tuplify(v) for v in value) if isinstance(value, list) else value
+
+
+# -- Ctrl-C ---------------------------------------------------------------------------------
+
+class StopSignal:
+    """First Ctrl-C: finish the current step, checkpoint, stop. Second: stop at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> StopSignal:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: Ctrl-C keeps its default meaning
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this step (checkpoint, then exit); Ctrl-C again to stop now",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+# -- timing, progress and the metrics record ------------------------------------------------
+
+class Phases:
+    """Wall time per named phase of one step: `with phases("train"): ...`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    @property
+    def total(self) -> float:
+        return time.perf_counter() - self._t0
+
+
+def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: Phases,
+                pulls: list[PullRecord], publish: dict, instances_up: int, ledger: CostLedger,
+                elapsed_s: float, example: dict) -> dict:
+    """One line of metrics.jsonl."""
+    rec = {k: v for k, v in dataclasses.asdict(rollout).items() if k != "format_version"}
+    rec["tokens_per_instance"] = dict(rollout.tokens_per_instance)
+    phase = dict(phases.seconds)
+    phase["wait"] = outcome.wait_s  # trainer idle, waiting for groups still being generated
+    phase["train"] = max(0.0, phase.get("train", 0.0) - outcome.wait_s)
+    cost = ledger.summary(at_s=elapsed_s)
+    reserved_only = (cost.reserved_s + cost.preemptible_s) / 3600.0 * ledger.config.reserved_usd_per_hour
+    rec.update({
+        "step": step, "reward_mean": outcome.reward_mean, "reward_std": _std(outcome.rewards),
+        "tokens_per_s": rollout.total_tokens / rollout.rollout_time_s if rollout.rollout_time_s > 0 else 0.0,
+        "instances_up": instances_up,
+        "weight_pull_s": max((p.pull_s for p in pulls), default=0.0),
+        "weight_load_s": max((p.load_s for p in pulls), default=0.0),
+        "weight_peer_bytes": sum(p.peer_bytes for p in pulls), "pulls": len(pulls),
+        "publish_bytes": publish.get("bytes", 0), "samples_trained": outcome.samples,
+        "samples_unique": outcome.unique_samples, "sample_versions": sorted(outcome.versions),
+        "microbatches": outcome.microbatches,
+        "response_tokens": outcome.denominator, **outcome.train,
+        "step_wall_s": phases.total, "elapsed_s": elapsed_s,
+        "cost_usd": cost.total_usd, "reserved_only_usd": reserved_only, "tokens_billed": cost.tokens,
+    })
+    rec.update({f"phase_{k}_s": v for k, v in phase.items()})
+    rec.update(example)
+    return rec
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+class StepProgress:
+    """A tqdm bar over steps with reward, tokens/s, instances up, offload share and pull time."""
+
+    def __init__(self, first: int, last: int, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=last, initial=first - 1, desc="train", unit="step", disable=not enabled,
+                        dynamic_ncols=True)
+
+    def update(self, rec: dict) -> None:
+        self.bar.set_postfix_str(
+            f"reward={rec['reward_mean']:.3f} tok/s={rec['tokens_per_s']:.0f} up={rec['instances_up']} "
+            f"offload={rec['offload_share']:.0%} pull={rec['weight_pull_s']:.2f}s", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

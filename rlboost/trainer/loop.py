@@ -1,0 +1,169 @@
+"""The streaming GRPO step: micro-batches of complete prompt groups are scored, checked to
+be on-policy, split across the trainer's ranks and trained on as the controller releases
+them; the optimizer steps once the step's batch is complete.
+
+TrainerGroup drives the rank actors (rlboost.trainer.rank.TrainerRank) together.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import ray
+import torch
+
+from rlboost.errors import StepFailed
+from rlboost.trainer.batch import MicroBatch, ScoredSample, build_micro_batch
+from rlboost.trainer.grpo import GRPOConfig
+from rlboost.trainer.rank import RankSpec, TrainerRank
+
+
+class TrainerGroup:
+    """N rank actors; each method calls every rank at once and waits for all."""
+
+    def __init__(self, ranks: Sequence[Any]):
+        self.ranks = list(ranks)
+        self._pending: list[Any] = []
+        self.publisher_address: str | None = None
+
+    @classmethod
+    def launch(cls, specs: Sequence[RankSpec], actor_options: dict[str, Any]) -> TrainerGroup:
+        """Create the rank actors (in parallel; nothing joins the process group yet)."""
+        actor = ray.remote(TrainerRank).options(**actor_options)
+        return cls([actor.remote(spec) for spec in specs])
+
+    def setup(self, init_method: str | None = None, optimizer_state: str | None = None) -> int:
+        """Every rank joins the process group (init_method: e.g. "file:///shared/rdzv"; None:
+        TCP at rank 0's host) and loads its shard; returns the parameter count."""
+        init_method = init_method or ray.get(self.ranks[0].endpoint.remote())
+        counts = ray.get([r.setup.remote(init_method, optimizer_state) for r in self.ranks])
+        self.publisher_address = ray.get(self.ranks[0].address.remote())
+        return counts[0]
+
+    def accumulate(self, batch: MicroBatch) -> None:
+        """Hand each rank its share of the micro-batch; returns at once (ranks run in order)."""
+        for rank, part in zip(self.ranks, split_rows(batch, len(self.ranks))):
+            self._pending.append(rank.accumulate.remote(part))
+
+    def finish_step(self, denominator: float) -> dict:
+        """Wait for the step's micro-batches, then step the optimizer on every rank."""
+        pending, self._pending = self._pending, []
+        ray.get(pending)
+        per_rank = ray.get([r.finish_step.remote(float(denominator)) for r in self.ranks])
+        tokens = sum(r["tokens"] for r in per_rank)
+        return {"loss": sum(r["loss_sum"] for r in per_rank) / denominator,
+                "kl": sum(r["kl_sum"] for r in per_rank) / denominator,
+                "clip_fraction": sum(r["clipped_tokens"] for r in per_rank) / max(tokens, 1),
+                "mean_ratio": sum(r["ratio_sum"] for r in per_rank) / max(tokens, 1),
+                "grad_norm": per_rank[0]["grad_norm"],
+                "rank_busy_s": max(r["train_s"] for r in per_rank)}
+
+    def publish(self, version: int) -> dict:
+        return ray.get([r.publish.remote(version) for r in self.ranks])[0]
+
+    def save_checkpoint(self, directory: str, tokenizer_dir: str | None) -> None:
+        ray.get([r.save_checkpoint.remote(directory, tokenizer_dir) for r in self.ranks])
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Leave the process group cleanly where possible; kill whatever does not answer."""
+        try:
+            ray.get([r.close.remote() for r in self.ranks], timeout=timeout_s)
+        except Exception:  # a rank already died or hangs: the group is being torn down anyway
+            pass
+        for r in self.ranks:
+            ray.kill(r)
+
+
+def split_rows(batch: MicroBatch, parts: int) -> list[MicroBatch]:
+    """Deal the rows over `parts` ranks, longest first, so each gets a similar token count;
+    each share is trimmed to its own longest row. A rank left without rows gets a row with
+    no response token (its loss is 0), because every rank must run the same collectives."""
+    lengths = batch.attention_mask.sum(dim=1)
+    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    shares = [order[k::parts] for k in range(parts)]
+    return [_rows(batch, rows) if rows else _empty_like(batch) for rows in shares]
+
+
+def _rows(batch: MicroBatch, rows: list[int]) -> MicroBatch:
+    idx = torch.tensor(rows, dtype=torch.long)
+    width = int(batch.attention_mask[idx].sum(dim=1).max())
+    pick = lambda t: t[idx, :width].contiguous()  # noqa: E731
+    return MicroBatch(pick(batch.input_ids), pick(batch.attention_mask), pick(batch.response_mask),
+                      pick(batch.old_logprobs), batch.advantages[idx].contiguous(),
+                      batch.rewards[idx].contiguous(), batch.group_ids[idx].contiguous(),
+                      tuple(batch.sample_ids[i] for i in rows),
+                      tuple(batch.weight_versions[i] for i in rows))
+
+
+def _empty_like(batch: MicroBatch) -> MicroBatch:
+    ids = batch.input_ids[:1, :2].clone()
+    return MicroBatch(ids, torch.ones_like(ids), torch.zeros_like(ids, dtype=torch.bool),
+                      torch.zeros(ids.shape, dtype=torch.float32), torch.zeros(1), torch.zeros(1),
+                      batch.group_ids[:1].clone(), (), ())
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What the trainer saw in one step."""
+
+    samples: int = 0
+    unique_samples: int = 0
+    versions: set = field(default_factory=set)  # weight versions the trained samples came from
+    example: ScoredSample | None = None  # the step's first sample, for the metrics log
+    rewards: list[float] = field(default_factory=list)
+    denominator: int = 0
+    microbatches: int = 0
+    wait_s: float = 0.0
+    busy_s: float = 0.0
+    train: dict = field(default_factory=dict)
+
+    @property
+    def reward_mean(self) -> float:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
+
+
+def train_streaming(trainer: TrainerGroup, next_microbatch: Callable[[float], Any],
+                    score: Callable[[Any], list[ScoredSample]], *, version: int, group_size: int,
+                    pad_id: int, grpo: GRPOConfig, timeout_s: float, poll_s: float = 1.0) -> StepOutcome:
+    """Train on the step's micro-batches as they arrive, then step the optimizer.
+
+    next_microbatch(timeout) returns the controller's next MicroBatch or None. Strictly
+    on-policy: a sample from any other weight version raises StaleSampleError. Raises
+    StepFailed when nothing arrives for timeout_s.
+    """
+    out, seen = StepOutcome(), set()
+    idle_since = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        mb = next_microbatch(poll_s)
+        out.wait_s += time.perf_counter() - t0
+        if mb is None:
+            if time.perf_counter() - idle_since > timeout_s:
+                raise StepFailed(f"no micro-batch arrived for {time.perf_counter() - idle_since:.0f} s "
+                                 f"(run.microbatch_timeout_s={timeout_s})", missing=())
+            continue
+        idle_since = t1 = time.perf_counter()
+        if mb.groups:
+            scored = score(mb)
+            batch = build_micro_batch(scored, pad_id=pad_id, config=grpo, expected_group_size=group_size,
+                                      weight_version=version)
+            trainer.accumulate(batch)
+            out.samples += len(scored)
+            seen.update(s.sample_id for s in scored)
+            out.versions.update(s.weight_version for s in scored)
+            out.example = out.example or scored[0]
+            out.rewards.extend(s.reward for s in scored)
+            out.denominator += batch.denominator(grpo.aggregation)
+            out.microbatches += 1
+        out.busy_s += time.perf_counter() - t1
+        if mb.last:
+            break
+    out.unique_samples = len(seen)
+    if out.denominator == 0:
+        raise StepFailed("the step's batch holds no response token", missing=())
+    t2 = time.perf_counter()
+    out.train = trainer.finish_step(out.denominator)
+    out.busy_s += time.perf_counter() - t2
+    return out

@@ -1,0 +1,246 @@
+"""TrainerRank: one FSDP2 rank of the trainer group (a Ray actor in a run).
+
+It accumulates GRPO gradients micro-batch by micro-batch, steps the optimizer once the
+step's batch is complete, publishes each new weight version bucket by bucket straight
+into the weight publisher's staging area (rank 0 serves it), and saves or restores
+checkpoints. Every method except address() is collective: call it on all ranks at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+
+from rlboost.models import empty_model, load_pretrained, save_pretrained
+from rlboost.trainer import fsdp
+from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
+from rlboost.trainer.batch import MicroBatch, micro_batch_loss, reference_logprobs
+from rlboost.trainer.grpo import GRPOConfig
+from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.manifest import Manifest
+from rlboost.transfer.publisher import WeightPublisher
+
+RANK_SPEC_FORMAT_VERSION = 1
+OPTIMIZER_FILE = "optimizer.pt"
+MODEL_DIR = "model"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankSpec:
+    """How one rank starts.
+
+    >>> RankSpec(rank=0, world_size=2, checkpoint="/ckpt/tiny", transfer=TransferConfig()).device
+    'cpu'
+
+    checkpoint holds the weights to train from; reference_checkpoint the frozen reference
+    policy (used only with grpo.kl_coef > 0; default: checkpoint). transfer configures
+    rank 0's weight publisher; publish_dtype is the dtype the rollout engines load.
+    temperature is the sampling temperature: log-probabilities are taken under
+    softmax(logits / temperature), as the engines report them.
+    """
+
+    rank: int
+    world_size: int
+    checkpoint: str
+    transfer: TransferConfig
+    reference_checkpoint: str | None = None
+    device: str = "cpu"
+    backend: str | None = None
+    sharding: FSDPConfig = field(default_factory=FSDPConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    publish_dtype: str = "float32"
+    temperature: float = 1.0
+    torch_threads: int = 1
+    format_version: int = RANK_SPEC_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format_version != RANK_SPEC_FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version} is not {RANK_SPEC_FORMAT_VERSION}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.publish_dtype not in fsdp.DTYPES:
+            raise ValueError(f"publish_dtype must be one of {tuple(fsdp.DTYPES)}, got {self.publish_dtype!r}")
+
+
+class TrainerRank:
+    """One rank: construct, then setup() on every rank together (it joins the process group)."""
+
+    def __init__(self, spec: RankSpec):
+        torch.set_num_threads(spec.torch_threads)  # many ranks and engines share a few cores
+        self.spec = spec
+        self.publisher = WeightPublisher(spec.transfer) if spec.rank == 0 else None
+        self.model = self.ref_model = self.optimizer = None
+        self._sums = _StepSums()
+
+    def address(self) -> str | None:
+        """Where rank 0's weight publisher serves (None on other ranks)."""
+        return self.publisher.address if self.publisher is not None else None
+
+    def endpoint(self) -> str:
+        """A tcp:// rendezvous address on this rank's host (ask rank 0, hand it to all)."""
+        import socket
+
+        host = ray_node_ip()
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        return f"tcp://{host}:{port}"
+
+    def setup(self, init_method: str, optimizer_state: str | None = None) -> int:
+        """Join the process group (init_method: "file://..." or rank 0's endpoint()), load and
+        shard the model; optionally restore the optimizer. Returns the number of parameters."""
+        s = self.spec
+        mesh = fsdp.init_distributed(s.rank, s.world_size, backend=s.backend, init_method=init_method)
+        self.device = torch.device(s.device if s.device == "cpu" else f"cuda:{torch.cuda.current_device()}")
+        model = load_pretrained(s.checkpoint, device=self.device)
+        self.model_config = model.config
+        num_params = sum(p.numel() for p in model.parameters())
+        self.model = fsdp.shard_model(model, mesh, s.sharding)
+        self.optimizer = fsdp.build_optimizer(self.model, s.optimizer)
+        if s.grpo.kl_coef > 0:
+            ref = load_pretrained(s.reference_checkpoint or s.checkpoint, device=self.device)
+            self.ref_model = fsdp.shard_model(ref.requires_grad_(False), mesh, s.sharding)
+        if optimizer_state is not None:
+            self._load_optimizer(optimizer_state)
+        return num_params
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def accumulate(self, batch: MicroBatch) -> None:
+        """Forward and backward one micro-batch share; the loss is a sum (see finish_step)."""
+        t0 = time.perf_counter()
+        batch = batch.to(self.device)
+        ref = reference_logprobs(_scaled(self.ref_model, self.spec.temperature), batch) \
+            if self.ref_model is not None else None
+        out = micro_batch_loss(_scaled(self.model, self.spec.temperature), batch, self.spec.grpo,
+                               denominator=1.0, ref_logprobs=ref)
+        out.loss.backward()
+        self._sums.add(out, time.perf_counter() - t0)
+
+    def finish_step(self, denominator: float) -> dict:
+        """Divide the summed gradients by the step's denominator (its response tokens, or
+        sequences for seq_mean), clip, step the optimizer. Returns this rank's sums."""
+        if not denominator > 0:
+            raise ValueError(f"denominator must be > 0, got {denominator}")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / denominator)
+        norm = fsdp.optimizer_step(self.model, self.optimizer, self.spec.optimizer)
+        sums, self._sums = self._sums, _StepSums()
+        return {**sums.as_dict(), "grad_norm": norm, "train_s": sums.seconds + time.perf_counter() - t0}
+
+    # -- weights -----------------------------------------------------------------------------
+
+    def publish(self, version: int) -> dict:
+        """Gather the full weights bucket by bucket into the publisher's staging area (rank 0)
+        and start serving them as `version`. Extra memory: one bucket."""
+        t0 = time.perf_counter()
+        dtype = fsdp.DTYPES[self.spec.publish_dtype]
+        views = None
+        if self.publisher is not None:
+            layout = [(name, self.spec.publish_dtype, tuple(p.shape)) for name, p in self.model.named_parameters()]
+            views = self.publisher.stage(version, Manifest.from_layout(version, layout,
+                                                                       self.spec.transfer.alignment))
+        try:
+            for _ in fsdp.iter_full_parameters(self.model, bucket_bytes=self.spec.sharding.gather_bucket_bytes,
+                                               dtype=dtype, into=views):
+                pass
+        except BaseException:
+            if self.publisher is not None:
+                self.publisher.discard(version)
+            raise
+        nbytes = self.publisher.commit(version).total_bytes if self.publisher is not None else 0
+        return {"publish_s": time.perf_counter() - t0, "bytes": nbytes}
+
+    def save_checkpoint(self, directory: str, tokenizer_dir: str | None = None) -> None:
+        """Model (HF-style safetensors via save_pretrained) and the full optimizer state,
+        written by rank 0. The caller marks the checkpoint complete."""
+        shell = empty_model(self.model_config).requires_grad_(False) if self.spec.rank == 0 else None
+        into = dict(shell.named_parameters()) if shell is not None else None
+        for _ in fsdp.iter_full_parameters(self.model, bucket_bytes=self.spec.sharding.gather_bucket_bytes,
+                                           into=into):
+            pass
+        state = get_optimizer_state_dict(self.model, self.optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if shell is None:
+            return
+        out = Path(directory)
+        save_pretrained(shell, out / MODEL_DIR)
+        if tokenizer_dir is not None:
+            _copy_tokenizer(Path(tokenizer_dir), out / MODEL_DIR)
+        torch.save({"optimizer": state, "torch_rng": torch.get_rng_state()}, out / OPTIMIZER_FILE)
+
+    def _load_optimizer(self, path: str) -> None:
+        saved = torch.load(path, weights_only=False) if self.spec.rank == 0 else {}
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=saved.get("optimizer", {}),
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        if "torch_rng" in saved:
+            torch.set_rng_state(saved["torch_rng"])
+
+    def close(self) -> None:
+        """Leave the process group (every rank) and stop serving weights."""
+        self.model = self.ref_model = self.optimizer = None
+        fsdp.destroy_distributed()
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+class _Tempered(torch.nn.Module):
+    """Logits divided by the sampling temperature (the policy the engines sample from)."""
+
+    def __init__(self, inner: torch.nn.Module, temperature: float):
+        super().__init__()
+        self.inner, self.temperature = inner, temperature
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.inner(input_ids, attention_mask) / self.temperature
+
+
+def _scaled(model, temperature: float):
+    return model if temperature == 1.0 else _Tempered(model, temperature)
+
+
+class _StepSums:
+    """Per-rank sums over a step's micro-batches (tokens, loss, clipped tokens, ratios)."""
+
+    def __init__(self) -> None:
+        self.loss = self.kl = self.clipped = self.ratio = self.seconds = 0.0
+        self.tokens = self.microbatches = 0
+
+    def add(self, out, seconds: float) -> None:
+        self.loss += out.policy_loss
+        self.kl += out.kl
+        self.clipped += out.clip_fraction * out.num_tokens
+        self.ratio += out.mean_ratio * out.num_tokens
+        self.tokens += out.num_tokens
+        self.microbatches += 1
+        self.seconds += seconds
+
+    def as_dict(self) -> dict:
+        return {"loss_sum": self.loss, "kl_sum": self.kl, "clipped_tokens": self.clipped,
+                "ratio_sum": self.ratio, "tokens": self.tokens, "microbatches": self.microbatches}
+
+
+def ray_node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    import shutil
+
+    for name in ("byte_tokenizer.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "chat_template.jinja", "generation_config.json"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)

@@ -1,0 +1,147 @@
+"""Rollout instances as Ray actors: they register with the controller, pull each published
+version through the transfer core before sampling, generate with exactly those weights,
+and are preempted with a notice or suddenly, every event recorded."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import ray
+import torch
+
+from rlboost.cluster.cost import CostLedger
+from rlboost.cluster.fleet import Fleet
+from rlboost.cluster.instance import InstanceSpec
+from rlboost.cluster.session import RaySession, RaySettings, actor_options
+from rlboost.controller.actor import RolloutController
+from rlboost.controller.records import PromptGroup
+from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.service import ControllerConfig
+from rlboost.migration.state import SamplingParams
+from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained
+from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.transfer import TransferConfig, WeightPublisher
+
+TOK = ByteTokenizer()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    with RaySession(RaySettings(num_cpus=2, reserved=2, preemptible=4, object_store_mb=128)):
+        yield
+
+
+class Recorder:
+    """Collects fleet events; wait(kind, instance) blocks until that event is recorded."""
+
+    def __init__(self):
+        self.events, self._cond = [], threading.Condition()
+
+    def __call__(self, kind, **fields):
+        with self._cond:
+            self.events.append({"kind": kind, **fields})
+            self._cond.notify_all()
+
+    def wait(self, kind, instance, timeout=60.0):
+        with self._cond:
+            assert self._cond.wait_for(
+                lambda: any(e["kind"] == kind and e["instance"] == instance for e in self.events), timeout), \
+                f"no {kind} event for {instance}: {self.events}"
+
+
+def _groups(step, prompts):
+    params = SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(TOK.eos_id,))
+    return [PromptGroup(group_id=step * 100 + i, prompt_ids=tuple(p), num_samples=2, seed=7, params=params)
+            for i, p in enumerate(prompts)]
+
+
+def _rollout(ctl, step, version, prompts):
+    """One step through the controller; every sample must come from `version`."""
+    ray.get(ctl.start_step.remote(step, _groups(step, prompts), version))
+    while not ray.get(ctl.wait_window_closed.remote(5.0)):
+        pass
+    out = {}
+    while True:
+        mb = ray.get(ctl.next_microbatch.remote(5.0))
+        for g in (mb.groups if mb is not None else ()):
+            for s in g.samples:
+                assert s.weight_version == version
+                out[s.sample_id] = s.output_ids
+        if mb is not None and mb.last:
+            break
+    ray.get(ctl.end_step.remote())
+    return out
+
+
+def _reference(model_dir, weights, step, prompts):
+    """What an in-process engine holding `weights` generates for the same groups."""
+    with EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(model_dir))) as engine:
+        engine.load_weights(weights, 5)
+        states = [s for g in _groups(step, prompts) for s in g.states(5)]
+        engine.submit(states)
+        out, done = {s.sample_id: () for s in states}, set()
+        while len(done) < len(states):
+            for d in engine.poll(5.0):
+                out[d.sample_id] += d.ids
+                if d.finish_reason:
+                    done.add(d.sample_id)
+        return out
+
+
+def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_cluster, tmp_path):
+    ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=3)
+    weights = load_pretrained(ckpt).named_weights()
+    prompts = [TOK.encode("1+2=", add_bos=True), TOK.encode("7+5=", add_bos=True)]
+    ctl = RolloutController.options(num_cpus=0).remote(ControllerConfig(
+        poll_interval_s=0.02, registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=10,
+                                                      drain_margin_s=0.2)), "reference")
+    rec, ledger, clock = Recorder(), CostLedger(), [0.0]
+    with WeightPublisher(TransferConfig()) as pub:
+        pub.publish(1, weights)
+        ray.get(ctl.set_weight_version.remote(1))
+        template = InstanceSpec(instance_id="t", kind="preemptible", capacity=4, transfer=TransferConfig(),
+                                engine=EmbeddedEngineConfig(model_dir=str(ckpt), num_blocks=64),
+                                sources=(pub.address,))
+        fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, lambda: clock[0])
+        try:
+            fleet.join("reserved-0", "reserved")
+            fleet.join("spot-0")
+            fleet.start()
+            fleet.wait_version(1, "reserved", 120)
+            fleet.wait_version(1, "preemptible", 120)
+            # a joined instance starts empty and pulls before its first sample: what it
+            # generates is what the published weights generate
+            assert _rollout(ctl, 1, 1, prompts) == _reference(ckpt, weights, 1, prompts)
+
+            changed = {n: t + 0.05 * torch.randn_like(t) for n, t in weights.items()}
+            pub.publish(2, changed)
+            ray.get(ctl.set_weight_version.remote(2))
+            fleet.announce()
+            fleet.wait_version(2, "reserved", 60)
+            fleet.wait_version(2, "preemptible", 60)
+            fleet.wait_ready("reserved", 60)  # pull records are asked only of started instances
+            fleet.wait_ready("preemptible", 60)
+            pulls = fleet.pull_records(2)
+            assert {p.instance_id for p in pulls} == {"reserved-0", "spot-0"}
+            assert all(p.nbytes >= sum(t.numel() * 4 for t in weights.values()) for p in pulls)
+            assert _rollout(ctl, 2, 2, prompts) == _reference(ckpt, changed, 2, prompts)
+
+            clock[0] = 10.0
+            fleet.notice("spot-0", 0.3)
+            rec.wait("gone", "spot-0")
+            fleet.join("spot-1")
+            fleet.wait_version(2, "preemptible", 60)
+            clock[0] = 20.0
+            fleet.kill("spot-1")
+            rec.wait("death", "spot-1")
+            assert fleet.up() == 0 and fleet.preemptions == {"notice": 1, "sudden": 1}
+            kinds = [(e["kind"], e["instance"]) for e in rec.events]
+            assert kinds.index(("join", "spot-0")) < kinds.index(("active", "spot-0")) < \
+                kinds.index(("notice", "spot-0")) < kinds.index(("gone", "spot-0"))
+            assert all("up" in e for e in rec.events)
+            assert ledger.running() == {"reserved-0": "reserved"}
+        finally:
+            fleet.close()
+            ray.get(ctl.close.remote())
+            ray.kill(ctl)

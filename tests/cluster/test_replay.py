@@ -1,0 +1,59 @@
+"""Replaying a trace on a fleet: the bundled trace, capped and compressed to a run, gives
+preemptions of both kinds, and the replay applies joins, notices and sudden kills."""
+
+from __future__ import annotations
+
+from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
+
+
+class FakeFleetForTests:
+    """Records what the replay asks of the fleet."""
+
+    def __init__(self):
+        self.calls = []
+
+    def join(self, instance_id, kind):
+        self.calls.append(("join", instance_id))
+
+    def notice(self, instance_id, grace_s):
+        self.calls.append(("notice", instance_id, round(grace_s, 6)))
+
+    def kill(self, instance_id):
+        self.calls.append(("kill", instance_id))
+
+
+def test_sample_trace_for_a_short_run_has_both_kinds_of_preemption():
+    trace = named_trace("sample", max_count=3)
+    assert trace.max_count == 3
+    events = trace_events(trace.compressed_to(60.0), notice_s=4.0, sudden_fraction=0.5)
+    notices = [e for e in events if e.kind == "notice"]
+    sudden = [e for e in events if e.sudden]
+    assert len(notices) >= 1 and len(sudden) >= 1
+    assert all(0 <= e.time_s <= 60.0 for e in events)
+    assert all(e.deadline_s - e.time_s <= 4.0 + 1e-9 for e in notices)
+    joined = {e.instance_id for e in events if e.kind == "join"}
+    assert {e.instance_id for e in notices + sudden} <= joined
+
+
+def test_no_trace_means_no_events():
+    assert named_trace("none", max_count=3) is None
+    assert named_trace("sample", max_count=0) is None
+    assert trace_events(None, notice_s=1.0, sudden_fraction=0.5) == ()
+
+
+def test_replay_applies_joins_notices_and_only_sudden_kills():
+    trace = named_trace("sample", max_count=3).compressed_to(0.2)
+    events = trace_events(trace, notice_s=0.01, sudden_fraction=0.5)
+    fleet = FakeFleetForTests()
+    replay = TraceReplay(fleet, events).start()
+    assert replay.wait(timeout=30) and replay.error is None
+    assert replay.applied == len(events)
+    expected = []
+    for e in events:
+        if e.kind == "join":
+            expected.append(("join", e.instance_id))
+        elif e.kind == "notice":
+            expected.append(("notice", e.instance_id, round(e.deadline_s - e.time_s, 6)))
+        elif e.sudden:  # a noticed instance dies at its deadline by the fleet's own timer
+            expected.append(("kill", e.instance_id))
+    assert fleet.calls == expected

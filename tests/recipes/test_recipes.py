@@ -1,0 +1,88 @@
+"""Recipes build valid RunConfigs; every section refuses bad values by name; a config
+survives the trip through config.json (what --resume reads back)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlboost.recipes import DEFAULT_RECIPE, get_recipe, recipes
+from rlboost.recipes.config import RunConfig, parse_injection
+from rlboost.recipes.overrides import apply_overrides, from_dict, to_dict
+
+
+@pytest.mark.parametrize("name", sorted(recipes()))
+def test_each_recipe_is_a_valid_config_that_round_trips_through_json(name):
+    config = get_recipe(name)
+    assert isinstance(config, RunConfig)
+    back = from_dict(RunConfig, json.loads(json.dumps(to_dict(config))))
+    assert back == config
+
+
+def test_default_recipe_shape():
+    config = get_recipe(DEFAULT_RECIPE)
+    assert DEFAULT_RECIPE == "tiny_cpu"
+    assert config.model.source == "tiny" and config.model.warmup_steps > 0
+    assert config.trainer.world_size == 2 and config.cluster.reserved_instances == 1
+    assert 2 <= config.cluster.max_preemptible <= 3 and config.cluster.trace == "sample"
+    assert 0 < config.cluster.sudden_fraction < 1  # both kinds of preemption
+
+
+def test_gpu_recipe_runs_nccl_on_cuda():
+    config = get_recipe("qwen3_gpu")
+    assert config.trainer.device == "cuda" and config.trainer.backend == "nccl"
+    assert config.rollout.engine.device == "cuda" and config.rollout.instance_gpus > 0
+
+
+def test_unknown_recipe_names_the_known_ones():
+    with pytest.raises(ValueError, match="tiny_cpu"):
+        get_recipe("nope")
+
+
+@pytest.mark.parametrize("assignment, field", [
+    ("trainer.world_size=0", "trainer.world_size"),
+    ("task.group_size=1", "task.group_size"),
+    ("task.temperature=0", "task.temperature"),
+    ("cluster.sudden_fraction=1.5", "cluster.sudden_fraction"),
+    ("cluster.initial_preemptible=9", "cluster.initial_preemptible"),
+    ("cluster.inject=later@2", "cluster.inject"),
+    ("model.source=hub", "model.source"),
+    ("rollout.capacity=999", "rollout.capacity"),
+    ("controller.registry.max_staleness=1", "max_staleness"),
+    ("run.name=a/b", "run.name"),
+])
+def test_bad_values_are_refused_naming_the_field(assignment, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        apply_overrides(get_recipe("tiny_cpu"), [assignment])
+
+
+def test_overrides_reach_nested_sections():
+    config = apply_overrides(get_recipe("tiny_cpu"), [
+        "task.arithmetic.max_operand=19", "cluster.inject=notice@2,kill@3", "trainer.max_grad_norm=none",
+        "rollout.engine.num_blocks=64"])
+    assert config.task.arithmetic.max_operand == 19
+    assert config.cluster.inject == ("notice@2", "kill@3")
+    assert config.trainer.max_grad_norm is None and config.rollout.engine.num_blocks == 64
+
+
+def test_secrets_never_reach_config_json():
+    config = apply_overrides(get_recipe("tiny_cpu"), [])
+    config.transfer.secret = b"hunter2"
+    text = json.dumps(to_dict(config))
+    assert "hunter2" not in text and json.loads(text)["transfer"]["secret"] is None
+
+
+def test_from_dict_refuses_unknown_fields():
+    data = to_dict(get_recipe("tiny_cpu"))
+    data["trainer"]["learning_rate"] = 1.0
+    with pytest.raises(ValueError, match="learning_rate"):
+        from_dict(RunConfig, data)
+
+
+def test_parse_injection():
+    assert parse_injection("notice@2") == ("notice", 2)
+    assert parse_injection("kill@10") == ("kill", 10)
+    for bad in ("notice", "kill@0", "kill@x", "stop@3"):
+        with pytest.raises(ValueError, match="cluster.inject"):
+            parse_injection(bad)

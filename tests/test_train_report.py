@@ -1,0 +1,50 @@
+"""`rlboost report RUN_DIR`: the summary and plots come from the run directory alone."""
+
+from __future__ import annotations
+
+from rlboost.cli import main
+from rlboost.report import summarize
+from rlboost.rundir import RunDirectory
+
+
+def _run(tmp_path, *, trained_last: int = 16) -> RunDirectory:
+    run = RunDirectory(tmp_path / "run")
+    for step, trained in ((1, 16), (2, 16), (3, trained_last)):
+        run.append_metrics({"step": step, "reward_mean": 0.2 * step, "tokens_per_s": 100.0, "samples": 16,
+                            "samples_trained": trained, "samples_unique": min(trained, 16),
+                            "total_tokens": 50, "rollout_time_s": 0.5, "step_wall_s": 1.0,
+                            "migrations": step - 1, "resumes": 3 if step == 2 else 0,
+                            "cost_usd": 0.01 * step, "reserved_only_usd": 0.02 * step, "phase_train_s": 0.4})
+    for kind, up in (("join", 1), ("active", 1), ("notice", 1), ("gone", 0), ("join", 1), ("death", 0)):
+        run.append_event(kind, instance="spot-0", up=up)
+    return run
+
+
+def test_summary_counts_rewards_tokens_cost_and_preemptions(tmp_path):
+    s = summarize(_run(tmp_path))
+    assert (s.first_step, s.last_step, s.first_reward, s.last_reward) == (1, 3, 0.2, 0.6000000000000001)
+    assert s.tokens == 150 and s.tokens_per_s == 100.0
+    assert s.tokens_per_usd == 150 / 0.03 and s.reserved_only_tokens_per_usd == 150 / 0.06
+    assert (s.notices, s.sudden, s.migrations, s.resumes) == (1, 1, 3, 3)
+    assert s.samples_lost == 0 and s.samples_duplicated == 0
+
+
+def test_lost_and_duplicated_samples_show(tmp_path):
+    assert summarize(_run(tmp_path, trained_last=12)).samples_lost == 4
+    dup = summarize(_run(tmp_path / "d", trained_last=18))
+    assert dup.samples_duplicated == 2 and dup.samples_lost == 0
+
+
+def test_report_command_redraws_plots_and_writes_the_summary(tmp_path, capsys):
+    run = _run(tmp_path)
+    assert main(["report", str(run.path)]) == 0
+    assert "| samples lost | 0 |" in (run.path / "summary.md").read_text()
+    assert {p.name for p in run.plots_dir.iterdir()} == {"reward_throughput.png", "phases.png",
+                                                         "availability.png"}
+    assert "preemptions survived" in capsys.readouterr().out
+
+
+def test_report_of_a_directory_without_metrics_fails_cleanly(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    assert not (tmp_path / "nothing").exists()
+    assert "not a run directory" in capsys.readouterr().err
