@@ -118,8 +118,15 @@ class Cluster:
             self._check_replay()
 
     def next_microbatch(self, timeout_s: float):
+        """The controller's next batch of complete groups, or None. When only the reserved
+        engines can finish what is queued (no preemptible instance can), lend them back for
+        rollout and wait until the controller hands them over again before training on."""
         self._check_replay()
-        return ray.get(self.controller.next_microbatch.remote(timeout_s))
+        batch = ray.get(self.controller.next_microbatch.remote(timeout_s))
+        if batch is None and ray.get(self.controller.reserved_needed.remote()):
+            ray.get(self.controller.lend_reserved.remote())
+            self.wait_window_closed()
+        return batch
 
     def end_rollout(self) -> StepMetrics:
         metrics = ray.get(self.controller.end_step.remote())
@@ -187,7 +194,7 @@ def rank_specs(config: RunConfig, weights: Path, reference: Path) -> list[RankSp
     return [RankSpec(rank=r, world_size=t.world_size, checkpoint=str(weights), transfer=config.transfer,
                      reference_checkpoint=str(reference), device=t.device, backend=backend,
                      sharding=sharding, optimizer=optimizer, grpo=config.grpo,
-                     publish_dtype=config.rollout.engine.dtype, temperature=config.task.temperature)
+                     publish_dtype=config.rollout.engine.dtype)
             for r in range(t.world_size)]
 
 

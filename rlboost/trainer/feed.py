@@ -79,7 +79,7 @@ class TaskFeed:
         return [ScoredSample(sample_id=s.sample_id, group_id=group.group_id, prompt_ids=group.prompt_ids,
                              output_ids=s.output_ids, output_logprobs=s.output_logprobs,
                              reward=self.reward(problem, s.output_ids, s.finish_reason),
-                             weight_version=s.weight_version)
+                             weight_version=s.weight_version, temperature=self.params.temperature)
                 for s in group.samples]
 
     def reward(self, problem: Problem, output_ids: Sequence[int], finish_reason: str) -> float:

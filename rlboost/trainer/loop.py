@@ -94,14 +94,14 @@ def _rows(batch: MicroBatch, rows: list[int]) -> MicroBatch:
                       pick(batch.old_logprobs), batch.advantages[idx].contiguous(),
                       batch.rewards[idx].contiguous(), batch.group_ids[idx].contiguous(),
                       tuple(batch.sample_ids[i] for i in rows),
-                      tuple(batch.weight_versions[i] for i in rows))
+                      tuple(batch.weight_versions[i] for i in rows), batch.temperature)
 
 
 def _empty_like(batch: MicroBatch) -> MicroBatch:
     ids = batch.input_ids[:1, :2].clone()
     return MicroBatch(ids, torch.ones_like(ids), torch.zeros_like(ids, dtype=torch.bool),
                       torch.zeros(ids.shape, dtype=torch.float32), torch.zeros(1), torch.zeros(1),
-                      batch.group_ids[:1].clone(), (), ())
+                      batch.group_ids[:1].clone(), (), (), batch.temperature)
 
 
 @dataclass(slots=True)

@@ -40,8 +40,6 @@ class RankSpec:
     checkpoint holds the weights to train from; reference_checkpoint the frozen reference
     policy (used only with grpo.kl_coef > 0; default: checkpoint). transfer configures
     rank 0's weight publisher; publish_dtype is the dtype the rollout engines load.
-    temperature is the sampling temperature: log-probabilities are taken under
-    softmax(logits / temperature), as the engines report them.
     """
 
     rank: int
@@ -55,7 +53,6 @@ class RankSpec:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     publish_dtype: str = "float32"
-    temperature: float = 1.0
     torch_threads: int = 1
     format_version: int = RANK_SPEC_FORMAT_VERSION
 
@@ -64,8 +61,6 @@ class RankSpec:
             raise ValueError(f"format_version {self.format_version} is not {RANK_SPEC_FORMAT_VERSION}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.publish_dtype not in fsdp.DTYPES:
             raise ValueError(f"publish_dtype must be one of {tuple(fsdp.DTYPES)}, got {self.publish_dtype!r}")
 
@@ -118,9 +113,8 @@ class TrainerRank:
         """Forward and backward one micro-batch share; the loss is a sum (see finish_step)."""
         t0 = time.perf_counter()
         batch = batch.to(self.device)
-        ref = reference_logprobs(_scaled(self.ref_model, self.spec.temperature), batch) \
-            if self.ref_model is not None else None
-        out = micro_batch_loss(_scaled(self.model, self.spec.temperature), batch, self.spec.grpo,
+        ref = reference_logprobs(self.ref_model, batch) if self.ref_model is not None else None
+        out = micro_batch_loss(self.model, batch, self.spec.grpo,
                                denominator=1.0, ref_logprobs=ref)
         out.loss.backward()
         self._sums.add(out, time.perf_counter() - t0)
@@ -194,20 +188,6 @@ class TrainerRank:
         if self.publisher is not None:
             self.publisher.close()
 
-
-class _Tempered(torch.nn.Module):
-    """Logits divided by the sampling temperature (the policy the engines sample from)."""
-
-    def __init__(self, inner: torch.nn.Module, temperature: float):
-        super().__init__()
-        self.inner, self.temperature = inner, temperature
-
-    def forward(self, input_ids, attention_mask=None):
-        return self.inner(input_ids, attention_mask) / self.temperature
-
-
-def _scaled(model, temperature: float):
-    return model if temperature == 1.0 else _Tempered(model, temperature)
 
 
 class _StepSums:
