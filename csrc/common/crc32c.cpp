@@ -4,6 +4,7 @@
 
 #include "common/crc32c_fold.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -125,11 +126,14 @@ const bool kUseHardware = DetectHardware();
 
 // Below this size the folding setup costs more than it saves.
 constexpr size_t kFoldMin = 1024;
+// Without folding, Crc32cCopy copies this much, then checksums it while it is in L2.
+constexpr size_t kCopyBlock = 256u << 10;
 
-// The folding path is used only if it agrees with the table path on this CPU.
+// The folding paths are used only if they agree with the table path on this CPU.
 bool FoldPassesSelfTest() {
   if (!kUseHardware || !FoldCrc32cSupported()) return false;
-  uint8_t buf[4096 + 77];
+  alignas(64) uint8_t buf[4096 + 77];
+  alignas(64) uint8_t copy[sizeof(buf)];
   uint32_t x = 0x12345678u;
   for (auto& b : buf) {
     x = x * 1103515245u + 12345u;
@@ -137,10 +141,17 @@ bool FoldPassesSelfTest() {
   }
   for (size_t n : {size_t{1024}, size_t{1536}, size_t{4096 + 77}}) {
     for (uint32_t seed : {0u, 0xFFFFFFFFu, 0xDEADBEEFu}) {
+      const uint32_t want = RawPortable(seed, buf, n);
       uint32_t state = seed;
       size_t used = FoldCrc32c(&state, buf, n);
-      state = RawPortable(state, buf + used, n - used);
-      if (state != RawPortable(seed, buf, n)) return false;
+      if (RawPortable(state, buf + used, n - used) != want) return false;
+      for (bool streaming : {false, true}) {
+        std::memset(copy, 0, sizeof(copy));
+        state = seed;
+        used = FoldCopyCrc32c(&state, copy, buf, n, streaming);
+        if (RawPortable(state, buf + used, n - used) != want) return false;
+        if (std::memcmp(copy, buf, used) != 0) return false;
+      }
     }
   }
   return true;
@@ -166,6 +177,38 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   return kUseHardware ? ~RawBest(~crc, p, n) : ~RawPortable(~crc, p, n);
+}
+
+uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t n, bool streaming) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  if (!kUseFold) {
+    // Copy a block, then checksum it while it is still in cache.
+    for (size_t done = 0; done < n;) {
+      size_t k = std::min(kCopyBlock, n - done);
+      std::memcpy(d + done, s + done, k);
+      crc = Crc32cExtend(crc, d + done, k);
+      done += k;
+    }
+    return crc;
+  }
+  uint32_t c = ~crc;
+  if (streaming) {  // non-temporal stores need a 64-byte aligned destination
+    size_t head = std::min(n, (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63);
+    std::memcpy(d, s, head);
+    c = RawHw(c, s, head);
+    d += head;
+    s += head;
+    n -= head;
+  }
+  if (n >= kFoldMin) {
+    size_t used = FoldCopyCrc32c(&c, d, s, n, streaming);
+    d += used;
+    s += used;
+    n -= used;
+  }
+  std::memcpy(d, s, n);
+  return ~RawHw(c, s, n);
 }
 
 bool Crc32cUsesHardware() { return kUseHardware; }

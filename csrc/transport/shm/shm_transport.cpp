@@ -16,9 +16,9 @@
 namespace rlboost {
 namespace {
 
-// Copy and checksum alternate over blocks this large, so the checksum reads bytes that
-// are still in L2 right after the copy wrote them.
-constexpr size_t kCopyBlock = 256u << 10;
+// Payloads at least this large are written with streaming stores: they are far larger
+// than the cache, and the engine reads them later, not the puller now.
+constexpr uint64_t kStreamingBytes = 32u << 20;
 constexpr size_t kMaxLeasesPerConnection = 16;
 
 std::string VersionBody(int64_t version) {
@@ -30,7 +30,8 @@ std::string VersionBody(int64_t version) {
 
 class ShmChunkStream : public ChunkStream {
  public:
-  explicit ShmChunkStream(std::shared_ptr<SharedMapping> m) : mapping_(std::move(m)) {}
+  ShmChunkStream(std::shared_ptr<SharedMapping> m, bool streaming)
+      : mapping_(std::move(m)), streaming_(streaming) {}
 
   Status Submit(const ChunkRead& read, Deadline) override {
     pending_.push_back(read);
@@ -43,15 +44,8 @@ class ShmChunkStream : public ChunkStream {
     if (read->offset + read->length > mapping_->size()) {
       return Status(Code::kProtocol, "chunk lies outside the shared region");
     }
-    const uint8_t* src = mapping_->data() + read->offset;
-    uint32_t crc = 0;
-    for (uint64_t done = 0; done < read->length;) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBlock, read->length - done));
-      std::memcpy(read->dst + done, src + done, n);
-      crc = Crc32cExtend(crc, read->dst + done, n);
-      done += n;
-    }
-    read->crc = crc;
+    // One pass: the checksum is taken from the bytes as they are copied.
+    read->crc = Crc32cCopy(0, read->dst, mapping_->data() + read->offset, read->length, streaming_);
     read->reply = ReplyStatus::kOk;
     return Status::Ok();
   }
@@ -60,6 +54,7 @@ class ShmChunkStream : public ChunkStream {
 
  private:
   std::shared_ptr<SharedMapping> mapping_;
+  bool streaming_;
   std::deque<ChunkRead> pending_;
 };
 
@@ -87,7 +82,7 @@ class ShmTransport : public Transport {
     std::lock_guard<std::mutex> lock(mu_);
     if (mapping_ == nullptr) RLB_RETURN_IF_ERROR(MapRegion(link, version, opts));
     if (version != version_) return Status(Code::kInternal, "one shm transport per version");
-    *out = std::make_unique<ShmChunkStream>(mapping_);
+    *out = std::make_unique<ShmChunkStream>(mapping_, opts.region_bytes >= kStreamingBytes);
     return Status::Ok();
   }
 
