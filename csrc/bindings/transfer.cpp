@@ -47,6 +47,7 @@ py::dict ServerStatsDict(const ServerStats& s) {
                   py::arg("not_held_replies") = s.not_held_replies,
                   py::arg("connections_accepted") = s.connections_accepted,
                   py::arg("connections_refused") = s.connections_refused,
+                  py::arg("connections_evicted") = s.connections_evicted,
                   py::arg("auth_failures") = s.auth_failures,
                   py::arg("protocol_errors") = s.protocol_errors,
                   py::arg("active_connections") = s.active_connections);
@@ -193,11 +194,18 @@ void BindPuller(py::module_& m) {
         return py::bytes(reinterpret_cast<const char*>(bits.data()), bits.size());
       });
 
+  py::class_<ConnectionPool, std::shared_ptr<ConnectionPool>>(
+      m, "ConnectionPool", "Authenticated connections to sources, kept open between pulls.")
+      .def(py::init<size_t, double>(), py::arg("max_idle_per_source"), py::arg("max_idle_s"))
+      .def_property_readonly("idle", &ConnectionPool::idle, "Connections open and unused now.")
+      .def("close", &ConnectionPool::Close, py::call_guard<py::gil_scoped_release>(),
+           "Closes the idle connections; those in use close when their pull ends.");
+
   py::class_<Puller>(m, "Puller", "Connects out to sources and starts pulls.")
       .def(py::init([](std::vector<std::pair<std::string, int>> sources, py::bytes secret,
                        const std::string& transport, int streams, int max_in_flight,
                        double request_timeout_s, double connect_timeout_s, int reconnect_attempts,
-                       uint64_t self_server_id) {
+                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool) {
              PullOptions o;
              o.secret = secret;
              o.transport = transport;
@@ -206,12 +214,13 @@ void BindPuller(py::module_& m) {
              o.request_timeout_s = request_timeout_s;
              o.connect_timeout_s = connect_timeout_s;
              o.reconnect_attempts = reconnect_attempts;
+             o.pool = std::move(pool);
              std::vector<SourceAddress> addrs;
              for (auto& s : sources) addrs.push_back(SourceAddress{s.first, s.second});
              return std::make_unique<Puller>(o, addrs, self_server_id);
            }), py::arg("sources"), py::arg("secret"), py::arg("transport"), py::arg("streams"),
            py::arg("max_in_flight"), py::arg("request_timeout_s"), py::arg("connect_timeout_s"),
-           py::arg("reconnect_attempts"), py::arg("self_server_id") = 0)
+           py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr)
       .def("resolve", [](Puller& p, int64_t version, double timeout_s) {
             auto plan = std::make_unique<PullPlan>();
             ThrowIfError(p.Resolve(version, timeout_s, plan.get()));

@@ -49,6 +49,8 @@ def test_quick_run_covers_every_peer_and_provisioning():
     assert "ucxx_tcp_GBps" in peers or "ucxx" in peers["missing"]
     for count in ("1", "2"):
         assert set(peers["provision_s"][count]) == {"relay", "no_relay"}
+    for key in ("tcp_kept", "tcp_new", "socket"):  # small-payload time per transfer
+        assert peers["latency_ms"][key]["median"] > 0, key
     assert "provision2_relay/no_relay" in peers["ratios"]
 
 

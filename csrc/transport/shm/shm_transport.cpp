@@ -60,8 +60,10 @@ class ShmChunkStream : public ChunkStream {
 
 class ShmTransport : public Transport {
  public:
+  // Ends the source's lease, even if the region could not be mapped: the control
+  // connection may be kept for later pulls, and the lease would pin the version.
   ~ShmTransport() override {
-    if (mapping_ != nullptr && link_ != nullptr) {
+    for (int i = 0; i < leases_; ++i) {
       link_->Notify(FrameType::kShmClose, VersionBody(version_), Deadline::After(1.0));
     }
   }
@@ -101,6 +103,9 @@ class ShmTransport : public Transport {
       return Status(Code::kInvalidArgument, "source does not serve this version over shared memory "
                                             "(its region is borrowed memory, or its egress is capped)");
     }
+    link_ = &link;  // the source holds a lease from here on
+    version_ = version;
+    ++leases_;
     ByteReader r(reinterpret_cast<const uint8_t*>(reply.data()), reply.size());
     uint32_t pid, fd;
     uint64_t size;
@@ -109,8 +114,6 @@ class ShmTransport : public Transport {
     RLB_RETURN_IF_ERROR(r.U64(&size));
     RLB_RETURN_IF_ERROR(r.ExpectEnd());
     if (size < opts.region_bytes) return Status(Code::kProtocol, "shared region is too small");
-    link_ = &link;
-    version_ = version;
     RLB_RETURN_IF_ERROR(SharedMapping::OpenRemote(pid, static_cast<int>(fd), opts.region_bytes, &mapping_));
     return Status::Ok();
   }
@@ -119,6 +122,7 @@ class ShmTransport : public Transport {
   std::shared_ptr<SharedMapping> mapping_;
   SourceLink* link_ = nullptr;
   int64_t version_ = -1;
+  int leases_ = 0;  // granted by the source, each ended by one close
 };
 
 class ShmService : public TransportService {

@@ -129,6 +129,7 @@ class UcxTransport : public Transport {
   TransportCaps caps() const override {
     TransportCaps c;
     c.source_cpu_free = true;
+    c.leases_until_disconnect = true;  // the source's memory registration ends with the connection
     return c;
   }
   bool Reaches(const PeerIdentity&) const override { return true; }
