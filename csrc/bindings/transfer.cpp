@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
+#include "bindings/buffer_view.h"
 #include "common/crc32c.h"
 #include "common/frame.h"
 #include "common/sha256.h"
@@ -251,32 +252,14 @@ void BindPuller(py::module_& m) {
           py::arg("registration"), py::arg("held"), py::arg("keepalive"));
 }
 
-// A contiguous buffer held for the duration of a call (a BufferError otherwise).
-class Bytes {
- public:
-  Bytes(const py::object& o, bool writable) {
-    if (PyObject_GetBuffer(o.ptr(), &view_, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
-      throw py::error_already_set();
-    }
-  }
-  ~Bytes() { PyBuffer_Release(&view_); }
-  Bytes(const Bytes&) = delete;
-  Bytes& operator=(const Bytes&) = delete;
-  void* data() const { return view_.buf; }
-  size_t size() const { return static_cast<size_t>(view_.len); }
-
- private:
-  Py_buffer view_;
-};
-
 void BindUtilities(py::module_& m) {
   m.def("crc32c", [](py::object data, uint32_t crc) {
-        Bytes view(data, false);
+        BufferView view(data, false);
         py::gil_scoped_release release;
         return Crc32cExtend(crc, view.data(), view.size());
       }, py::arg("data"), py::arg("crc") = 0, "CRC-32C of a contiguous buffer, continuing from `crc`.");
   m.def("crc32c_copy", [](py::object dst, py::object src, uint32_t crc, bool streaming) {
-        Bytes d(dst, true), s(src, false);
+        BufferView d(dst, true), s(src, false);
         if (d.size() < s.size()) ThrowIfError(Status(Code::kInvalidArgument, "dst is smaller than src"));
         py::gil_scoped_release release;
         return Crc32cCopy(crc, d.data(), s.data(), s.size(), streaming);

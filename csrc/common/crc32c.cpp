@@ -168,7 +168,36 @@ uint32_t RawBest(uint32_t c, const uint8_t* p, size_t n) {
   return RawHw(c, p, n);
 }
 
+// Polynomial product a*b modulo P, in the reflected bit order (bit 31 is x^0).
+uint32_t MulModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+    if (a & m) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return product;
+}
+
+// x^(2^k) mod P for k = 0..63, so x^(8n) is a product of at most 64 of them.
+struct PowerTable {
+  uint32_t p[64];
+  PowerTable() {
+    p[0] = 1u << 30;  // x^1
+    for (int k = 1; k < 64; ++k) p[k] = MulModP(p[k - 1], p[k - 1]);
+  }
+};
+
 }  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  static const PowerTable powers;
+  uint32_t shift = 1u << 31;  // x^0
+  // Appending len_b bytes multiplies crc(A) by x^(8 len_b): bits of len_b pick x^(2^(k+3)).
+  for (int k = 3; len_b != 0 && k < 64; ++k, len_b >>= 1) {
+    if (len_b & 1) shift = MulModP(powers.p[k], shift);
+  }
+  return MulModP(shift, crc_a) ^ crc_b;
+}
 
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
   return ~RawPortable(~crc, static_cast<const uint8_t*>(data), n);

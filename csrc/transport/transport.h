@@ -69,6 +69,12 @@ class SourceLink {
   virtual Status Notify(FrameType request, const std::string& body, Deadline d) = 0;
 };
 
+// Asks a source for `version`'s region over a transport's control request (shm-open,
+// ucx-open): the reply body on success; kUnknownVersion when the source does not hold it,
+// kInvalidArgument (saying `unavailable`) when it cannot serve it over this transport.
+Status RequestRegion(SourceLink& link, FrameType request, FrameType response, int64_t version,
+                     const char* unavailable, Deadline d, std::string* reply);
+
 struct StreamOptions {
   double connect_timeout_s = 10.0;
   uint64_t region_bytes = 0;  // payload size of the version

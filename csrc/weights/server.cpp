@@ -161,7 +161,6 @@ Status WeightServer::ServeFrames(Conn* c) {
 Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, ServiceConnection& conn) {
   Socket& s = *conn.socket;
   Deadline d = Deadline::After(opts_.send_timeout_s);
-  ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
   switch (h.type) {
     case FrameType::kChunkRequest:
       return ServeChunk(h, body, s);
@@ -169,8 +168,7 @@ Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, Ser
       return ServeHave(h, body, s);
     case FrameType::kManifestRequest: {
       int64_t version;
-      RLB_RETURN_IF_ERROR(r.I64(&version));
-      RLB_RETURN_IF_ERROR(r.ExpectEnd());
+      RLB_RETURN_IF_ERROR(DecodeVersionBody(body, &version));
       std::string encoded;
       Status st = store_->EncodedManifest(version, &encoded);
       if (!st.ok()) return SendError(s, st, h.request_id, d);

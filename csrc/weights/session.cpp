@@ -91,11 +91,10 @@ Status SourceSession::Notify(FrameType request, const std::string& body, Deadlin
 }
 
 Status SourceSession::FetchManifest(int64_t version, Manifest* out, Deadline d) {
-  std::string body, reply;
-  ByteWriter w(&body);
-  w.I64(version);
+  std::string reply;
   FrameHeader h;
-  RLB_RETURN_IF_ERROR(Call(FrameType::kManifestRequest, body, FrameType::kManifest, &h, &reply, d));
+  RLB_RETURN_IF_ERROR(Call(FrameType::kManifestRequest, EncodeVersionBody(version), FrameType::kManifest,
+                           &h, &reply, d));
   RLB_RETURN_IF_ERROR(DecodeManifest(reinterpret_cast<const uint8_t*>(reply.data()), reply.size(), out));
   if (version >= 0 && out->version != version) {
     return Status(Code::kProtocol, "source answered with another version's manifest");

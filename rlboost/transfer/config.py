@@ -59,7 +59,7 @@ class TransferConfig:
     versions_kept: int = 2  # complete versions a server keeps serving
     alignment: int = 4096  # every tensor starts at a multiple of this
     relay: bool = True  # pullers re-serve what they hold
-    commit_threads: int = 2  # threads checksumming a staged version
+    commit_threads: int = 2  # parallel tasks checksumming a staged version (a thread per core at most)
     max_connections: int = 256  # per server; when full, the longest idle one is closed
     keep_connections: bool = True  # pullers keep authenticated connections between pulls
     connection_idle_s: float = 60.0  # a kept connection unused this long is closed

@@ -14,6 +14,7 @@ import torch
 from rlboost import _C
 from rlboost.errors import ProtocolError, TransferClosed
 from rlboost.transfer import descriptors
+from rlboost.transfer.closing import Closing
 from rlboost.transfer.config import TransferConfig, format_address, parse_address
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.progress import ProgressCallback
@@ -22,7 +23,7 @@ from rlboost.transfer.pulled import PulledWeights, PullHandle
 Into = torch.Tensor | PulledWeights | None
 
 
-class WeightPuller:
+class WeightPuller(Closing):
     """Pulls weight versions from one or more sources ("host:port")."""
 
     def __init__(self, sources: str | Sequence[str] = (), config: TransferConfig | None = None):
@@ -139,18 +140,6 @@ class WeightPuller:
             self._relay_server.close()
         self._relayed.clear()
         self._failed.clear()
-
-    def __enter__(self) -> "WeightPuller":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter teardown: native objects may already be gone
-            pass
 
     # ---- internals used by PullHandle ----------------------------------------------
     @property

@@ -21,13 +21,6 @@ namespace {
 constexpr uint64_t kStreamingBytes = 32u << 20;
 constexpr size_t kMaxLeasesPerConnection = 16;
 
-std::string VersionBody(int64_t version) {
-  std::string b;
-  ByteWriter w(&b);
-  w.I64(version);
-  return b;
-}
-
 class ShmChunkStream : public ChunkStream {
  public:
   ShmChunkStream(std::shared_ptr<SharedMapping> m, bool streaming)
@@ -64,7 +57,7 @@ class ShmTransport : public Transport {
   // connection may be kept for later pulls, and the lease would pin the version.
   ~ShmTransport() override {
     for (int i = 0; i < leases_; ++i) {
-      link_->Notify(FrameType::kShmClose, VersionBody(version_), Deadline::After(1.0));
+      link_->Notify(FrameType::kShmClose, EncodeVersionBody(version_), Deadline::After(1.0));
     }
   }
   const char* name() const override { return "shm"; }
@@ -90,19 +83,11 @@ class ShmTransport : public Transport {
 
  private:
   Status MapRegion(SourceLink& link, int64_t version, const StreamOptions& opts) {
-    FrameHeader h;
     std::string reply;
-    Deadline d = Deadline::After(opts.connect_timeout_s);
-    RLB_RETURN_IF_ERROR(link.Call(FrameType::kShmOpenRequest, VersionBody(version),
-                                  FrameType::kShmOpen, &h, &reply, d));
-    auto st = static_cast<ReplyStatus>(h.status);
-    if (st == ReplyStatus::kUnknownVersion) {
-      return Status(Code::kUnknownVersion, "source does not hold version " + std::to_string(version));
-    }
-    if (st != ReplyStatus::kOk) {
-      return Status(Code::kInvalidArgument, "source does not serve this version over shared memory "
-                                            "(its region is borrowed memory, or its egress is capped)");
-    }
+    RLB_RETURN_IF_ERROR(RequestRegion(link, FrameType::kShmOpenRequest, FrameType::kShmOpen, version,
+                                      "source does not serve this version over shared memory (its "
+                                      "region is borrowed memory, or its egress is capped)",
+                                      Deadline::After(opts.connect_timeout_s), &reply));
     link_ = &link;  // the source holds a lease from here on
     version_ = version;
     ++leases_;
@@ -133,10 +118,8 @@ class ShmService : public TransportService {
 
   Status Handle(const FrameHeader& h, const std::string& body, ServiceConnection& conn,
                 ServingBackend& backend, Deadline d) override {
-    ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
     int64_t version;
-    RLB_RETURN_IF_ERROR(r.I64(&version));
-    RLB_RETURN_IF_ERROR(r.ExpectEnd());
+    RLB_RETURN_IF_ERROR(DecodeVersionBody(body, &version));
     auto& leases = conn.region_leases;
     if (h.type == FrameType::kShmClose) {
       auto it = std::find_if(leases.begin(), leases.end(),

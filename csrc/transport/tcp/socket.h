@@ -41,6 +41,9 @@ class Socket {
 
  private:
   Status ApplyTimeout(int option, Deadline d);
+  // After a send/recv returned -1: OK to call again (interrupted, or a per-call timeout
+  // inside the deadline), else the error.
+  Status AfterFailedCall(int option, const char* what, Deadline d);
   int fd_ = -1;
 };
 
