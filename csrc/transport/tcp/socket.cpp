@@ -52,6 +52,20 @@ Status ResolveOne(const std::string& host, int port, bool passive, struct addrin
 
 Status PeerClosed() { return Status(Code::kPeerLost, "peer closed the connection mid-frame"); }
 
+constexpr int kLoopbackSendBuffer = 1 << 20;  // the kernel doubles it for its bookkeeping
+
+bool PeerIsLoopback(int fd) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<struct sockaddr*>(&ss), &len) != 0) return false;
+  if (ss.ss_family == AF_INET) {
+    return (ntohl(reinterpret_cast<struct sockaddr_in*>(&ss)->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (ss.ss_family != AF_INET6) return false;
+  const struct in6_addr& a = reinterpret_cast<struct sockaddr_in6*>(&ss)->sin6_addr;
+  return IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
+}
+
 }  // namespace
 
 Socket& Socket::operator=(Socket&& o) noexcept {
@@ -178,6 +192,14 @@ bool Socket::WaitReadable(Deadline d) {
 void TuneForBulk(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // A loopback path has no round trip to cover, so deep send buffers only hold more bytes
+  // in flight, which then leave the cache before the receiver copies them (measured: ~1.5x
+  // the throughput of 4 streams with a 1 MiB cap). Remote peers keep kernel autotuning,
+  // which sizes the buffer to the path's bandwidth-delay product.
+  if (PeerIsLoopback(fd)) {
+    int bytes = kLoopbackSendBuffer;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  }
 }
 
 Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out) {
