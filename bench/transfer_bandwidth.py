@@ -58,7 +58,8 @@ sender maps, so all peers send the same physical bytes; every destination is pre
 (MAP_POPULATE) and reused; one warm-up run, then best and median of the timed runs; each
 cell's bytes are checked against the payload's xxh3 digest after its last run. memcpy,
 the raw socket, gloo, Ray and the rlboost pulls alternate run by run, so a burst of load
-on the shared machine hits them alike; ucxx and provisioning run on their own.
+on the shared machine hits them alike; ucxx, provisioning and the small payload run on
+their own.
 - memcpy: one process copies a resident buffer into another (numpy: 1 thread, torch
   copy_: all threads); the faster of the two is the ceiling.
 - raw socket: a child answers an 8-byte size request on 127.0.0.1 with sendall of 4 MiB
@@ -78,9 +79,12 @@ on the shared machine hits them alike; ucxx and provisioning run on their own.
   pick its same-host transports (cma, posix, sysv).
 - rlboost pull (tcp / shm / ucx): a WeightPublisher in a child publishes the payload as
   32 MiB bfloat16 tensors, once per payload size before its runs (untimed); the
-  receiver's WeightPuller (relay off, one per transport, kept across runs) times
-  pull(version, into=<the pre-faulted destination>): connect and authenticate, resolve
-  the version, move and checksum every chunk.
+  receiver's WeightPuller (relay off, library defaults: 4 streams x 2 requests in flight,
+  8 MiB chunks, one per transport, kept across runs so its connections stay open) times
+  pull(version, into=<the pre-faulted destination>): resolve the version, move and
+  checksum (crc32c) every chunk. tcp models a transfer between hosts (over loopback its
+  connections use a 1 MiB send buffer; toward other hosts the kernel autotunes it); shm
+  maps the publisher's region and copies out of it; ucx is UCX get over its TCP transport.
 - provisioning: a trainer publisher whose egress is capped, and N newcomer processes told
   to pull at the same instant; the figure is 'go' -> the last newcomer holds the verified
   version. With relay each newcomer serves what it holds and gets the trainer and every
@@ -90,6 +94,9 @@ on the shared machine hits them alike; ucxx and provisioning run on their own.
   keeps its connections between pulls (the default) or connects and authenticates
   anew for every pull (keep_connections=False), and the raw socket on its open
   connection (request -> last byte), the floor.
+- ratios: every target compares bests of the same run and payload; tcp pull is set
+  against the peers that also cross hosts (gloo over TCP, Ray cross-node), shm pull
+  against those on one host (gloo, Ray same-host), and each against its own ceiling.
 - CPU s/GB: user + system CPU seconds of the receiving and the sending process (all
   threads, /proc tick counters) per GB moved, over the timed runs. Unlike GB/s it does
   not depend on what else the shared machine runs. Ray's CPU is the driver's and the
