@@ -12,7 +12,9 @@ import datetime
 import importlib.util
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 
 import numpy as np
@@ -182,7 +184,8 @@ class GlooSession:
 
 # --------------------------------------------------------------------------- Ray
 class RaySource:
-    """Actor holding the payload; each call returns a slice, which Ray puts in plasma."""
+    """Actor holding the payload; each call returns a slice, which Ray writes into the
+    object store of the actor's node (the put)."""
 
     def __init__(self, path: str, max_bytes: int):
         self.src = open_payload(path, max_bytes)
@@ -191,39 +194,101 @@ class RaySource:
         return self.src[:n]
 
 
-class RaySession:
-    """Ray object store: actor put (serialize into plasma) + driver get + one copy into dst.
+class RayCluster:
+    """Two Ray nodes on this machine, each a raylet with its own object store: the
+    driver's node and a second one, so an object put on the second is moved by Ray's
+    object manager over loopback TCP, as between two hosts.
 
-    A get of a numpy array maps plasma zero-copy, so the copy into the destination is
-    what makes the bytes usable where a puller would put them.
-    """
+    RAY_TMPDIR points at a directory of its own: Ray records the address of a cluster
+    started this way in its temp dir, where any plain ray.init() on the machine would
+    find and join it."""
 
-    key, peer, note = "ray", "ray object store", "put+get+copy"
-    sender_pids = None  # the put also runs in Ray's daemons
-
-    def __init__(self, dst: np.ndarray, path: str, max_bytes: int):
+    def __init__(self, path: str, max_bytes: int):
         import ray
+        from ray.cluster_utils import Cluster
 
         here = os.path.dirname(os.path.abspath(__file__))
         # Workers start from the raylet's environment and must import this module.
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (here, os.environ.get("PYTHONPATH")) if p)
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        ray.init(num_cpus=1, object_store_memory=2 * max_bytes + 256 * MiB,
-                 include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-        self.ray, self.dst = ray, dst
-        self.actor = ray.remote(num_cpus=0)(RaySource).remote(path, max_bytes)
-        # Fault in the object store's memory first, as every other peer's buffers are.
-        ray.get([self.actor.produce.remote(max_bytes) for _ in range(2)])
+        self.temp_dir = tempfile.mkdtemp(prefix="rlb-ray-")
+        os.environ["RAY_TMPDIR"] = self.temp_dir
+        store = 2 * max_bytes + 256 * MiB
+        self.ray, self.cluster = ray, None
+        try:
+            self.cluster = Cluster(initialize_head=True, head_node_args=dict(
+                num_cpus=0, object_store_memory=store, include_dashboard=False))
+            self.far = self.cluster.add_node(num_cpus=0, object_store_memory=store)
+            ray.init(address=self.cluster.address, logging_level=logging.ERROR,
+                     log_to_driver=False)
+        except BaseException:
+            self.close()
+            raise
+        self.path, self.max_bytes = path, max_bytes
+
+    def source(self, cross_node: bool):
+        """A RaySource actor on the second node, or on the driver's."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = self.far.node_id if cross_node else self.ray.get_runtime_context().get_node_id()
+        return self.ray.remote(num_cpus=0)(RaySource).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+        ).remote(self.path, self.max_bytes)
+
+    def raylet_pid(self, cross_node: bool) -> int:
+        from ray._private import ray_constants
+
+        node = self.far if cross_node else self.cluster.head_node
+        return node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+
+    def close(self) -> None:
+        self.ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+        os.environ.pop("RAY_TMPDIR", None)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+class RaySession:
+    """Ray object store, timed as a consumer of an object already put, the way a pull
+    is timed against a version already published: per run an actor puts a fresh object
+    (untimed), then the driver times ray.get + one copy into the destination.
+
+    Same host: the actor shares the driver's node, so get maps its plasma shared memory
+    (zero-copy) and the copy is the only pass over the bytes. Cross node: the actor is on
+    the second node, so get first has Ray's object manager move the object into the
+    driver's store over TCP. The get's zero-copy array is read-only plasma memory, so
+    the copy is what puts the bytes where a consumer (like a puller) wants them.
+    """
+
+    def __init__(self, cluster: RayCluster, dst: np.ndarray, cross_node: bool):
+        self.ray, self.dst = cluster.ray, dst
+        where = "cross-node" if cross_node else "same-host"
+        self.key = f"ray_{where.replace('-', '_')}"
+        self.peer = f"ray get ({where})"
+        self.note = "object manager, TCP" if cross_node else "plasma shm"
+        # The put's copy runs in the actor's worker (not counted, like a publish).
+        self.sender_pids = tuple({cluster.raylet_pid(False), cluster.raylet_pid(cross_node)})
+        self.actor = cluster.source(cross_node)
+        # Fault in both object stores' memory first, as every other peer's buffers are.
+        for _ in range(2):
+            self.once(cluster.max_bytes)
 
     def prepare(self, nbytes: int) -> None:
         pass
 
-    def once(self, n: int) -> None:
-        np.copyto(self.dst[:n], self.ray.get(self.actor.produce.remote(n)))
+    def once(self, n: int) -> float:
+        ref = self.actor.produce.remote(n)
+        self.ray.wait([ref], fetch_local=False)
+        t0 = time.perf_counter()
+        np.copyto(self.dst[:n], self.ray.get(ref))
+        took = time.perf_counter() - t0
+        del ref  # frees the object in both stores before the next run
+        return took
 
     def close(self) -> None:
-        self.ray.shutdown()
+        self.ray.kill(self.actor)
 
 
 # --------------------------------------------------------------------------- UCX (ucxx)

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from _common import MiB, Child, WrongBytes, alloc_prefaulted, digest, open_payload, wait_command
+from _peers import SocketSession
 
 PARAM_BYTES = 32 * MiB  # the payload is cut into tensors of this size, like parameters
 PULL_TIMEOUT_S = 300.0
@@ -209,3 +210,62 @@ def measure_provisioning(nbytes: int, counts: tuple[int, ...], egress_cap: int, 
                 c.close()
         trainer.send("stop")
     return out
+
+
+# --------------------------------------------------------------------------- small pulls
+@dataclasses.dataclass(slots=True)
+class Latency:
+    """Milliseconds per transfer of a small payload, one row of the latency table."""
+
+    key: str
+    path: str
+    nbytes: int
+    millis: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.millis)
+
+    @property
+    def p90(self) -> float:
+        return sorted(self.millis)[int(0.9 * (len(self.millis) - 1))]
+
+
+def measure_latency(path: str, dst: np.ndarray, nbytes: int, repeats: int, expect: str,
+                    overrides: dict | None = None) -> list[Latency]:
+    """Per-transfer time of an nbytes payload (a migration batch, say): rlboost pulls that
+    keep their connections or connect anew, and a raw socket round trip on an open
+    connection (the floor), alternating run by run."""
+    import torch
+    from rlboost.transfer import WeightPuller
+
+    into = torch.from_numpy(dst)
+    publisher = Publisher(path, nbytes)
+    closers = [publisher.close]
+    try:
+        version = publisher.publish(nbytes)
+        jobs = {}
+        for transport in ("tcp", "shm"):
+            for keep in (True, False):
+                puller = WeightPuller([publisher.address], _config(
+                    transport, overrides={**(overrides or {}), "keep_connections": keep}))
+                closers.append(puller.close)
+                label = f"rlboost pull ({transport}, {'kept' if keep else 'new'} connections)"
+                jobs[(f"{transport}_{'kept' if keep else 'new'}", label)] = (
+                    lambda p=puller: p.pull(version=version, into=into, timeout=PULL_TIMEOUT_S))
+        sock = SocketSession(dst, path, nbytes)
+        closers.append(sock.close)
+        jobs[("socket", "raw socket (open connection)")] = lambda: sock.once(nbytes)
+        times = {key: [] for key in jobs}
+        for i in range(repeats + 1):  # the first round is a warm-up
+            for key, job in jobs.items():
+                t0 = time.perf_counter()
+                job()
+                if i:
+                    times[key].append((time.perf_counter() - t0) * 1e3)
+                if i == repeats and digest(dst[:nbytes]) != expect:
+                    raise WrongBytes(f"{key[1]}: the payload arrived with the wrong content")
+    finally:
+        for close in reversed(closers):
+            close()
+    return [Latency(key, label, nbytes, millis) for (key, label), millis in times.items()]

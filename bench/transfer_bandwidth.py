@@ -4,8 +4,8 @@ and the time to provision simultaneous newcomers from a trainer with capped egre
 Every peer moves the same bytes between two processes into pre-faulted memory in the same
 run, so the ratios hold even on a shared, noisy machine.
 
-    python bench/transfer_bandwidth.py            # 64 MiB, 256 MiB, 1 GiB (~2-3 min)
-    python bench/transfer_bandwidth.py --quick    # 64 MiB, 2 repeats (~20 s)
+    python bench/transfer_bandwidth.py            # 64 MiB, 256 MiB, 1 GiB (~2 min)
+    python bench/transfer_bandwidth.py --quick    # 64 MiB, 2 repeats (~25 s)
     python bench/transfer_bandwidth.py --big      # adds 2 GiB
     python bench/transfer_bandwidth.py --save     # also writes bench/results/transfer_*.md
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _peers  # noqa: E402
 import _pull  # noqa: E402
+import _transfer_report as report  # noqa: E402
 from rlboost.errors import RlboostError  # noqa: E402
 
 from _common import (  # noqa: E402
@@ -47,8 +49,7 @@ from _common import (  # noqa: E402
 
 SEED = 20251129
 DEFAULT_SIZES = (64 * MiB, 256 * MiB, 1 * GiB)
-LARGE = 256 * MiB  # "beats gloo / Ray" is judged on payloads at least this big
-ALL_PEERS = ("memcpy", "socket", "gloo", "ray", "ucxx", "pull", "provision")
+ALL_PEERS = ("memcpy", "socket", "gloo", "ray", "ucxx", "pull", "provision", "latency")
 INTERLEAVED = ("memcpy", "socket", "gloo", "ray", "pull")
 TRANSPORTS = ("tcp", "shm", "ucx")
 METHOD = """\
@@ -57,30 +58,50 @@ sender maps, so all peers send the same physical bytes; every destination is pre
 (MAP_POPULATE) and reused; one warm-up run, then best and median of the timed runs; each
 cell's bytes are checked against the payload's xxh3 digest after its last run. memcpy,
 the raw socket, gloo, Ray and the rlboost pulls alternate run by run, so a burst of load
-on the shared machine hits them alike; ucxx and provisioning run on their own.
+on the shared machine hits them alike; ucxx, provisioning and the small payload run on
+their own.
 - memcpy: one process copies a resident buffer into another (numpy: 1 thread, torch
   copy_: all threads); the faster of the two is the ceiling.
 - raw socket: a child answers an 8-byte size request on 127.0.0.1 with sendall of 4 MiB
   slices; the receiver times request -> last recv_into byte.
 - gloo broadcast: torch.distributed over gloo, 2 processes; the receiver times one
   broadcast after a barrier.
-- ray object store: an actor returns a numpy slice (Ray serializes it into plasma: the
-  put), the driver gets it (a zero-copy map) and copies it into the destination: put +
-  get + one copy. Same host, so this is Ray's shared-memory best case.
+- ray get: Ray 2.x object store, two nodes on this machine (two raylets, each with
+  its own plasma store). Per run an actor puts a fresh copy of the payload into its
+  node's store (untimed, as a publish is for rlboost), then the driver times ray.get +
+  one copy into the destination (get returns read-only plasma memory; the copy puts the
+  bytes where a consumer wants them). "same-host": the actor is on the driver's node,
+  get maps the plasma shared memory: the peer of shm pull. "cross-node": the actor is
+  on the second node, get has Ray's object manager move the object between the stores
+  over loopback TCP: the peer of tcp pull, which models a transfer between hosts.
 - ucxx tag: two children, endpoints from worker addresses, tag send/recv of the payload
   after an 8-byte request; UCX_NET_DEVICES=lo; "tcp" forces UCX_TLS=tcp, "auto" lets UCX
   pick its same-host transports (cma, posix, sysv).
-- rlboost pull (tcp / shm / ucx): a WeightPublisher in a child publishes the payload as 32 MiB
-  bfloat16 tensors; the receiver's WeightPuller (relay off) times pull(version,
-  into=<the pre-faulted destination>): resolve, connect, move and checksum every chunk.
+- rlboost pull (tcp / shm / ucx): a WeightPublisher in a child publishes the payload as
+  32 MiB bfloat16 tensors, once per payload size before its runs (untimed); the
+  receiver's WeightPuller (relay off, library defaults: 4 streams x 2 requests in flight,
+  8 MiB chunks, one per transport, kept across runs so its connections stay open) times
+  pull(version, into=<the pre-faulted destination>): resolve the version, move and
+  checksum (crc32c) every chunk. tcp models a transfer between hosts (over loopback its
+  connections use a 1 MiB send buffer; toward other hosts the kernel autotunes it); shm
+  maps the publisher's region and copies out of it; ucx is UCX get over its TCP transport.
 - provisioning: a trainer publisher whose egress is capped, and N newcomer processes told
   to pull at the same instant; the figure is 'go' -> the last newcomer holds the verified
   version. With relay each newcomer serves what it holds and gets the trainer and every
   other newcomer as sources; "from peers" is the share of bytes that came from newcomers.
+- small payload (1 MiB, like a migration batch): time per transfer, median and p90 of
+  200 runs after a warm-up, alternating run by run: a WeightPuller per transport that
+  keeps its connections between pulls (the default) or connects and authenticates
+  anew for every pull (keep_connections=False), and the raw socket on its open
+  connection (request -> last byte), the floor.
+- ratios: every target compares bests of the same run and payload; tcp pull is set
+  against the peers that also cross hosts (gloo over TCP, Ray cross-node), shm pull
+  against those on one host (gloo, Ray same-host), and each against its own ceiling.
 - CPU s/GB: user + system CPU seconds of the receiving and the sending process (all
   threads, /proc tick counters) per GB moved, over the timed runs. Unlike GB/s it does
-  not depend on what else the shared machine runs; "-" where the work also happens in
-  processes not counted (Ray's daemons).
+  not depend on what else the shared machine runs. Ray's CPU is the driver's and the
+  raylets' (object manager, plasma store) of the nodes involved; "-" where a row's work
+  runs in processes that are not counted (ucxx children).
 """
 
 
@@ -88,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=lambda s: tuple(parse_size(x) for x in s.split(",")),
                    help="comma-separated payload sizes, e.g. 64M,256M,1G")
-    p.add_argument("--quick", action="store_true", help="64 MiB only, 2 repeats (~20 s)")
+    p.add_argument("--quick", action="store_true", help="64 MiB only, 2 repeats (~25 s)")
     p.add_argument("--big", action="store_true", help="add a 2 GiB payload (needs ~13 GiB free)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per cell (after 1 warm-up)")
     p.add_argument("--peers", default=",".join(ALL_PEERS),
@@ -98,6 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--egress-cap", type=float, default=300e6,
                    help="trainer egress cap in bytes/s during provisioning (default 300e6)")
     p.add_argument("--newcomers", default="1,2,4", help="newcomer counts to provision")
+    p.add_argument("--latency-size", type=parse_size, default=1 * MiB,
+                   help="payload of the per-pull latency runs (default 1M)")
     p.add_argument("--pull-config", type=_pull_config, default={},
                    help="TransferConfig fields for every puller, e.g. streams=1,max_in_flight=1 "
                         "(default: the library's defaults)")
@@ -141,24 +164,31 @@ def build_schedule(args: argparse.Namespace) -> Schedule:
 
 
 # --------------------------------------------------------------------------- running
-def run_all(args, payload: SharedPayload, dst, schedule, expect) -> tuple[list, list, list]:
+@dataclasses.dataclass(slots=True)
+class Results:
+    rows: list[Row] = dataclasses.field(default_factory=list)
+    missing: list[Missing] = dataclasses.field(default_factory=list)
+    provisions: list[_pull.Provision] = dataclasses.field(default_factory=list)
+    latencies: list[_pull.Latency] = dataclasses.field(default_factory=list)
+
+
+def run_all(args, payload: SharedPayload, dst, schedule, expect) -> Results:
     """Every selected peer: the in-process and two-process ones alternate run by run
-    (so load bursts hit all alike); ucxx and provisioning run on their own."""
-    rows: list[Row] = []
-    missing: list[Missing] = []
-    provisions: list[_pull.Provision] = []
+    (so load bursts hit all alike); ucxx, provisioning and latency run on their own."""
+    out = Results()
     jobs = {
         "ucxx": lambda: _run_ucx(schedule, payload.path, expect),
-        "provision": lambda: _run_provisioning(args, payload, provisions),
+        "provision": lambda: _run_provisioning(args, payload, out.provisions),
+        "latency": lambda: _run_latency(args, payload, dst, out.latencies),
     }
     together = [p for p in args.peers if p in INTERLEAVED]
     if together:
         _run_one("+".join(together), lambda: _run_interleaved(
-            together, payload, dst, schedule, expect, missing, args.pull_config), rows, missing)
+            together, payload, dst, schedule, expect, out.missing, args.pull_config), out)
     for name in args.peers:
         if name not in INTERLEAVED:
-            _run_one(name, jobs[name], rows, missing)
-    return rows, missing, provisions
+            _run_one(name, jobs[name], out)
+    return out
 
 
 def _run_interleaved(names, payload: SharedPayload, dst, schedule: Schedule, expect,
@@ -169,7 +199,7 @@ def _run_interleaved(names, payload: SharedPayload, dst, schedule: Schedule, exp
                            for t in (False, True)],
         "socket": lambda: [_peers.SocketSession(dst, path, biggest)],
         "gloo": lambda: [_peers.GlooSession(dst, path, biggest)],
-        "ray": lambda: [_peers.RaySession(dst, path, biggest)],
+        "ray": lambda: _ray_sessions(stack, path, biggest, dst),
         "pull": lambda: _pull_sessions(stack, path, biggest, dst, missing, pull_config),
     }
     with contextlib.ExitStack() as stack:
@@ -194,6 +224,12 @@ def _pull_sessions(stack, path: str, biggest: int, dst, missing: list[Missing],
     return [_pull.PullSession(publisher, t, dst, pull_config) for t in TRANSPORTS if t in built]
 
 
+def _ray_sessions(stack, path: str, biggest: int, dst) -> list:
+    cluster = _peers.RayCluster(path, biggest)
+    stack.callback(cluster.close)
+    return [_peers.RaySession(cluster, dst, cross_node=c) for c in (False, True)]
+
+
 def _run_ucx(schedule: Schedule, path: str, expect) -> list[Row]:
     if not _peers.ucx_installed():
         raise ModuleNotFoundError("not installed (pip install ucxx-cu12)")
@@ -206,6 +242,13 @@ def _run_provisioning(args, payload: SharedPayload, out: list) -> list[Row]:
     out.extend(_pull.measure_provisioning(n, args.newcomers, int(args.egress_cap),
                                           1 if args.quick else 3, payload.path,
                                           digest(payload.array[:n]), args.pull_config))
+    return []
+
+
+def _run_latency(args, payload: SharedPayload, dst, out: list) -> list[Row]:
+    n = args.latency_size
+    out.extend(_pull.measure_latency(payload.path, dst, n, 30 if args.quick else 200,
+                                     digest(payload.array[:n]), args.pull_config))
     return []
 
 
@@ -223,142 +266,11 @@ def _guarded(name: str, job, missing: list[Missing]):
     return None
 
 
-def _run_one(name: str, job, rows: list[Row], missing: list[Missing]) -> None:
+def _run_one(name: str, job, out: Results) -> None:
     t0 = time.perf_counter()
     print(f"[{name}] ...", file=sys.stderr, flush=True)
-    rows.extend(_guarded(name, job, missing) or [])
+    out.rows.extend(_guarded(name, job, out.missing) or [])
     print(f"[{name}] done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- reporting
-def best_by_size(rows: list[Row], key: str) -> dict[int, float]:
-    return {r.nbytes: r.best for r in rows if r.key == key}
-
-
-def ceiling_by_size(rows: list[Row]) -> dict[int, float]:
-    """memcpy ceiling per size: the faster of the numpy and torch copies."""
-    out: dict[int, float] = {}
-    for key in ("memcpy_numpy", "memcpy_torch"):
-        for n, v in best_by_size(rows, key).items():
-            out[n] = max(out.get(n, 0.0), v)
-    return out
-
-
-def _ratio(num: dict[int, float], den: dict[int, float], sizes) -> dict[str, float]:
-    both = [n for n in sizes if n in num and n in den]
-    return {fmt_size(n, compact=True): round(num[n] / den[n], 3) for n in both}
-
-
-# ratio name -> (comparison, threshold) that the transfer core is meant to meet
-TARGETS = {
-    "tcp_pull/socket": (">=", 0.8),
-    "shm_pull/memcpy": (">=", 0.5),
-    "tcp_pull/gloo": (">", 1.0),
-    "tcp_pull/ray": (">", 1.0),
-    "shm_pull/gloo": (">", 1.0),
-    "shm_pull/ray": (">", 1.0),
-    "provision4_relay/no_relay": ("<=", 0.5),
-}
-
-
-def meets(name: str, value: float) -> str:
-    if name not in TARGETS:
-        return ""
-    op, bound = TARGETS[name]
-    ok = {">=": value >= bound, ">": value > bound, "<=": value <= bound}[op]
-    return "yes" if ok else "NO"
-
-
-def compute_ratios(rows: list[Row], provisions: list) -> dict[str, dict[str, float]]:
-    """The ratios the targets are stated in (best of the repeats on both sides)."""
-    by = {key: best_by_size(rows, key) for key in {r.key for r in rows}}
-    memcpy, sizes = ceiling_by_size(rows), sorted({r.nbytes for r in rows})
-    large = [n for n in sizes if n >= LARGE]
-    out = {
-        "tcp_pull/socket": _ratio(by.get("tcp_pull", {}), by.get("socket", {}), sizes),
-        "shm_pull/memcpy": _ratio(by.get("shm_pull", {}), memcpy, sizes),
-        "tcp_pull/ucxx_tcp": _ratio(by.get("tcp_pull", {}), by.get("ucxx_tcp", {}), sizes),
-        "shm_pull/ucxx_auto": _ratio(by.get("shm_pull", {}), by.get("ucxx_auto", {}), sizes),
-        "ucx_pull/ucxx_tcp": _ratio(by.get("ucx_pull", {}), by.get("ucxx_tcp", {}), sizes),
-        "ucx_pull/ucxx_auto": _ratio(by.get("ucx_pull", {}), by.get("ucxx_auto", {}), sizes),
-        "socket/memcpy": _ratio(by.get("socket", {}), memcpy, sizes),
-    }
-    cpu = {key: {r.nbytes: r.cpu_per_gb for r in rows if r.key == key and r.cpu_per_gb}
-           for key in ("tcp_pull", "socket", "shm_pull", "memcpy_numpy")}
-    out["cpu per GB: tcp_pull/socket"] = _ratio(cpu["tcp_pull"], cpu["socket"], sizes)
-    out["cpu per GB: shm_pull/memcpy"] = _ratio(cpu["shm_pull"], cpu["memcpy_numpy"], sizes)
-    for mine in ("tcp_pull", "shm_pull"):
-        for other in ("gloo", "ray"):
-            out[f"{mine}/{other}"] = _ratio(by.get(mine, {}), by.get(other, {}), large)
-    best = {(p.newcomers, p.relay): p for p in provisions}
-    for (count, relay), p in sorted(best.items()):
-        if relay and (count, False) in best:
-            payload = fmt_size(p.nbytes, compact=True)
-            out[f"provision{count}_relay/no_relay"] = {
-                payload: round(p.best / best[(count, False)].best, 3)}
-    return {k: v for k, v in out.items() if v}
-
-
-def bandwidth_table(rows: list[Row], missing: list[Missing]) -> str:
-    body = [[r.peer, fmt_size(r.nbytes), f"{r.best:.2f}", f"{r.median:.2f}",
-             "-" if r.cpu_per_gb is None else f"{r.cpu_per_gb:.3f}", r.note] for r in rows]
-    body += [[m.peer, "-", "-", "-", "-", m.reason] for m in missing]
-    return render_table("Transfer bandwidth (GB/s = 1e9 B/s, best and median of the repeats)",
-                        ["path", "payload", "best GB/s", "median GB/s", "CPU s/GB", "note"],
-                        body)
-
-
-def provision_table(provisions: list, egress_cap: float) -> str:
-    body = []
-    for p in provisions:
-        floor = p.nbytes / egress_cap * (1 if p.relay else p.newcomers)
-        body.append([str(p.newcomers), "on" if p.relay else "off", f"{p.best:.2f}",
-                     f"{p.median:.2f}", f"{floor:.2f}", f"{max(p.peer_share):.0%}"])
-    title = (f"Time to provision newcomers ({fmt_size(provisions[0].nbytes)}, trainer egress "
-             f"capped at {egress_cap / 1e6:.0f} MB/s)")
-    return render_table(title, ["newcomers", "relay", "best s", "median s",
-                                "trainer-bound floor s", "bytes from peers"], body)
-
-
-def ratio_table(ratios: dict[str, dict[str, float]]) -> str:
-    body = []
-    for name, per in ratios.items():
-        op, bound = TARGETS.get(name, ("", ""))
-        for size, value in per.items():
-            body.append([name, size, f"{value:.2f}", f"{op}{bound}", meets(name, value)])
-    return render_table("Ratios (best vs best, same run, same bytes)",
-                        ["ratio", "payload", "value", "target", "met"], body)
-
-
-def json_peers(rows: list[Row], missing: list[Missing], ratios, provisions, args) -> dict:
-    peers: dict = {}
-    for r in rows:
-        size = fmt_size(r.nbytes, compact=True)
-        peers.setdefault(f"{r.key}_GBps", {})[size] = round(r.best, 3)
-        peers.setdefault(f"{r.key}_median_GBps", {})[size] = round(r.median, 3)
-        if r.cpu_per_gb is not None:
-            peers.setdefault(f"{r.key}_cpu_s_per_GB", {})[size] = round(r.cpu_per_gb, 4)
-    for p in provisions:
-        mode = "relay" if p.relay else "no_relay"
-        for key, value in (("provision_s", p.best), ("provision_median_s", p.median),
-                           ("provision_peer_share", max(p.peer_share))):
-            peers.setdefault(key, {}).setdefault(str(p.newcomers), {})[mode] = round(value, 3)
-    if provisions:
-        peers["provision_setup"] = {"payload": fmt_size(provisions[0].nbytes, compact=True),
-                                    "egress_cap_Bps": args.egress_cap}
-    peers["ratios"] = ratios
-    peers["targets"] = {k: f"{op}{bound}" for k, (op, bound) in TARGETS.items()}
-    peers["missing"] = {m.peer: m.reason for m in missing}
-    return peers
-
-
-def headline(rows: list[Row]) -> tuple[float | None, float | None]:
-    """tcp pull and memcpy best GB/s at the largest payload both were measured on."""
-    tcp, memcpy = best_by_size(rows, "tcp_pull"), ceiling_by_size(rows)
-    common = sorted(set(tcp) & set(memcpy))
-    if common:
-        return round(tcp[common[-1]], 3), round(memcpy[common[-1]], 3)
-    return None, (round(memcpy[max(memcpy)], 3) if memcpy else None)
 
 
 def save_results(markdown: str, argv: list[str], load: tuple[float, float]) -> str:
@@ -385,20 +297,19 @@ def main(argv: list[str] | None = None) -> None:
     schedule = build_schedule(args)
     load_at_start = os.getloadavg()[0]
     biggest = max(schedule.sizes)
-    dst = alloc_prefaulted(biggest)
-    with SharedPayload(max(biggest, args.provision_size), SEED) as payload:
+    dst = alloc_prefaulted(max(biggest, args.latency_size))
+    with SharedPayload(max(biggest, args.provision_size, args.latency_size), SEED) as payload:
         expect = {n: digest(payload.array[:n]) for n in schedule.sizes}
-        rows, missing, provisions = run_all(args, payload, dst, schedule, expect)
-    ratios = compute_ratios(rows, provisions)
-    markdown = bandwidth_table(rows, missing) + "\n"
-    if provisions:
-        markdown += provision_table(provisions, args.egress_cap) + "\n"
-    markdown += ratio_table(ratios)
+        res = run_all(args, payload, dst, schedule, expect)
+    ratios = report.compute_ratios(res.rows, res.provisions)
+    markdown = report.tables(res.rows, res.missing, res.provisions, res.latencies, ratios,
+                             args.egress_cap)
     if args.save:
         path = save_results(markdown, argv, (load_at_start, os.getloadavg()[0]))
         print(f"saved {path}", file=sys.stderr)
-    value, ceiling = headline(rows)
-    peers = json_peers(rows, missing, ratios, provisions, args)
+    value, ceiling = report.headline(res.rows)
+    peers = report.json_peers(res.rows, res.missing, ratios, res.provisions, res.latencies,
+                              args.egress_cap)
     emit_json("tcp_pull_GBps", value, "GB/s", ceiling, peers)
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@
 #include <vector>
 
 #include "bindings/bind.h"
+#include "bindings/buffer_view.h"
+#include "common/crc32c.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 #include "migration/batch_codec.h"
-#include "migration/crc32c.h"
 #include "migration/kv_pages.h"
 #include "migration/state_codec.h"
-#include "migration/thread_pool.h"
 
 namespace py = pybind11;
 
@@ -25,24 +26,7 @@ using migration::BatchKV;
 using migration::BatchLayout;
 using migration::Span;
 
-// A contiguous view of a Python buffer, released (with the GIL held) on destruction.
-class BufferView {
- public:
-  BufferView(const py::object& obj, bool writable) {
-    int flags = writable ? (PyBUF_SIMPLE | PyBUF_WRITABLE) : PyBUF_SIMPLE;
-    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) throw py::error_already_set();
-  }
-  ~BufferView() { PyBuffer_Release(&view_); }
-  BufferView(const BufferView&) = delete;
-  BufferView& operator=(const BufferView&) = delete;
-
-  uint8_t* data() const { return static_cast<uint8_t*>(view_.buf); }
-  size_t size() const { return static_cast<size_t>(view_.len); }
-  Span span() const { return {data(), size()}; }
-
- private:
-  Py_buffer view_{};
-};
+Span SpanOf(const BufferView& b) { return {b.data(), b.size()}; }
 
 py::bytes NewBytes(size_t n) { return py::bytes(nullptr, n); }
 uint8_t* BytesData(const py::bytes& b) { return reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(b.ptr())); }
@@ -50,7 +34,7 @@ uint8_t* BytesData(const py::bytes& b) { return reinterpret_cast<uint8_t*>(PyByt
 py::bytes EncodeStates(const py::object& records, const py::object& prompt, const py::object& output,
                        const py::object& logprobs, const py::object& stop, uint16_t record_version) {
   BufferView r(records, false), p(prompt, false), o(output, false), l(logprobs, false), s(stop, false);
-  migration::StateColumns cols{r.span(), p.span(), o.span(), l.span(), s.span(), record_version};
+  migration::StateColumns cols{SpanOf(r), SpanOf(p), SpanOf(o), SpanOf(l), SpanOf(s), record_version};
   migration::StateLayout layout;
   ThrowIfError(migration::PlanStates(cols, &layout));
   py::bytes out = NewBytes(layout.total);
@@ -158,10 +142,10 @@ py::tuple DecodeBatch(const py::object& buf) {
   return py::make_tuple(l.count, l.batch_version, l.kv_version, l.states_offset, l.states_len, layout, kv);
 }
 
-uint32_t Checksum(const py::object& buf, bool portable) {
+uint32_t Checksum(const py::object& buf) {
   BufferView b(buf, false);
   py::gil_scoped_release release;
-  return portable ? migration::Crc32cPortable(b.data(), b.size()) : migration::ParallelCrc32c(b.data(), b.size());
+  return migration::ParallelCrc32c(b.data(), b.size());
 }
 
 }  // namespace
@@ -191,10 +175,10 @@ void BindMigration(py::module_& parent) {
   m.def("decode_batch", &DecodeBatch, py::arg("buf"),
         "Verify a batch buffer; returns (count, batch_version, kv_version, states_offset, "
         "states_len, layout or None, [(kv_tokens, offset, nbytes)]). Raises ProtocolError.");
-  m.def("crc32c", [](const py::object& b) { return Checksum(b, false); }, py::arg("buf"),
-        "CRC-32C of a bytes-like object (hardware-accelerated, multi-threaded).");
-  m.def("_crc32c_portable", [](const py::object& b) { return Checksum(b, true); }, py::arg("buf"));
-  m.def("pool_threads", &migration::PoolThreads, "Threads used for host copies and checksums.");
+  m.def("crc32c", &Checksum, py::arg("buf"),
+        "CRC-32C of a bytes-like object, in pieces on the thread pool (the same checksum as "
+        "rlboost._C.crc32c).");
+  m.def("pool_threads", &PoolThreads, "Threads used for host copies and checksums.");
 }
 
 }  // namespace rlboost

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
+#include "bindings/buffer_view.h"
 #include "common/crc32c.h"
 #include "common/frame.h"
 #include "common/sha256.h"
@@ -47,6 +48,7 @@ py::dict ServerStatsDict(const ServerStats& s) {
                   py::arg("not_held_replies") = s.not_held_replies,
                   py::arg("connections_accepted") = s.connections_accepted,
                   py::arg("connections_refused") = s.connections_refused,
+                  py::arg("connections_evicted") = s.connections_evicted,
                   py::arg("auth_failures") = s.auth_failures,
                   py::arg("protocol_errors") = s.protocol_errors,
                   py::arg("active_connections") = s.active_connections);
@@ -193,11 +195,18 @@ void BindPuller(py::module_& m) {
         return py::bytes(reinterpret_cast<const char*>(bits.data()), bits.size());
       });
 
+  py::class_<ConnectionPool, std::shared_ptr<ConnectionPool>>(
+      m, "ConnectionPool", "Authenticated connections to sources, kept open between pulls.")
+      .def(py::init<size_t, double>(), py::arg("max_idle_per_source"), py::arg("max_idle_s"))
+      .def_property_readonly("idle", &ConnectionPool::idle, "Connections open and unused now.")
+      .def("close", &ConnectionPool::Close, py::call_guard<py::gil_scoped_release>(),
+           "Closes the idle connections; those in use close when their pull ends.");
+
   py::class_<Puller>(m, "Puller", "Connects out to sources and starts pulls.")
       .def(py::init([](std::vector<std::pair<std::string, int>> sources, py::bytes secret,
                        const std::string& transport, int streams, int max_in_flight,
                        double request_timeout_s, double connect_timeout_s, int reconnect_attempts,
-                       uint64_t self_server_id) {
+                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool) {
              PullOptions o;
              o.secret = secret;
              o.transport = transport;
@@ -206,12 +215,13 @@ void BindPuller(py::module_& m) {
              o.request_timeout_s = request_timeout_s;
              o.connect_timeout_s = connect_timeout_s;
              o.reconnect_attempts = reconnect_attempts;
+             o.pool = std::move(pool);
              std::vector<SourceAddress> addrs;
              for (auto& s : sources) addrs.push_back(SourceAddress{s.first, s.second});
              return std::make_unique<Puller>(o, addrs, self_server_id);
            }), py::arg("sources"), py::arg("secret"), py::arg("transport"), py::arg("streams"),
            py::arg("max_in_flight"), py::arg("request_timeout_s"), py::arg("connect_timeout_s"),
-           py::arg("reconnect_attempts"), py::arg("self_server_id") = 0)
+           py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr)
       .def("resolve", [](Puller& p, int64_t version, double timeout_s) {
             auto plan = std::make_unique<PullPlan>();
             ThrowIfError(p.Resolve(version, timeout_s, plan.get()));
@@ -244,15 +254,17 @@ void BindPuller(py::module_& m) {
 
 void BindUtilities(py::module_& m) {
   m.def("crc32c", [](py::object data, uint32_t crc) {
-        Py_buffer view;  // PyBUF_SIMPLE: contiguous bytes, or a BufferError
-        if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
-        {
-          py::gil_scoped_release release;
-          crc = Crc32cExtend(crc, view.buf, static_cast<size_t>(view.len));
-        }
-        PyBuffer_Release(&view);
-        return crc;
+        BufferView view(data, false);
+        py::gil_scoped_release release;
+        return Crc32cExtend(crc, view.data(), view.size());
       }, py::arg("data"), py::arg("crc") = 0, "CRC-32C of a contiguous buffer, continuing from `crc`.");
+  m.def("crc32c_copy", [](py::object dst, py::object src, uint32_t crc, bool streaming) {
+        BufferView d(dst, true), s(src, false);
+        if (d.size() < s.size()) ThrowIfError(Status(Code::kInvalidArgument, "dst is smaller than src"));
+        py::gil_scoped_release release;
+        return Crc32cCopy(crc, d.data(), s.data(), s.size(), streaming);
+      }, py::arg("dst"), py::arg("src"), py::arg("crc") = 0, py::arg("streaming") = false,
+      "Copies src into the start of dst and returns the CRC-32C of src, in one pass.");
   m.def("crc32c_portable", [](py::bytes b) {
         std::string s = b;
         return Crc32cExtendPortable(0, s.data(), s.size());

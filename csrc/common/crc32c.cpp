@@ -4,6 +4,7 @@
 
 #include "common/crc32c_fold.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -125,11 +126,14 @@ const bool kUseHardware = DetectHardware();
 
 // Below this size the folding setup costs more than it saves.
 constexpr size_t kFoldMin = 1024;
+// Without folding, Crc32cCopy copies this much, then checksums it while it is in L2.
+constexpr size_t kCopyBlock = 256u << 10;
 
-// The folding path is used only if it agrees with the table path on this CPU.
+// The folding paths are used only if they agree with the table path on this CPU.
 bool FoldPassesSelfTest() {
   if (!kUseHardware || !FoldCrc32cSupported()) return false;
-  uint8_t buf[4096 + 77];
+  alignas(64) uint8_t buf[4096 + 77];
+  alignas(64) uint8_t copy[sizeof(buf)];
   uint32_t x = 0x12345678u;
   for (auto& b : buf) {
     x = x * 1103515245u + 12345u;
@@ -137,10 +141,17 @@ bool FoldPassesSelfTest() {
   }
   for (size_t n : {size_t{1024}, size_t{1536}, size_t{4096 + 77}}) {
     for (uint32_t seed : {0u, 0xFFFFFFFFu, 0xDEADBEEFu}) {
+      const uint32_t want = RawPortable(seed, buf, n);
       uint32_t state = seed;
       size_t used = FoldCrc32c(&state, buf, n);
-      state = RawPortable(state, buf + used, n - used);
-      if (state != RawPortable(seed, buf, n)) return false;
+      if (RawPortable(state, buf + used, n - used) != want) return false;
+      for (bool streaming : {false, true}) {
+        std::memset(copy, 0, sizeof(copy));
+        state = seed;
+        used = FoldCopyCrc32c(&state, copy, buf, n, streaming);
+        if (RawPortable(state, buf + used, n - used) != want) return false;
+        if (std::memcmp(copy, buf, used) != 0) return false;
+      }
     }
   }
   return true;
@@ -157,7 +168,36 @@ uint32_t RawBest(uint32_t c, const uint8_t* p, size_t n) {
   return RawHw(c, p, n);
 }
 
+// Polynomial product a*b modulo P, in the reflected bit order (bit 31 is x^0).
+uint32_t MulModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+    if (a & m) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return product;
+}
+
+// x^(2^k) mod P for k = 0..63, so x^(8n) is a product of at most 64 of them.
+struct PowerTable {
+  uint32_t p[64];
+  PowerTable() {
+    p[0] = 1u << 30;  // x^1
+    for (int k = 1; k < 64; ++k) p[k] = MulModP(p[k - 1], p[k - 1]);
+  }
+};
+
 }  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  static const PowerTable powers;
+  uint32_t shift = 1u << 31;  // x^0
+  // Appending len_b bytes multiplies crc(A) by x^(8 len_b): bits of len_b pick x^(2^(k+3)).
+  for (int k = 3; len_b != 0 && k < 64; ++k, len_b >>= 1) {
+    if (len_b & 1) shift = MulModP(powers.p[k], shift);
+  }
+  return MulModP(shift, crc_a) ^ crc_b;
+}
 
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
   return ~RawPortable(~crc, static_cast<const uint8_t*>(data), n);
@@ -166,6 +206,38 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   return kUseHardware ? ~RawBest(~crc, p, n) : ~RawPortable(~crc, p, n);
+}
+
+uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t n, bool streaming) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  if (!kUseFold) {
+    // Copy a block, then checksum it while it is still in cache.
+    for (size_t done = 0; done < n;) {
+      size_t k = std::min(kCopyBlock, n - done);
+      std::memcpy(d + done, s + done, k);
+      crc = Crc32cExtend(crc, d + done, k);
+      done += k;
+    }
+    return crc;
+  }
+  uint32_t c = ~crc;
+  if (streaming) {  // non-temporal stores need a 64-byte aligned destination
+    size_t head = std::min(n, (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63);
+    std::memcpy(d, s, head);
+    c = RawHw(c, s, head);
+    d += head;
+    s += head;
+    n -= head;
+  }
+  if (n >= kFoldMin) {
+    size_t used = FoldCopyCrc32c(&c, d, s, n, streaming);
+    d += used;
+    s += used;
+    n -= used;
+  }
+  std::memcpy(d, s, n);
+  return ~RawHw(c, s, n);
 }
 
 bool Crc32cUsesHardware() { return kUseHardware; }

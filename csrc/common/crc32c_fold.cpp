@@ -74,23 +74,39 @@ RLB_FOLD_TARGET inline __m128i Fold128(__m128i x, const FoldKey& key) {
   return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
 }
 
-RLB_FOLD_TARGET size_t FoldImpl(uint32_t* state, const uint8_t* p, size_t n) {
+// Where FoldImpl puts the bytes it reads, besides into the checksum.
+enum class Sink { kNone, kCached, kStreaming };
+
+template <Sink S>
+RLB_FOLD_TARGET inline __m512i LoadAndCopy(const uint8_t* p, uint8_t* dst) {
+  __m512i v = _mm512_loadu_si512(p);
+  if constexpr (S == Sink::kCached) _mm512_storeu_si512(dst, v);
+  if constexpr (S == Sink::kStreaming) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), v);
+  return v;
+}
+
+// Checksums (and, unless S is kNone, copies to dst) the first n / 256 * 256 bytes of p.
+template <Sink S>
+RLB_FOLD_TARGET size_t FoldImpl(uint32_t* state, const uint8_t* p, uint8_t* dst, size_t n) {
   const Keys& keys = FoldKeys();
   size_t groups = n / 256;
-  __m512i z0 = _mm512_loadu_si512(p);
-  __m512i z1 = _mm512_loadu_si512(p + 64);
-  __m512i z2 = _mm512_loadu_si512(p + 128);
-  __m512i z3 = _mm512_loadu_si512(p + 192);
+  __m512i z0 = LoadAndCopy<S>(p, dst);
+  __m512i z1 = LoadAndCopy<S>(p + 64, dst + 64);
+  __m512i z2 = LoadAndCopy<S>(p + 128, dst + 128);
+  __m512i z3 = LoadAndCopy<S>(p + 192, dst + 192);
   // The running register enters as the first 32 bits of the message (CRC linearity).
   z0 = _mm512_xor_si512(z0, _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(*state))));
   __m512i k = Broadcast(keys.k2048);
   for (size_t g = 1; g < groups; ++g) {
     const uint8_t* q = p + 256 * g;
-    z0 = Fold512(z0, k, _mm512_loadu_si512(q));
-    z1 = Fold512(z1, k, _mm512_loadu_si512(q + 64));
-    z2 = Fold512(z2, k, _mm512_loadu_si512(q + 128));
-    z3 = Fold512(z3, k, _mm512_loadu_si512(q + 192));
+    uint8_t* o = dst + 256 * g;
+    z0 = Fold512(z0, k, LoadAndCopy<S>(q, o));
+    z1 = Fold512(z1, k, LoadAndCopy<S>(q + 64, o + 64));
+    z2 = Fold512(z2, k, LoadAndCopy<S>(q + 128, o + 128));
+    z3 = Fold512(z3, k, LoadAndCopy<S>(q + 192, o + 192));
   }
+  // Streaming stores are weakly ordered: make them visible before the caller says done.
+  if constexpr (S == Sink::kStreaming) _mm_sfence();
   __m512i k512 = Broadcast(keys.k512);
   z1 = Fold512(z0, k512, z1);
   z2 = Fold512(z1, k512, z2);
@@ -113,11 +129,20 @@ bool FoldCrc32cSupported() {
          __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.2");
 }
 
-size_t FoldCrc32c(uint32_t* state, const uint8_t* p, size_t n) { return FoldImpl(state, p, n); }
+size_t FoldCrc32c(uint32_t* state, const uint8_t* p, size_t n) {
+  // Nothing is stored with kNone; p only gives the unused destination a valid address.
+  return FoldImpl<Sink::kNone>(state, p, const_cast<uint8_t*>(p), n);
+}
+
+size_t FoldCopyCrc32c(uint32_t* state, uint8_t* dst, const uint8_t* src, size_t n, bool streaming) {
+  return streaming ? FoldImpl<Sink::kStreaming>(state, src, dst, n)
+                   : FoldImpl<Sink::kCached>(state, src, dst, n);
+}
 
 #else
 bool FoldCrc32cSupported() { return false; }
 size_t FoldCrc32c(uint32_t*, const uint8_t*, size_t) { return 0; }
+size_t FoldCopyCrc32c(uint32_t*, uint8_t*, const uint8_t*, size_t, bool) { return 0; }
 #endif
 
 }  // namespace rlboost

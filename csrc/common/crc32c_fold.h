@@ -14,5 +14,8 @@ bool FoldCrc32cSupported();
 // of 256 bytes (n >= 256 required); returns how many bytes it consumed. The caller
 // finishes the rest with the crc32 instruction.
 size_t FoldCrc32c(uint32_t* state, const uint8_t* p, size_t n);
+// The same, also copying the bytes it consumes from src to dst in the same pass.
+// streaming: non-temporal stores, which need dst aligned to 64 bytes.
+size_t FoldCopyCrc32c(uint32_t* state, uint8_t* dst, const uint8_t* src, size_t n, bool streaming);
 
 }  // namespace rlboost

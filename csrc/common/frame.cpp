@@ -133,6 +133,18 @@ Status DecodeFrameHeader(const uint8_t in[kFrameHeaderBytes], FrameHeader* out) 
   return Status::Ok();
 }
 
+std::string EncodeVersionBody(int64_t version) {
+  std::string body;
+  ByteWriter(&body).I64(version);
+  return body;
+}
+
+Status DecodeVersionBody(const std::string& body, int64_t* version) {
+  ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
+  RLB_RETURN_IF_ERROR(r.I64(version));
+  return r.ExpectEnd();
+}
+
 std::string EncodeErrorBody(const Status& s) {
   std::string body;
   ByteWriter w(&body);

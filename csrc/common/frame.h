@@ -66,6 +66,10 @@ bool IsClientFrame(FrameType type);
 uint64_t MaxFrameBody(FrameType type);
 const char* FrameTypeName(FrameType type);
 
+// Bodies that carry only a version (manifest, shm-open, shm-close, ucx-open requests).
+std::string EncodeVersionBody(int64_t version);
+Status DecodeVersionBody(const std::string& body, int64_t* version);
+
 // Error frames carry a Code so the receiving side raises the same typed error.
 std::string EncodeErrorBody(const Status& s);
 Status DecodeErrorBody(const uint8_t* body, size_t n);

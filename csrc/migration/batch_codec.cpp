@@ -4,8 +4,8 @@
 #include <cstring>
 #include <string>
 
-#include "migration/crc32c.h"
-#include "migration/thread_pool.h"
+#include "common/crc32c.h"
+#include "common/thread_pool.h"
 #include "migration/wire.h"
 
 namespace rlboost::migration {
@@ -16,6 +16,8 @@ constexpr uint64_t kAlign = 64;
 constexpr uint64_t kTableEntryBytes = 16;
 constexpr uint64_t kChunkBytes = 256 << 10;
 constexpr size_t kMetaCrcAt = 60;
+// Batches whose KV bytes outgrow the cache are copied with streaming stores.
+constexpr uint64_t kStreamingBytes = uint64_t{64} << 20;
 
 struct Region {
   const uint8_t* src;
@@ -23,8 +25,8 @@ struct Region {
   uint64_t len;
 };
 
-// Copies (where asked) and checksums every region in chunks spread over the pool; a chunk
-// is checksummed right after its copy, while it is still in cache.
+// Copies (where asked) and checksums every region in chunks spread over the pool; a copy
+// takes its checksum from the bytes as it moves them (one pass).
 std::vector<uint32_t> CopyAndChecksum(const std::vector<Region>& regions) {
   struct Chunk {
     size_t region;
@@ -37,15 +39,14 @@ std::vector<uint32_t> CopyAndChecksum(const std::vector<Region>& regions) {
     }
   }
   std::vector<uint32_t> chunk_crc(chunks.size());
+  uint64_t total = 0;
+  for (const Region& r : regions) total += r.len;
+  const bool streaming = total >= kStreamingBytes;
   ParallelFor(chunks.size(), [&](size_t i) {
     const Chunk& c = chunks[i];
     const Region& r = regions[c.region];
     const uint8_t* p = r.src + c.off;
-    if (r.dst != nullptr) {
-      std::memcpy(r.dst + c.off, p, c.len);
-      p = r.dst + c.off;
-    }
-    chunk_crc[i] = Crc32c(p, c.len);
+    chunk_crc[i] = r.dst != nullptr ? Crc32cCopy(0, r.dst + c.off, p, c.len, streaming) : Crc32c(p, c.len);
   });
   std::vector<uint32_t> crcs(regions.size(), 0);
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -69,7 +70,7 @@ bool LayoutFieldsZero(const BatchLayout& l) {
 }
 
 uint32_t MetaCrc(const uint8_t* header, const uint8_t* table, uint64_t table_len) {
-  return Crc32c(table, table_len, Crc32c(header, kMetaCrcAt));
+  return Crc32cExtend(Crc32c(header, kMetaCrcAt), table, table_len);
 }
 
 // Decode helper: the region [from, to) must be zero padding.

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "migration/stream_copy.h"
-#include "migration/thread_pool.h"
 #include "migration/wire.h"
 #ifdef RLBOOST_HAS_CUDA
 #include "migration/kv_pages_cuda.h"

@@ -1,6 +1,4 @@
 list(APPEND RLBOOST_SOURCES
-  ${CMAKE_CURRENT_LIST_DIR}/crc32c.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/thread_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/state_codec.cpp
   ${CMAKE_CURRENT_LIST_DIR}/batch_codec.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kv_pages.cpp

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "migration/crc32c.h"
+#include "common/crc32c.h"
 #include "migration/wire.h"
 
 namespace rlboost::migration {

@@ -1,4 +1,4 @@
-// The transports built into this module, by name.
+// The transports built into this module, by name, and what their control requests share.
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
@@ -7,6 +7,18 @@
 #endif
 
 namespace rlboost {
+
+Status RequestRegion(SourceLink& link, FrameType request, FrameType response, int64_t version,
+                     const char* unavailable, Deadline d, std::string* reply) {
+  FrameHeader h;
+  RLB_RETURN_IF_ERROR(link.Call(request, EncodeVersionBody(version), response, &h, reply, d));
+  auto st = static_cast<ReplyStatus>(h.status);
+  if (st == ReplyStatus::kUnknownVersion) {
+    return Status(Code::kUnknownVersion, "source does not hold version " + std::to_string(version));
+  }
+  if (st != ReplyStatus::kOk) return Status(Code::kInvalidArgument, unavailable);
+  return Status::Ok();
+}
 
 std::vector<std::string> BuiltTransports() {
   std::vector<std::string> names = {"tcp", "shm"};

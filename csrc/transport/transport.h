@@ -13,6 +13,7 @@
 #include "common/deadline.h"
 #include "common/frame.h"
 #include "common/status.h"
+#include "transport/tcp/connection_pool.h"
 #include "transport/tcp/handshake.h"
 
 namespace rlboost {
@@ -22,6 +23,9 @@ struct TransportCaps {
   bool needs_shared_region = false;  // the source's region must live in shared memory
   bool source_cpu_free = false;      // the source's CPU does no per-chunk work
   bool device_memory = false;        // can write into GPU memory
+  // The source keeps what it leased for this transport until the control connection
+  // closes: that connection must not be kept open for later pulls.
+  bool leases_until_disconnect = false;
 };
 
 struct ChunkRead {
@@ -44,6 +48,10 @@ class ChunkStream {
   virtual Status Complete(ChunkRead* read, Deadline d) = 0;
   // Makes a blocked Submit/Complete in another thread return promptly.
   virtual void Abort() = 0;
+  // True when the stream failed before delivering anything over a connection kept from
+  // an earlier pull (the source had closed it while idle): the caller reconnects without
+  // counting a failure.
+  virtual bool stale() const { return false; }
 };
 
 // The control connection to one source, as transports see it.
@@ -61,9 +69,16 @@ class SourceLink {
   virtual Status Notify(FrameType request, const std::string& body, Deadline d) = 0;
 };
 
+// Asks a source for `version`'s region over a transport's control request (shm-open,
+// ucx-open): the reply body on success; kUnknownVersion when the source does not hold it,
+// kInvalidArgument (saying `unavailable`) when it cannot serve it over this transport.
+Status RequestRegion(SourceLink& link, FrameType request, FrameType response, int64_t version,
+                     const char* unavailable, Deadline d, std::string* reply);
+
 struct StreamOptions {
   double connect_timeout_s = 10.0;
   uint64_t region_bytes = 0;  // payload size of the version
+  ConnectionPool* pool = nullptr;  // idle connections to reuse and give back (null: none)
 };
 
 class Transport {

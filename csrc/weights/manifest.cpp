@@ -3,11 +3,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/frame.h"
+#include "common/thread_pool.h"
 
 namespace rlboost {
 
@@ -38,17 +38,13 @@ Status ChunkCount(uint64_t total_bytes, uint32_t chunk_bytes, uint32_t* out) {
 }
 
 void ComputeChunkCrcs(const uint8_t* data, int threads, Manifest* m) {
-  uint32_t n = m->num_chunks();
-  threads = std::max(1, std::min<int>(threads, static_cast<int>(n)));
-  auto work = [&](int t) {
-    for (uint32_t i = static_cast<uint32_t>(t); i < n; i += static_cast<uint32_t>(threads)) {
+  const uint32_t n = m->num_chunks();
+  const uint32_t tasks = static_cast<uint32_t>(std::max(1, std::min<int>(threads, static_cast<int>(n))));
+  ParallelFor(tasks, [&](size_t t) {
+    for (uint32_t i = static_cast<uint32_t>(t); i < n; i += tasks) {
       m->crcs[i] = Crc32c(data + m->ChunkOffset(i), m->ChunkLength(i));
     }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (auto& th : pool) th.join();
+  });
 }
 
 std::string EncodeManifest(const Manifest& m) {

@@ -26,7 +26,7 @@ struct Manifest {
 
 // Number of chunks for a payload; checks the chunk size and count bounds.
 Status ChunkCount(uint64_t total_bytes, uint32_t chunk_bytes, uint32_t* out);
-// Fills m->crcs from the payload, splitting the work over `threads` threads.
+// Fills m->crcs from the payload, in up to `threads` tasks on the shared thread pool.
 void ComputeChunkCrcs(const uint8_t* data, int threads, Manifest* m);
 
 std::string EncodeManifest(const Manifest& m);

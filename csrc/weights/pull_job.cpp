@@ -1,6 +1,7 @@
 // PullJob lanes: claim, submit, complete, verify; reconnect or retire a failing source.
 #include "weights/pull_job.h"
 
+#include <algorithm>
 #include <deque>
 
 #include "transport/shm/shm_transport.h"
@@ -65,12 +66,21 @@ PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSou
 }
 
 PullJob::~PullJob() {
-  Cancel();
+  bool running;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running = running_ > 0;
+  }
+  // A finished job leaves its control connections healthy, to be kept for later pulls.
+  if (running) Cancel();
   for (auto& lane : lanes_) {
     if (lane->thread.joinable()) lane->thread.join();
   }
   for (auto& w : watchers_) w.join();
   lanes_.clear();
+  for (auto& src : sources_) {
+    if (src->transport && src->transport->caps().leases_until_disconnect) src->session->Discard();
+  }
 }
 
 Status PullJob::Start() {
@@ -90,8 +100,10 @@ Status PullJob::Start() {
     }
   }
   started_ = true;
+  // A lane per chunk at most: a small payload needs no idle connections and threads.
+  const int lanes = static_cast<int>(std::min<uint32_t>(opts_.streams, std::max(1u, manifest_.num_chunks())));
   for (size_t s = 0; s < sources_.size(); ++s) {
-    for (int k = 0; k < opts_.streams; ++k) {
+    for (int k = 0; k < lanes; ++k) {
       auto lane = std::make_unique<Lane>();
       lane->source = s;
       lanes_.push_back(std::move(lane));
@@ -134,6 +146,7 @@ Status PullJob::OpenStream(Lane* lane) {
   StreamOptions so;
   so.connect_timeout_s = opts_.connect_timeout_s;
   so.region_bytes = manifest_.total_bytes;
+  so.pool = opts_.pool.get();
   std::unique_ptr<ChunkStream> stream;
   std::lock_guard<std::mutex> lock(src.mu);
   Status st = src.transport->OpenStream(*src.session, manifest_.version, so, &stream);
@@ -163,17 +176,22 @@ void PullJob::AnnouncePending(uint32_t chunk, bool pending) {
 
 void PullJob::FailLane(Lane* lane, const Status& st) {
   Source& src = *sources_[lane->source];
+  bool stale = false;
   {
     std::lock_guard<std::mutex> lock(lane->mu);
+    stale = lane->stream && lane->stream->stale();
     lane->stream.reset();
   }
-  bool retire = Permanent(st.code()) || ++lane->failures > opts_.reconnect_attempts;
-  if (!retire) ++src.reconnects;
-  {
-    std::lock_guard<std::mutex> lock(src.mu);
-    src.error = st.message();
+  // A kept connection the source had closed while idle is not a failure of the source.
+  if (!stale || Permanent(st.code())) {
+    bool retire = Permanent(st.code()) || ++lane->failures > opts_.reconnect_attempts;
+    if (!retire) ++src.reconnects;
+    {
+      std::lock_guard<std::mutex> lock(src.mu);
+      src.error = st.message();
+    }
+    if (retire) map_.RetireSource(lane->source, st);
   }
-  if (retire) map_.RetireSource(lane->source, st);
   ReleaseInFlight(lane, st);
 }
 

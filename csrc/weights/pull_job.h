@@ -1,5 +1,5 @@
 // PullJob: one version pulled into one destination. Each source gets `streams` lanes
-// (threads); a lane keeps up to `max_in_flight` chunk reads outstanding on its stream,
+// (threads; no more than there are chunks); a lane keeps up to `max_in_flight` chunk reads outstanding on its stream,
 // verifies each chunk's crc32c against the manifest, and reports held chunks to the
 // relay store so this process can re-serve them while it is still pulling. A lane that
 // loses its source reconnects a bounded number of times; chunks it had in flight go
@@ -31,6 +31,8 @@ struct PullOptions {
   double connect_timeout_s = 10.0;
   int reconnect_attempts = 2;
   uint32_t have_wait_ms = 500;  // long-poll of a relay's held chunks
+  // Connections kept between pulls (null: every pull connects anew).
+  std::shared_ptr<ConnectionPool> pool;
 };
 
 // One source, resolved for the version being pulled. A source still pulling the version

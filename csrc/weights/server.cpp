@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/bytes.h"
 #include "common/random.h"
 #include "transport/tcp/frame_io.h"
@@ -54,10 +56,11 @@ ServerStats WeightServer::stats() const {
   s.not_held_replies = not_held_;
   s.connections_accepted = accepted_;
   s.connections_refused = refused_;
+  s.connections_evicted = evicted_;
   s.auth_failures = auth_failures_;
   s.protocol_errors = protocol_errors_;
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& c : conns_) s.active_connections += c->done ? 0 : 1;
+  for (auto& c : conns_) s.active_connections += c->done || c->evicted ? 0 : 1;
   return s;
 }
 
@@ -84,7 +87,8 @@ void WeightServer::AcceptLoop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     ReapLocked();
-    if (static_cast<int>(conns_.size()) >= opts_.max_connections) {
+    auto open = std::count_if(conns_.begin(), conns_.end(), [](const auto& c) { return !c->evicted; });
+    if (open >= opts_.max_connections && !EvictIdleLocked()) {
       ++refused_;
       continue;  // s closes here
     }
@@ -97,12 +101,26 @@ void WeightServer::AcceptLoop() {
   }
 }
 
+bool WeightServer::EvictIdleLocked() {
+  Conn* oldest = nullptr;
+  for (auto& c : conns_) {
+    if (c->idle && !c->evicted && !c->done && (oldest == nullptr || c->idle_since < oldest->idle_since)) {
+      oldest = c.get();
+    }
+  }
+  if (oldest == nullptr) return false;
+  oldest->evicted = true;
+  oldest->socket.Shutdown();  // its thread sees the end of stream and exits
+  ++evicted_;
+  return true;
+}
+
 void WeightServer::Serve(Conn* conn) {
   // Everything a client can cause ends here: its connection closes, nothing else.
   try {
     Socket& s = conn->socket;
     Status st = ServerHandshake(s, opts_.secret, self_, Deadline::After(opts_.handshake_timeout_s));
-    if (st.ok()) st = ServeFrames(s);
+    if (st.ok()) st = ServeFrames(conn);
     if (st.code() == Code::kAuth) ++auth_failures_;
     if (st.code() == Code::kProtocol) ++protocol_errors_;
     if ((st.code() == Code::kAuth || st.code() == Code::kProtocol) && !closing_) {
@@ -115,12 +133,16 @@ void WeightServer::Serve(Conn* conn) {
   conn->done = true;
 }
 
-Status WeightServer::ServeFrames(Socket& s) {
+Status WeightServer::ServeFrames(Conn* c) {
+  Socket& s = c->socket;
   ServiceConnection conn;
   conn.socket = &s;
-  while (!closing_) {
+  while (!closing_ && !c->evicted) {
+    c->idle_since = Deadline::Clock::now().time_since_epoch().count();
+    c->idle = true;
     s.WaitReadable(Deadline::Never());  // idle connections may wait indefinitely
-    if (closing_) break;
+    c->idle = false;
+    if (closing_ || c->evicted) break;
     FrameHeader h;
     Deadline frame_deadline = Deadline::After(opts_.frame_timeout_s);
     Status st = RecvHeader(s, &h, frame_deadline);
@@ -139,7 +161,6 @@ Status WeightServer::ServeFrames(Socket& s) {
 Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, ServiceConnection& conn) {
   Socket& s = *conn.socket;
   Deadline d = Deadline::After(opts_.send_timeout_s);
-  ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
   switch (h.type) {
     case FrameType::kChunkRequest:
       return ServeChunk(h, body, s);
@@ -147,8 +168,7 @@ Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, Ser
       return ServeHave(h, body, s);
     case FrameType::kManifestRequest: {
       int64_t version;
-      RLB_RETURN_IF_ERROR(r.I64(&version));
-      RLB_RETURN_IF_ERROR(r.ExpectEnd());
+      RLB_RETURN_IF_ERROR(DecodeVersionBody(body, &version));
       std::string encoded;
       Status st = store_->EncodedManifest(version, &encoded);
       if (!st.ok()) return SendError(s, st, h.request_id, d);

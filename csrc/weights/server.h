@@ -1,6 +1,8 @@
 // WeightServer: serves the versions of a VersionStore to authenticated pullers on one
 // TCP port. One thread per connection; each connection's failures (a wrong secret, a
-// malformed frame, a vanished peer) close that connection only.
+// malformed frame, a vanished peer) close that connection only. Pullers keep their
+// connections open between pulls; when max_connections are open, the one idle longest
+// is closed to admit a newcomer (its puller reconnects when it next needs it).
 #pragma once
 
 #include <atomic>
@@ -37,7 +39,8 @@ struct ServerStats {
   uint64_t chunks_sent = 0;
   uint64_t not_held_replies = 0;
   uint64_t connections_accepted = 0;
-  uint64_t connections_refused = 0;  // over max_connections
+  uint64_t connections_refused = 0;  // over max_connections, none of them idle
+  uint64_t connections_evicted = 0;  // idle ones closed to admit a newcomer
   uint64_t auth_failures = 0;
   uint64_t protocol_errors = 0;
   uint64_t active_connections = 0;
@@ -61,12 +64,17 @@ class WeightServer {
     Socket socket;
     std::thread thread;
     std::atomic<bool> done{false};
+    std::atomic<bool> evicted{false};
+    // Authenticated and waiting for its next request since idle_since (steady clock ns).
+    std::atomic<bool> idle{false};
+    std::atomic<int64_t> idle_since{0};
   };
 
   WeightServer(const ServerOptions& opts, std::shared_ptr<VersionStore> store);
   void AcceptLoop();
   void Serve(Conn* conn);
-  Status ServeFrames(Socket& s);
+  Status ServeFrames(Conn* conn);
+  bool EvictIdleLocked();
   Status Dispatch(const FrameHeader& h, const std::string& body, ServiceConnection& conn);
   Status ServeChunk(const FrameHeader& h, const std::string& body, Socket& s);
   Status ServeHave(const FrameHeader& h, const std::string& body, Socket& s);
@@ -85,7 +93,7 @@ class WeightServer {
   std::list<std::unique_ptr<Conn>> conns_;
 
   std::atomic<uint64_t> bytes_sent_{0}, chunks_sent_{0}, not_held_{0}, accepted_{0}, refused_{0},
-      auth_failures_{0}, protocol_errors_{0};
+      evicted_{0}, auth_failures_{0}, protocol_errors_{0};
 };
 
 }  // namespace rlboost

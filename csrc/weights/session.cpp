@@ -8,35 +8,93 @@
 namespace rlboost {
 
 Status SourceSession::Open(const std::string& host, int port, const std::string& secret,
-                           Deadline d, std::unique_ptr<SourceSession>* out) {
-  std::unique_ptr<SourceSession> s(new SourceSession(host, port, secret));
-  RLB_RETURN_IF_ERROR(ConnectTcp(host, port, d, &s->socket_));
-  RLB_RETURN_IF_ERROR(ClientHandshake(s->socket_, secret, d, &s->peer_));
+                           std::shared_ptr<ConnectionPool> pool, Deadline d,
+                           std::unique_ptr<SourceSession>* out) {
+  std::unique_ptr<SourceSession> s(new SourceSession(host, port, secret, std::move(pool)));
+  Connection c;
+  RLB_RETURN_IF_ERROR(ConnectAuthenticated(s->pool_.get(), host, port, secret, 0, d, &c));
+  s->socket_ = std::move(c.socket);
+  s->peer_ = c.peer;
+  s->reused_ = c.reused;
   *out = std::move(s);
   return Status::Ok();
+}
+
+SourceSession::~SourceSession() {
+  if (pool_ != nullptr && !broken_) pool_->Give(host_, port_, std::move(socket_), peer_);
+}
+
+void SourceSession::Abort() {
+  std::lock_guard<std::mutex> lock(socket_mu_);
+  aborted_ = true;
+  broken_ = true;
+  socket_.Shutdown();
 }
 
 Status SourceSession::Call(FrameType request, const std::string& body, FrameType response,
                            FrameHeader* reply_header, std::string* reply, Deadline d) {
   std::lock_guard<std::mutex> lock(mu_);
+  Status st = CallOnce(request, body, response, reply_header, reply, d);
+  bool connection_lost = st.code() == Code::kPeerLost || st.code() == Code::kIo;
+  if (!connection_lost || !reused_ || proven_ || aborted_) return st;
+  // A kept connection the source closed while it was idle: connect afresh and ask again
+  // (every control request is a read, or a lease the closed connection already ended).
+  Connection c;
+  RLB_RETURN_IF_ERROR(ConnectAuthenticated(nullptr, host_, port_, secret_, 0, d, &c));
+  {
+    std::lock_guard<std::mutex> socket_lock(socket_mu_);
+    if (aborted_) return Status(Code::kClosed, "pull cancelled");
+    socket_ = std::move(c.socket);
+    peer_ = c.peer;
+    reused_ = false;
+    broken_ = false;
+  }
+  return CallOnce(request, body, response, reply_header, reply, d);
+}
+
+Status SourceSession::CallOnce(FrameType request, const std::string& body, FrameType response,
+                               FrameHeader* reply_header, std::string* reply, Deadline d) {
   uint64_t id = ++next_id_;
-  RLB_RETURN_IF_ERROR(SendFrame(socket_, request, 0, id, body, d));
-  RLB_RETURN_IF_ERROR(RecvExpected(socket_, response, reply_header, reply, d));
-  if (reply_header->request_id != id) return Status(Code::kProtocol, "response to another request");
-  return Status::Ok();
+  FrameHeader h;
+  Status st = SendFrame(socket_, request, 0, id, body, d);
+  if (st.ok()) st = RecvHeader(socket_, &h, d);
+  if (st.ok() && h.type != response && h.type != FrameType::kError) {
+    st = Status(Code::kProtocol, std::string("expected a ") + FrameTypeName(response) + " frame, got " +
+                                     FrameTypeName(h.type));
+  }
+  if (st.ok()) st = RecvBody(socket_, h, reply, d);
+  if (st.ok() && h.type != FrameType::kError && h.request_id != id) {
+    st = Status(Code::kProtocol, "response to another request");
+  }
+  if (!st.ok()) {
+    broken_ = true;  // the byte stream is out of step (or gone)
+    return st;
+  }
+  *reply_header = h;
+  if (h.type == FrameType::kError) {
+    st = DecodeErrorBody(reinterpret_cast<const uint8_t*>(reply->data()), reply->size());
+    // A source closes the connection after it reports an auth or protocol error.
+    if (st.code() == Code::kAuth || st.code() == Code::kProtocol) {
+      broken_ = true;
+      return st;
+    }
+  }
+  proven_ = true;
+  return st;
 }
 
 Status SourceSession::Notify(FrameType request, const std::string& body, Deadline d) {
   std::lock_guard<std::mutex> lock(mu_);
-  return SendFrame(socket_, request, 0, ++next_id_, body, d);
+  Status st = SendFrame(socket_, request, 0, ++next_id_, body, d);
+  if (!st.ok()) broken_ = true;
+  return st;
 }
 
 Status SourceSession::FetchManifest(int64_t version, Manifest* out, Deadline d) {
-  std::string body, reply;
-  ByteWriter w(&body);
-  w.I64(version);
+  std::string reply;
   FrameHeader h;
-  RLB_RETURN_IF_ERROR(Call(FrameType::kManifestRequest, body, FrameType::kManifest, &h, &reply, d));
+  RLB_RETURN_IF_ERROR(Call(FrameType::kManifestRequest, EncodeVersionBody(version), FrameType::kManifest,
+                           &h, &reply, d));
   RLB_RETURN_IF_ERROR(DecodeManifest(reinterpret_cast<const uint8_t*>(reply.data()), reply.size(), out));
   if (version >= 0 && out->version != version) {
     return Status(Code::kProtocol, "source answered with another version's manifest");

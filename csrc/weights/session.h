@@ -1,12 +1,15 @@
 // SourceSession: the puller's authenticated control connection to one source. It asks
 // for manifests and held-chunk bitmaps and carries transports' control requests; bulk
-// bytes travel on the transport's own streams.
+// bytes travel on the transport's own streams. With a ConnectionPool the connection is
+// taken from and given back to it, so consecutive pulls do not connect again.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "transport/tcp/connection_pool.h"
 #include "transport/tcp/socket.h"
 #include "transport/transport.h"
 #include "weights/manifest.h"
@@ -16,8 +19,12 @@ namespace rlboost {
 
 class SourceSession : public SourceLink {
  public:
-  static Status Open(const std::string& host, int port, const std::string& secret, Deadline d,
+  // pool may be null (then the connection closes with the session).
+  static Status Open(const std::string& host, int port, const std::string& secret,
+                     std::shared_ptr<ConnectionPool> pool, Deadline d,
                      std::unique_ptr<SourceSession>* out);
+  // Gives a healthy connection back to the pool.
+  ~SourceSession() override;
 
   Status FetchManifest(int64_t version, Manifest* out, Deadline d);  // -1 = latest
   // The source's held chunks; waits up to wait_ms on the source for a generation newer
@@ -31,19 +38,29 @@ class SourceSession : public SourceLink {
   Status Call(FrameType request, const std::string& body, FrameType response,
               FrameHeader* reply_header, std::string* reply, Deadline d) override;
   Status Notify(FrameType request, const std::string& body, Deadline d) override;
-  // Unblocks a call in progress (used when a pull is cancelled).
-  void Abort() { socket_.Shutdown(); }
+  // Unblocks a call in progress (used when a pull is cancelled); the connection is closed.
+  void Abort();
+  // Closes the connection instead of giving it back (the source holds state on it).
+  void Discard() { broken_ = true; }
 
  private:
-  SourceSession(std::string host, int port, std::string secret)
-      : host_(std::move(host)), port_(port), secret_(std::move(secret)) {}
+  SourceSession(std::string host, int port, std::string secret, std::shared_ptr<ConnectionPool> pool)
+      : host_(std::move(host)), port_(port), secret_(std::move(secret)), pool_(std::move(pool)) {}
+  Status CallOnce(FrameType request, const std::string& body, FrameType response,
+                  FrameHeader* reply_header, std::string* reply, Deadline d);
   std::string host_;
   int port_;
   std::string secret_;
+  std::shared_ptr<ConnectionPool> pool_;
   PeerIdentity peer_;
-  std::mutex mu_;
+  std::mutex mu_;         // one call at a time
+  std::mutex socket_mu_;  // replacing socket_ vs. Abort() from another thread
   Socket socket_;
   uint64_t next_id_ = 0;
+  bool reused_ = false;             // the connection came from the pool ...
+  bool proven_ = false;             // ... and has answered a request since
+  std::atomic<bool> broken_{false};  // out of step, closed or aborted: never reused
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace rlboost

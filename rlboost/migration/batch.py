@@ -10,12 +10,14 @@ import dataclasses
 import operator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlboost import _C
 from rlboost.errors import ProtocolError
-from rlboost.migration.kv import KV_FORMAT_VERSION, KVLayout, _tensor_memory
+from rlboost.migration.kv import KV_FORMAT_VERSION, KVLayout
 from rlboost.migration.state import RequestState, pack_states, unpack_states
+from rlboost.transfer.descriptors import describe
 
 BATCH_FORMAT_VERSION = 1
 _DTYPE_CODES = {"float32": 1, "float16": 2, "bfloat16": 3}
@@ -103,22 +105,35 @@ def _as_int(value, name: str) -> int:
         raise ValueError(f"{name} must hold ints, got {value!r}") from None
 
 
-def pack_batch(b: MigrationBatch) -> bytes:
-    """Pack a batch into one versioned buffer (checksums: states, header, each sample's KV)."""
-    return _encode(b, None)
+def pack_batch(b: MigrationBatch, out=None):
+    """Pack a batch into one versioned buffer (checksums: states, header, each sample's KV).
+
+    Returns new bytes. With `out` (a writable bytearray, memoryview, numpy array or
+    contiguous CPU torch.uint8 tensor of at least `packed_batch_nbytes(b)` bytes: a reused,
+    pre-faulted buffer, or a publisher's staging view) it packs straight into it and
+    returns the view of out's first bytes that now hold the batch (a tensor or array
+    slice, else a memoryview). ValueError if `out` is too small or read-only.
+    """
+    if out is None:
+        return _encode(b, None)
+    n = _encode(b, _writable(out))
+    return out[:n] if isinstance(out, (torch.Tensor, np.ndarray)) else memoryview(out).cast("B")[:n]
 
 
 def pack_batch_into(b: MigrationBatch, out) -> int:
-    """Pack into a caller's writable buffer (bytearray, memoryview, numpy or CPU uint8 tensor)
-    so a sender can reuse one pre-faulted buffer; returns the number of bytes written.
-    Raises ValueError if `out` is smaller than `packed_batch_nbytes(b)`."""
+    """Like ``pack_batch(b, out=out)``; returns the number of bytes written."""
+    return _encode(b, _writable(out))
+
+
+def _writable(out):
+    """`out` as a writable buffer the native encoder takes."""
     if isinstance(out, torch.Tensor):
         if out.device.type != "cpu" or out.dtype != torch.uint8 or not out.is_contiguous():
             raise ValueError("out must be a contiguous CPU torch.uint8 tensor")
-        out = out.numpy()
-    elif memoryview(out).readonly:
+        return out.numpy()
+    if memoryview(out).readonly:
         raise ValueError("out must be a writable buffer")
-    return _encode(b, out)
+    return out
 
 
 def packed_batch_nbytes(b: MigrationBatch) -> int:
@@ -147,7 +162,7 @@ def _encode(b: MigrationBatch, out):
     host = [d.detach().to("cpu").contiguous() for d in b.kv_data]
     kv = []
     for tokens, data in zip(b.kv_tokens, host):
-        addr, nbytes, _ = _tensor_memory(data)
+        addr, nbytes = describe(data)
         kv.append((tokens, addr, nbytes))
     layout = (lay.num_layers, lay.num_kv_heads, lay.head_dim, lay.block_size, _DTYPE_CODES[lay.dtype])
     return _C.migration.encode_batch(states, len(b.states), layout, b.format_version, lay.format_version, kv, out)

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from rlboost import _C
+from rlboost.transfer.descriptors import HOST_DEVICE, describe_on_device
 
 KV_FORMAT_VERSION = 1
 _DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_HOST = -1  # device id of host memory on the native side
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,19 +143,6 @@ def scatter_pages_batch(cache: torch.Tensor, layout: KVLayout, block_tables: Seq
     _copy(True, cache, layout, num_blocks, ids, rows, data, devices.pop() if devices else cache.device)
 
 
-def _tensor_memory(t: torch.Tensor) -> tuple[int, int, int]:
-    """(address, nbytes, device id) of a contiguous tensor; device id -1 is host memory."""
-    if not t.is_contiguous():
-        raise ValueError("tensor must be contiguous")
-    if t.device.type == "cpu":
-        device = _HOST
-    elif t.device.type == "cuda":
-        device = t.device.index
-    else:
-        raise ValueError(f"tensors on {t.device.type} are not supported (cpu or cuda only)")
-    return t.data_ptr(), t.numel() * t.element_size(), device
-
-
 def _check_cache(cache: torch.Tensor, layout: KVLayout) -> int:
     """Validate a paged cache against the layout; returns its number of blocks."""
     if not isinstance(cache, torch.Tensor):
@@ -226,10 +213,10 @@ def _check_bytes(t: torch.Tensor, nbytes: int, cache: torch.Tensor, name: str) -
 def _copy(scatter: bool, cache: torch.Tensor, layout: KVLayout, num_blocks: int, ids: np.ndarray,
           rows: np.ndarray, buffers: Sequence[torch.Tensor], data_device: torch.device) -> None:
     for i, b in enumerate(buffers):
-        rows[i, 3], rows[i, 4], _ = _tensor_memory(b)
-    cache_addr, cache_nbytes, cache_dev = _tensor_memory(cache)
+        rows[i, 3], rows[i, 4], _ = describe_on_device(b)
+    cache_addr, cache_nbytes, cache_dev = describe_on_device(cache)
     stream = torch.cuda.current_stream(cache.device).cuda_stream if cache.is_cuda else 0
     row_bytes = layout.num_kv_heads * layout.head_dim * layout.itemsize
     _C.migration.copy_pages(
         scatter, cache_addr, cache_nbytes, cache_dev, (layout.num_layers, num_blocks, layout.block_size, row_bytes),
-        ids, rows, _HOST if data_device.type == "cpu" else data_device.index, stream)
+        ids, rows, HOST_DEVICE if data_device.type == "cpu" else data_device.index, stream)

@@ -59,8 +59,10 @@ class TransferConfig:
     versions_kept: int = 2  # complete versions a server keeps serving
     alignment: int = 4096  # every tensor starts at a multiple of this
     relay: bool = True  # pullers re-serve what they hold
-    commit_threads: int = 2  # threads checksumming a staged version
-    max_connections: int = 256
+    commit_threads: int = 2  # parallel tasks checksumming a staged version (a thread per core at most)
+    max_connections: int = 256  # per server; when full, the longest idle one is closed
+    keep_connections: bool = True  # pullers keep authenticated connections between pulls
+    connection_idle_s: float = 60.0  # a kept connection unused this long is closed
 
     def __post_init__(self) -> None:
         if self.secret is None:
@@ -94,6 +96,8 @@ class TransferConfig:
         _check(power_of_two and self.alignment <= 1 << 20, "alignment", "a power of two <= 1 MiB", self.alignment)
         _check(1 <= self.commit_threads <= 64, "commit_threads", "[1, 64]", self.commit_threads)
         _check(1 <= self.max_connections <= 65536, "max_connections", "[1, 65536]", self.max_connections)
+        _check(isinstance(self.keep_connections, bool), "keep_connections", "True or False", self.keep_connections)
+        _check(0 < self.connection_idle_s <= 86400, "connection_idle_s", "in (0, 86400]", self.connection_idle_s)
 
 
 def _check(ok: bool, field: str, allowed: str, got: object) -> None:

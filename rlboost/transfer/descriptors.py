@@ -1,5 +1,6 @@
-"""The one place where tensors become (address, nbytes) descriptors for the native core,
-and where native memory becomes tensors again (zero-copy views that keep it alive).
+"""The one place where tensors become (address, nbytes[, device]) descriptors for the
+native core, and where native memory becomes tensors again (zero-copy views that keep it
+alive). Weight transfer and the migration codecs both describe their tensors here.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import torch
 from rlboost.transfer.manifest import Manifest
 
 
+HOST_DEVICE = -1  # the native core's device id of host memory
+
+
 def describe(tensor: torch.Tensor) -> tuple[int, int]:
     """(address, nbytes) of a contiguous CPU tensor's bytes."""
     if tensor.device.type != "cpu":
@@ -18,6 +22,20 @@ def describe(tensor: torch.Tensor) -> tuple[int, int]:
     if not tensor.is_contiguous():
         raise ValueError("destination tensor must be contiguous")
     return tensor.data_ptr(), tensor.numel() * tensor.element_size()
+
+
+def describe_on_device(tensor: torch.Tensor) -> tuple[int, int, int]:
+    """(address, nbytes, device id) of a contiguous tensor in host memory (HOST_DEVICE) or
+    on a CUDA device (its index)."""
+    if not tensor.is_contiguous():
+        raise ValueError("tensor must be contiguous")
+    if tensor.device.type == "cpu":
+        device = HOST_DEVICE
+    elif tensor.device.type == "cuda":
+        device = tensor.device.index
+    else:
+        raise ValueError(f"tensors on {tensor.device.type} are not supported (cpu or cuda only)")
+    return tensor.data_ptr(), tensor.numel() * tensor.element_size(), device
 
 
 def byte_view(tensor: torch.Tensor) -> torch.Tensor:

@@ -12,11 +12,12 @@ import torch
 from rlboost import _C
 from rlboost.errors import TransferClosed
 from rlboost.transfer import descriptors
+from rlboost.transfer.closing import Closing
 from rlboost.transfer.config import TransferConfig, format_address
 from rlboost.transfer.manifest import Manifest
 
 
-class WeightPublisher:
+class WeightPublisher(Closing):
     """Serves published weight versions to pullers.
 
     Either ``publish(version, named_tensors)`` or, to gather bucket by bucket straight
@@ -109,15 +110,3 @@ class WeightPublisher:
     def _check_open(self) -> None:
         if self._closed:
             raise TransferClosed("publisher is closed")
-
-    def __enter__(self) -> "WeightPublisher":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter teardown: the native server may already be gone
-            pass

@@ -1,6 +1,7 @@
 """WeightPuller: the receiving side. It connects out to its sources (the trainer's
 publisher and peers' relays), pulls a version into a buffer, and re-serves what it holds
-through its own relay server, even while the pull is still running.
+through its own relay server, even while the pull is still running. Its authenticated
+connections stay open between pulls (``keep_connections``), so small pulls are cheap.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from rlboost import _C
 from rlboost.errors import ProtocolError, TransferClosed
 from rlboost.transfer import descriptors
+from rlboost.transfer.closing import Closing
 from rlboost.transfer.config import TransferConfig, format_address, parse_address
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.progress import ProgressCallback
@@ -21,7 +23,7 @@ from rlboost.transfer.pulled import PulledWeights, PullHandle
 Into = torch.Tensor | PulledWeights | None
 
 
-class WeightPuller:
+class WeightPuller(Closing):
     """Pulls weight versions from one or more sources ("host:port")."""
 
     def __init__(self, sources: str | Sequence[str] = (), config: TransferConfig | None = None):
@@ -33,6 +35,8 @@ class WeightPuller:
         self._closed = False
         self._relay_store = self._relay_server = None
         c = self.config
+        # One connection per stream plus the control one, for a few sources at once.
+        self._pool = _C.ConnectionPool(c.streams + 1, c.connection_idle_s) if c.keep_connections else None
         if c.relay:
             self._relay_store = _C.VersionStore(c.versions_kept)
             self._relay_server = _C.WeightServer(
@@ -72,7 +76,8 @@ class WeightPuller:
         addrs = self._parse(sources) if sources is not None else self._sources
         c = self.config
         native = _C.Puller(addrs, c.secret, c.transport, c.streams, c.max_in_flight,
-                           c.request_timeout_s, c.connect_timeout_s, c.reconnect_attempts, self._self_id)
+                           c.request_timeout_s, c.connect_timeout_s, c.reconnect_attempts, self._self_id,
+                           pool=self._pool)
         plan = native.resolve(-1 if version is None else version, c.request_timeout_s)
         nm = plan.manifest
         manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.crcs)
@@ -99,7 +104,7 @@ class WeightPuller:
         self._check_open()
         c = self.config
         native = _C.Puller(self._sources, c.secret, c.transport, 1, 1, c.request_timeout_s,
-                           c.connect_timeout_s, 0, self._self_id)
+                           c.connect_timeout_s, 0, self._self_id, pool=self._pool)
         return native.resolve(-1, c.request_timeout_s).manifest.version
 
     # ---- relay -------------------------------------------------------------------
@@ -117,6 +122,11 @@ class WeightPuller:
         """Relay server counters (empty when relay is off)."""
         return self._relay_server.stats() if self._relay_server is not None else {}
 
+    @property
+    def idle_connections(self) -> int:
+        """Authenticated connections to sources kept open for the next pull."""
+        return self._pool.idle if self._pool is not None else 0
+
     def close(self) -> None:
         """Cancels running pulls and stops the relay server. Idempotent."""
         if self._closed:
@@ -124,22 +134,12 @@ class WeightPuller:
         self._closed = True
         for handle in list(self._handles):
             handle.cancel()
+        if self._pool is not None:
+            self._pool.close()
         if self._relay_server is not None:
             self._relay_server.close()
         self._relayed.clear()
         self._failed.clear()
-
-    def __enter__(self) -> "WeightPuller":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter teardown: native objects may already be gone
-            pass
 
     # ---- internals used by PullHandle ----------------------------------------------
     @property

@@ -45,10 +45,12 @@ def test_quick_run_covers_every_peer_and_provisioning():
     for key in ("memcpy_numpy_GBps", "socket_GBps", "gloo_GBps", "tcp_pull_GBps"):
         assert peers[key]["64MiB"] > 0, key
     # Ray and UCX are either measured or named as missing with a reason, never silently absent.
-    assert "ray_GBps" in peers or "ray" in peers["missing"]
+    assert {"ray_same_host_GBps", "ray_cross_node_GBps"} <= set(peers) or "ray" in peers["missing"]
     assert "ucxx_tcp_GBps" in peers or "ucxx" in peers["missing"]
     for count in ("1", "2"):
         assert set(peers["provision_s"][count]) == {"relay", "no_relay"}
+    for key in ("tcp_kept", "tcp_new", "socket"):  # small-payload time per transfer
+        assert peers["latency_ms"][key]["median"] > 0, key
     assert "provision2_relay/no_relay" in peers["ratios"]
 
 

@@ -68,6 +68,22 @@ def test_pack_into_a_reused_buffer(states, layout, with_kv):
     assert tensor_out.numpy().tobytes() == expected
 
 
+def test_pack_batch_with_out_returns_the_packed_view_of_it():
+    b = kv_batch([long_state(1, 3, 3), long_state(2, 5, 1)])
+    expected = pack_batch(b)
+    # A staging view larger than the batch, as a publisher would hand out.
+    staging = torch.full((len(expected) + 4096,), 0xEE, dtype=torch.uint8)
+    view = pack_batch(b, out=staging)
+    assert isinstance(view, torch.Tensor) and view.data_ptr() == staging.data_ptr()
+    assert view.numpy().tobytes() == expected
+    assert_same(unpack_batch(view.numpy()), b)
+    buf = bytearray(len(expected) + 1)
+    packed = pack_batch(b, out=buf)
+    assert bytes(packed) == expected and len(buf) == len(expected) + 1
+    with pytest.raises(ValueError, match=f"needs {len(expected)}"):
+        pack_batch(b, out=bytearray(len(expected) - 1))
+
+
 def test_pack_into_rejects_small_or_read_only_buffers():
     b = kv_batch([long_state(1, 3, 3)])
     need = packed_batch_nbytes(b)

@@ -9,7 +9,8 @@ from rlboost.transfer import TransferConfig
     ("transport", "carrier-pigeon"), ("streams", 0), ("streams", 65), ("chunk_bytes", 100),
     ("chunk_bytes", 1 << 30), ("max_in_flight", 0), ("request_timeout_s", 0),
     ("egress_bytes_per_s", 10), ("versions_kept", 0), ("alignment", 100), ("port", 70000),
-    ("reconnect_attempts", -1), ("secret", "not-bytes"),
+    ("reconnect_attempts", -1), ("secret", "not-bytes"), ("keep_connections", "yes"),
+    ("connection_idle_s", 0),
 ])
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

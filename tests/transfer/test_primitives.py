@@ -46,6 +46,25 @@ def test_crc32c_fast_paths_match_and_extend(size, seed, cut):
 
 
 @settings(max_examples=40, deadline=None)
+@given(st.integers(0, 20 * 1024), st.integers(0, 2**32 - 1), st.integers(0, 127), st.booleans())
+def test_crc32c_copy_copies_and_checksums_in_one_pass(size, seed, dst_offset, streaming):
+    # Offsets exercise the unaligned head that streaming stores need peeled off.
+    data = random.Random(seed).randbytes(size)
+    dst = bytearray(size + 256)
+    crc = _C.crc32c_copy(memoryview(dst)[dst_offset:], data, seed, streaming)
+    assert crc == _C.crc32c(data, seed)
+    assert dst[dst_offset:dst_offset + size] == data
+    assert not any(dst[:dst_offset]) and not any(dst[dst_offset + size:])
+
+
+def test_crc32c_copy_refuses_a_short_or_read_only_destination():
+    with pytest.raises(ValueError, match="smaller"):
+        _C.crc32c_copy(bytearray(3), b"four")
+    with pytest.raises(BufferError):
+        _C.crc32c_copy(b"read-only", b"data")
+
+
+@settings(max_examples=40, deadline=None)
 @given(st.binary(max_size=200), st.binary(max_size=500))
 def test_hmac_sha256_matches_python(key, msg):
     assert _C.hmac_sha256(key, msg) == hmac.new(key, msg, hashlib.sha256).digest()

@@ -77,7 +77,11 @@ class HostileSourceForTests:
     """A fake weight source that answers the handshake, then misbehaves as `behavior` says.
 
     Behaviors: "bad_magic", "bad_format", "huge_length", "truncated" (in place of the
-    challenge); "wrong_chunk_length", "close_mid_chunk" (after a valid manifest).
+    challenge); "wrong_chunk_length", "close_mid_chunk" (after a valid manifest);
+    "well_behaved" serves every request correctly, except that after
+    `drop_open_connections_on_next_request()` each connection open at that moment is
+    closed, unanswered, when its next request arrives (as a source that closed an idle
+    connection just as the client reused it).
     """
 
     def __init__(self, behavior: str, secret: bytes, payload: bytes):
@@ -88,9 +92,17 @@ class HostileSourceForTests:
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
         self._threads: list[threading.Thread] = []
         self._conns: list[socket.socket] = []
+        self._doomed: set[socket.socket] = set()
         self._closing = False
         self._accept = threading.Thread(target=self._accept_loop, daemon=True)
         self._accept.start()
+
+    @property
+    def connections_accepted(self) -> int:
+        return len(self._conns)
+
+    def drop_open_connections_on_next_request(self) -> None:
+        self._doomed = set(self._conns)
 
     def close(self) -> None:
         self._closing = True
@@ -148,6 +160,10 @@ class HostileSourceForTests:
         manifest = _C.Manifest(1, len(self.payload), chunk, crcs, meta).encode()
         while True:
             head = recv_frame(conn)
+            if conn in self._doomed:
+                self._doomed.discard(conn)
+                conn.shutdown(socket.SHUT_RDWR)
+                return
             _, _, ftype, _, _, rid = HEADER.unpack(head[:24])
             if ftype == W["manifest_request"]:
                 conn.sendall(frame(W["manifest"], manifest, request_id=rid))
@@ -160,7 +176,9 @@ class HostileSourceForTests:
                 version, index = struct.unpack("<qI", head[24:36])
                 data = self.payload[index * chunk:(index + 1) * chunk]
                 prefix = struct.pack("<qII", version, index, 0)
-                if self.behavior == "wrong_chunk_length":
+                if self.behavior == "well_behaved":
+                    conn.sendall(frame(W["chunk"], prefix + data, request_id=rid))
+                elif self.behavior == "wrong_chunk_length":
                     conn.sendall(frame(W["chunk"], prefix + data + b"extra", request_id=rid))
                 else:  # close_mid_chunk: announce the whole chunk, send half, vanish
                     conn.sendall(frame(W["chunk"], prefix, request_id=rid, length=16 + len(data)) + data[:len(data) // 2])

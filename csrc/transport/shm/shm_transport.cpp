@@ -16,21 +16,15 @@
 namespace rlboost {
 namespace {
 
-// Copy and checksum alternate over blocks this large, so the checksum reads bytes that
-// are still in L2 right after the copy wrote them.
-constexpr size_t kCopyBlock = 256u << 10;
+// Payloads at least this large are written with streaming stores: they are far larger
+// than the cache, and the engine reads them later, not the puller now.
+constexpr uint64_t kStreamingBytes = 32u << 20;
 constexpr size_t kMaxLeasesPerConnection = 16;
-
-std::string VersionBody(int64_t version) {
-  std::string b;
-  ByteWriter w(&b);
-  w.I64(version);
-  return b;
-}
 
 class ShmChunkStream : public ChunkStream {
  public:
-  explicit ShmChunkStream(std::shared_ptr<SharedMapping> m) : mapping_(std::move(m)) {}
+  ShmChunkStream(std::shared_ptr<SharedMapping> m, bool streaming)
+      : mapping_(std::move(m)), streaming_(streaming) {}
 
   Status Submit(const ChunkRead& read, Deadline) override {
     pending_.push_back(read);
@@ -43,15 +37,8 @@ class ShmChunkStream : public ChunkStream {
     if (read->offset + read->length > mapping_->size()) {
       return Status(Code::kProtocol, "chunk lies outside the shared region");
     }
-    const uint8_t* src = mapping_->data() + read->offset;
-    uint32_t crc = 0;
-    for (uint64_t done = 0; done < read->length;) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyBlock, read->length - done));
-      std::memcpy(read->dst + done, src + done, n);
-      crc = Crc32cExtend(crc, read->dst + done, n);
-      done += n;
-    }
-    read->crc = crc;
+    // One pass: the checksum is taken from the bytes as they are copied.
+    read->crc = Crc32cCopy(0, read->dst, mapping_->data() + read->offset, read->length, streaming_);
     read->reply = ReplyStatus::kOk;
     return Status::Ok();
   }
@@ -60,14 +47,17 @@ class ShmChunkStream : public ChunkStream {
 
  private:
   std::shared_ptr<SharedMapping> mapping_;
+  bool streaming_;
   std::deque<ChunkRead> pending_;
 };
 
 class ShmTransport : public Transport {
  public:
+  // Ends the source's lease, even if the region could not be mapped: the control
+  // connection may be kept for later pulls, and the lease would pin the version.
   ~ShmTransport() override {
-    if (mapping_ != nullptr && link_ != nullptr) {
-      link_->Notify(FrameType::kShmClose, VersionBody(version_), Deadline::After(1.0));
+    for (int i = 0; i < leases_; ++i) {
+      link_->Notify(FrameType::kShmClose, EncodeVersionBody(version_), Deadline::After(1.0));
     }
   }
   const char* name() const override { return "shm"; }
@@ -87,25 +77,20 @@ class ShmTransport : public Transport {
     std::lock_guard<std::mutex> lock(mu_);
     if (mapping_ == nullptr) RLB_RETURN_IF_ERROR(MapRegion(link, version, opts));
     if (version != version_) return Status(Code::kInternal, "one shm transport per version");
-    *out = std::make_unique<ShmChunkStream>(mapping_);
+    *out = std::make_unique<ShmChunkStream>(mapping_, opts.region_bytes >= kStreamingBytes);
     return Status::Ok();
   }
 
  private:
   Status MapRegion(SourceLink& link, int64_t version, const StreamOptions& opts) {
-    FrameHeader h;
     std::string reply;
-    Deadline d = Deadline::After(opts.connect_timeout_s);
-    RLB_RETURN_IF_ERROR(link.Call(FrameType::kShmOpenRequest, VersionBody(version),
-                                  FrameType::kShmOpen, &h, &reply, d));
-    auto st = static_cast<ReplyStatus>(h.status);
-    if (st == ReplyStatus::kUnknownVersion) {
-      return Status(Code::kUnknownVersion, "source does not hold version " + std::to_string(version));
-    }
-    if (st != ReplyStatus::kOk) {
-      return Status(Code::kInvalidArgument, "source does not serve this version over shared memory "
-                                            "(its region is borrowed memory, or its egress is capped)");
-    }
+    RLB_RETURN_IF_ERROR(RequestRegion(link, FrameType::kShmOpenRequest, FrameType::kShmOpen, version,
+                                      "source does not serve this version over shared memory (its "
+                                      "region is borrowed memory, or its egress is capped)",
+                                      Deadline::After(opts.connect_timeout_s), &reply));
+    link_ = &link;  // the source holds a lease from here on
+    version_ = version;
+    ++leases_;
     ByteReader r(reinterpret_cast<const uint8_t*>(reply.data()), reply.size());
     uint32_t pid, fd;
     uint64_t size;
@@ -114,8 +99,6 @@ class ShmTransport : public Transport {
     RLB_RETURN_IF_ERROR(r.U64(&size));
     RLB_RETURN_IF_ERROR(r.ExpectEnd());
     if (size < opts.region_bytes) return Status(Code::kProtocol, "shared region is too small");
-    link_ = &link;
-    version_ = version;
     RLB_RETURN_IF_ERROR(SharedMapping::OpenRemote(pid, static_cast<int>(fd), opts.region_bytes, &mapping_));
     return Status::Ok();
   }
@@ -124,6 +107,7 @@ class ShmTransport : public Transport {
   std::shared_ptr<SharedMapping> mapping_;
   SourceLink* link_ = nullptr;
   int64_t version_ = -1;
+  int leases_ = 0;  // granted by the source, each ended by one close
 };
 
 class ShmService : public TransportService {
@@ -134,10 +118,8 @@ class ShmService : public TransportService {
 
   Status Handle(const FrameHeader& h, const std::string& body, ServiceConnection& conn,
                 ServingBackend& backend, Deadline d) override {
-    ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
     int64_t version;
-    RLB_RETURN_IF_ERROR(r.I64(&version));
-    RLB_RETURN_IF_ERROR(r.ExpectEnd());
+    RLB_RETURN_IF_ERROR(DecodeVersionBody(body, &version));
     auto& leases = conn.region_leases;
     if (h.type == FrameType::kShmClose) {
       auto it = std::find_if(leases.begin(), leases.end(),

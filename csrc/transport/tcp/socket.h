@@ -41,6 +41,9 @@ class Socket {
 
  private:
   Status ApplyTimeout(int option, Deadline d);
+  // After a send/recv returned -1: OK to call again (interrupted, or a per-call timeout
+  // inside the deadline), else the error.
+  Status AfterFailedCall(int option, const char* what, Deadline d);
   int fd_ = -1;
 };
 
@@ -49,7 +52,7 @@ Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out);
 Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port);
 // Blocks until a connection arrives or the listener is shut down (then kClosed).
 Status AcceptTcp(Socket& listener, Socket* out);
-// TCP_NODELAY and buffer sizes for bulk transfer.
+// TCP_NODELAY, and a shallow send buffer toward loopback peers.
 void TuneForBulk(int fd);
 
 }  // namespace rlboost

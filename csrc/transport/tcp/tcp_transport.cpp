@@ -2,6 +2,7 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 
 #include "common/bytes.h"
@@ -25,7 +26,14 @@ std::string ChunkPrefix(int64_t version, uint32_t index) {
 
 class TcpChunkStream : public ChunkStream {
  public:
-  TcpChunkStream(Socket s) : sock_(std::move(s)) {}
+  TcpChunkStream(Connection c, ConnectionPool* pool, std::string host, int port)
+      : sock_(std::move(c.socket)), peer_(c.peer), reused_(c.reused), pool_(pool),
+        host_(std::move(host)), port_(port) {}
+
+  // A stream with nothing outstanding and no error is between frames: kept for reuse.
+  ~TcpChunkStream() override {
+    if (pool_ != nullptr && !broken_ && pending_.empty()) pool_->Give(host_, port_, std::move(sock_), peer_);
+  }
 
   Status Submit(const ChunkRead& read, Deadline d) override {
     std::string body;
@@ -33,13 +41,32 @@ class TcpChunkStream : public ChunkStream {
     w.I64(read.version);
     w.U32(read.index);
     pending_.push_back(++next_id_);
-    return SendFrame(sock_, FrameType::kChunkRequest, 0, next_id_, body, d);
+    return Checked(SendFrame(sock_, FrameType::kChunkRequest, 0, next_id_, body, d));
   }
 
   Status Complete(ChunkRead* read, Deadline d) override {
     if (pending_.empty()) return Status(Code::kInternal, "complete without a submitted read");
     uint64_t want_id = pending_.front();
     pending_.pop_front();
+    Status st = Checked(Receive(want_id, read, d));
+    if (st.ok()) proven_ = true;
+    return st;
+  }
+
+  void Abort() override {
+    broken_ = true;
+    sock_.Shutdown();
+  }
+
+  bool stale() const override { return reused_ && !proven_ && broken_; }
+
+ private:
+  Status Checked(Status st) {
+    if (!st.ok()) broken_ = true;  // whatever failed, the byte stream is out of step
+    return st;
+  }
+
+  Status Receive(uint64_t want_id, ChunkRead* read, Deadline d) {
     FrameHeader h;
     RLB_RETURN_IF_ERROR(RecvHeader(sock_, &h, d));
     if (h.type == FrameType::kError) {
@@ -82,10 +109,14 @@ class TcpChunkStream : public ChunkStream {
     return Status::Ok();
   }
 
-  void Abort() override { sock_.Shutdown(); }
-
- private:
   Socket sock_;
+  PeerIdentity peer_;
+  bool reused_;
+  bool proven_ = false;          // a read completed on this connection since it was taken
+  std::atomic<bool> broken_{false};
+  ConnectionPool* pool_;
+  std::string host_;
+  int port_;
   std::deque<uint64_t> pending_;
   uint64_t next_id_ = 0;
 };
@@ -98,16 +129,11 @@ class TcpTransport : public Transport {
 
   Status OpenStream(SourceLink& link, int64_t, const StreamOptions& opts,
                     std::unique_ptr<ChunkStream>* out) override {
-    Deadline d = Deadline::After(opts.connect_timeout_s);
-    Socket s;
-    RLB_RETURN_IF_ERROR(ConnectTcp(link.host(), link.port(), d, &s));
-    PeerIdentity peer;
-    RLB_RETURN_IF_ERROR(ClientHandshake(s, link.secret(), d, &peer));
-    if (peer.server_id != link.peer().server_id) {
-      return Status(Code::kPeerLost, "the source at " + link.host() + ":" +
-                                         std::to_string(link.port()) + " restarted");
-    }
-    *out = std::make_unique<TcpChunkStream>(std::move(s));
+    Connection c;
+    RLB_RETURN_IF_ERROR(ConnectAuthenticated(opts.pool, link.host(), link.port(), link.secret(),
+                                             link.peer().server_id,
+                                             Deadline::After(opts.connect_timeout_s), &c));
+    *out = std::make_unique<TcpChunkStream>(std::move(c), opts.pool, link.host(), link.port());
     return Status::Ok();
   }
 };

@@ -129,6 +129,7 @@ class UcxTransport : public Transport {
   TransportCaps caps() const override {
     TransportCaps c;
     c.source_cpu_free = true;
+    c.leases_until_disconnect = true;  // the source's memory registration ends with the connection
     return c;
   }
   bool Reaches(const PeerIdentity&) const override { return true; }
@@ -137,20 +138,11 @@ class UcxTransport : public Transport {
                     std::unique_ptr<ChunkStream>* out) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (ctx_ == nullptr) {
-      std::string body, reply;
-      ByteWriter w(&body);
-      w.I64(version);
-      FrameHeader h;
-      RLB_RETURN_IF_ERROR(link.Call(FrameType::kUcxOpenRequest, body, FrameType::kUcxOpen, &h, &reply,
-                                    Deadline::After(opts.connect_timeout_s)));
-      auto st = static_cast<ReplyStatus>(h.status);
-      if (st == ReplyStatus::kUnknownVersion) {
-        return Status(Code::kUnknownVersion, "source does not hold version " + std::to_string(version));
-      }
-      if (st != ReplyStatus::kOk) {
-        return Status(Code::kInvalidArgument, "source does not serve over UCX (not built with UCX, "
-                                              "or its egress is capped)");
-      }
+      std::string reply;
+      RLB_RETURN_IF_ERROR(RequestRegion(link, FrameType::kUcxOpenRequest, FrameType::kUcxOpen, version,
+                                        "source does not serve over UCX (not built with UCX, or its "
+                                        "egress is capped)",
+                                        Deadline::After(opts.connect_timeout_s), &reply));
       RLB_RETURN_IF_ERROR(ParseRemote(reply, &remote_));
       if (remote_.size < opts.region_bytes) return Status(Code::kProtocol, "remote region is too small");
       remote_.host = link.host();

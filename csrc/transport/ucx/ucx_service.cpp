@@ -107,10 +107,8 @@ class UcxService : public TransportService {
 
   Status Handle(const FrameHeader& h, const std::string& body, ServiceConnection& conn,
                 ServingBackend& backend, Deadline d) override {
-    ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
     int64_t version;
-    RLB_RETURN_IF_ERROR(r.I64(&version));
-    RLB_RETURN_IF_ERROR(r.ExpectEnd());
+    RLB_RETURN_IF_ERROR(DecodeVersionBody(body, &version));
     auto reg = std::make_shared<UcxRegistration>();
     ReplyStatus st = backend.LeaseRegion(version, &reg->lease);
     std::string reply;

@@ -1,5 +1,5 @@
 // Workers pull indices from the oldest unfinished job; callers run their own job too.
-#include "migration/thread_pool.h"
+#include "common/thread_pool.h"
 
 #include <pthread.h>
 
@@ -11,7 +11,7 @@
 #include <mutex>
 #include <thread>
 
-namespace rlboost::migration {
+namespace rlboost {
 namespace {
 
 // Memory bandwidth saturates with a few threads; more only add contention.
@@ -120,4 +120,4 @@ void ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   GetPool().Run(n, fn);
 }
 
-}  // namespace rlboost::migration
+}  // namespace rlboost

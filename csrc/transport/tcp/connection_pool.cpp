@@ -1,0 +1,92 @@
+// Idle connection bookkeeping, and the connect-or-reuse entry point.
+#include "transport/tcp/connection_pool.h"
+
+#include <poll.h>
+
+#include <algorithm>
+
+namespace rlboost {
+namespace {
+
+// An idle connection has nothing to read: data or an end of stream means the server
+// closed it (or broke the protocol), so it cannot carry a request.
+bool StillIdle(const Socket& s) {
+  struct pollfd pfd = {s.fd(), POLLIN | POLLRDHUP, 0};
+  return ::poll(&pfd, 1, 0) == 0;
+}
+
+}  // namespace
+
+ConnectionPool::ConnectionPool(size_t max_idle_per_source, double max_idle_s)
+    : max_idle_per_source_(max_idle_per_source), max_idle_s_(max_idle_s) {}
+
+void ConnectionPool::DropExpiredLocked() {
+  auto now = Deadline::Clock::now();
+  while (!idle_.empty() &&
+         std::chrono::duration<double>(now - idle_.front().since).count() > max_idle_s_) {
+    idle_.pop_front();
+  }
+}
+
+bool ConnectionPool::Take(const std::string& host, int port, uint64_t server_id, Socket* out,
+                          PeerIdentity* peer) {
+  std::deque<Idle> stale;  // closed outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  DropExpiredLocked();
+  // Newest first: the most recently used connection is the least likely to be closed.
+  for (auto it = idle_.end(); it != idle_.begin();) {
+    --it;
+    if (it->host != host || it->port != port) continue;
+    if (server_id != 0 && it->peer.server_id != server_id) continue;
+    if (!StillIdle(it->socket)) {
+      stale.push_back(std::move(*it));
+      it = idle_.erase(it);
+      continue;
+    }
+    *out = std::move(it->socket);
+    *peer = it->peer;
+    idle_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+void ConnectionPool::Give(const std::string& host, int port, Socket s, const PeerIdentity& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_ || !s.valid()) return;  // s closes here
+  DropExpiredLocked();
+  size_t same = std::count_if(idle_.begin(), idle_.end(),
+                              [&](const Idle& e) { return e.host == host && e.port == port; });
+  if (same >= max_idle_per_source_) return;
+  idle_.push_back(Idle{host, port, std::move(s), peer, Deadline::Clock::now()});
+}
+
+void ConnectionPool::Close() {
+  std::deque<Idle> drop;
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  drop.swap(idle_);
+}
+
+size_t ConnectionPool::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return idle_.size();
+}
+
+Status ConnectAuthenticated(ConnectionPool* pool, const std::string& host, int port,
+                            const std::string& secret, uint64_t server_id, Deadline d,
+                            Connection* out) {
+  if (pool != nullptr && pool->Take(host, port, server_id, &out->socket, &out->peer)) {
+    out->reused = true;
+    return Status::Ok();
+  }
+  out->reused = false;
+  RLB_RETURN_IF_ERROR(ConnectTcp(host, port, d, &out->socket));
+  RLB_RETURN_IF_ERROR(ClientHandshake(out->socket, secret, d, &out->peer));
+  if (server_id != 0 && out->peer.server_id != server_id) {
+    return Status(Code::kPeerLost, "the source at " + host + ":" + std::to_string(port) + " restarted");
+  }
+  return Status::Ok();
+}
+
+}  // namespace rlboost
