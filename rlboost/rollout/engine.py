@@ -72,7 +72,13 @@ class EngineLoad:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """A generation engine that the controller drives sample by sample."""
+    """A generation engine that the controller drives sample by sample.
+
+    Two optional class attributes declare what an engine cannot do (absent means True):
+    `exports_kv` (False: export_states(with_kv=True) raises RolloutError and changes
+    nothing) and `batch_invariant` (False: a sample's tokens may depend on what else is in
+    the batch and on whether its earlier tokens were decoded here or re-prefilled).
+    """
 
     def submit(self, states: Sequence[RequestState]) -> None:
         """Admit samples. Raises RolloutError if a state's weight_version is not the loaded one,
