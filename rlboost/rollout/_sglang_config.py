@@ -1,0 +1,94 @@
+"""SGLangEngineConfig: how the SGLang rollout engine is launched, and which SGLang server
+arguments it sets itself (the adapter relies on them, so extra kwargs may not override them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SGLANG_DTYPES = ("auto", "float16", "bfloat16", "float32")
+
+# Server arguments the adapter depends on: token ids in and out (no detokenizer), honoured
+# per-request seeds, and the stream cadence.
+MANAGED_ENGINE_KWARGS = ("model_path", "tp_size", "mem_fraction_static", "dtype", "stream_interval",
+                         "skip_tokenizer_init", "enable_deterministic_inference", "context_length")
+
+
+@dataclass(kw_only=True, slots=True)
+class SGLangEngineConfig:
+    """Configuration of one SGLangEngine (one `sglang.Engine` on tp_size GPUs).
+
+    >>> SGLangEngineConfig(model_path="/ckpt/qwen3-1.7b", tp_size=2, stream_interval=16).engine_kwargs()["tp_size"]
+    2
+
+    model_path: HF-style checkpoint directory SGLang loads (its config.json and safetensors
+    headers also give the vocabulary, the longest sequence, and the names and shapes that
+    load_weights checks).
+    mem_fraction_static: share of GPU memory SGLang takes for weights and KV cache.
+    dtype: SGLang's dtype ("auto" keeps the checkpoint's).
+    stream_interval: tokens SGLang decodes per streamed chunk (a preempted instance loses at
+    most this many tokens per sample).
+    deterministic_inference: run SGLang with enable_deterministic_inference, which it needs
+    to honour per-request seeds (`sampling_seed`); without it sampled tokens ignore the
+    sample's seed. Costs some throughput.
+    max_model_len: longest prompt + output admitted (passed to SGLang as context_length);
+    default: config.json's max_position_embeddings.
+    vocab_size: default: config.json's vocab_size.
+    weight_version: version of the weights in model_path.
+    weight_bucket_bytes: load_weights hands SGLang the weights in buckets of about this size
+    (each bucket is copied once into memory the adapter owns; see load_weights).
+    rate_window_s: decode tokens/s is measured over this much recent busy time.
+    extra_engine_kwargs: further `sglang.Engine` (ServerArgs) keyword arguments, e.g.
+    {"attention_backend": "flashinfer", "random_seed": 0}.
+    """
+
+    model_path: str
+    tp_size: int = 1
+    mem_fraction_static: float = 0.8
+    dtype: str = "auto"
+    stream_interval: int = 8
+    deterministic_inference: bool = True
+    max_model_len: int | None = None
+    vocab_size: int | None = None
+    weight_version: int = 0
+    weight_bucket_bytes: int = 512 << 20
+    rate_window_s: float = 10.0
+    extra_engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_path, str) or not self.model_path:
+            raise ValueError(f"model_path must be a non-empty path, got {self.model_path!r}")
+        for name, low in (("tp_size", 1), ("stream_interval", 1), ("weight_bucket_bytes", 1 << 20),
+                          ("weight_version", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.dtype not in SGLANG_DTYPES:
+            raise ValueError(f"dtype must be one of {SGLANG_DTYPES}, got {self.dtype!r}")
+        for name, low in (("max_model_len", 2), ("vocab_size", 2)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise ValueError(f"{name} must be an int >= {low} or None, got {value!r}")
+        if not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
+            raise ValueError(f"rate_window_s must be a positive number, got {self.rate_window_s}")
+        taken = sorted(set(self.extra_engine_kwargs) & set(MANAGED_ENGINE_KWARGS))
+        if taken:
+            raise ValueError(f"extra_engine_kwargs may not set {taken}: use the config's own fields "
+                             f"(the adapter sets {list(MANAGED_ENGINE_KWARGS)})")
+        if not all(isinstance(k, str) for k in self.extra_engine_kwargs):
+            raise ValueError("extra_engine_kwargs keys must be strings (ServerArgs field names)")
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `sglang.Engine(...)`."""
+        kwargs: dict[str, Any] = {"log_level": "error", **self.extra_engine_kwargs}
+        kwargs.update(model_path=self.model_path, tp_size=self.tp_size,
+                      mem_fraction_static=self.mem_fraction_static, dtype=self.dtype,
+                      stream_interval=self.stream_interval, skip_tokenizer_init=True,
+                      enable_deterministic_inference=self.deterministic_inference)
+        if self.max_model_len is not None:
+            kwargs["context_length"] = self.max_model_len
+        return kwargs

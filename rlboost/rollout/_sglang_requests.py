@@ -1,0 +1,124 @@
+"""One sample as SGLang requests: what `Engine.async_generate` is asked, and how its streamed
+chunks become output tokens. Pure functions and a plain record, so the mapping is tested
+without SGLang.
+
+A streamed chunk is `{"output_ids": [...], "meta_info": {"id": rid, "finish_reason": None |
+{"type": "stop", "matched": id} | {"type": "length", "length": n} | {"type": "abort", ...},
+"completion_tokens": n, "output_token_logprobs": [(logprob, token_id, text | None), ...]}}`.
+By default SGLang streams cumulative lists; with `incremental_streaming_output` each chunk
+holds only the new entries. Both are read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlboost.errors import RolloutError
+from rlboost.migration.state import RequestState
+
+_SEED_BITS = 31  # SGLang packs per-request seeds into an int32 tensor
+
+
+def sampling_seed(seed: int, sample_id: int) -> int:
+    """SGLang's per-request seed for a sample. SGLang draws token t from (seed, position), so
+    the sample id is folded in here: two samples of one prompt and seed still differ."""
+    digest = hashlib.blake2b(f"{seed}:{sample_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << _SEED_BITS) - 1)
+
+
+@dataclass(slots=True)
+class SGLangSample:
+    """An admitted sample: the state it came with, the tokens received since, and the SGLang
+    request (rid) producing the next ones. A request stopped by a token that is not among
+    the sample's stop tokens (the model's own EOS) is continued by a new request."""
+
+    state: RequestState
+    rid: str
+    ids: list[int] = field(default_factory=list)          # output received since admission
+    logprobs: list[float] = field(default_factory=list)
+    segment_start: int = 0   # len(ids) when the current request began
+    emitted: int = 0         # len(ids) already handed out in deltas
+
+    @property
+    def sample_id(self) -> int:
+        return self.state.sample_id
+
+    @property
+    def output_len(self) -> int:
+        return len(self.state.output_ids) + len(self.ids)
+
+    @property
+    def remaining(self) -> int:
+        return self.state.params.max_new_tokens - self.output_len
+
+    def current(self) -> RequestState:
+        """The state with every token received (for export and continuation)."""
+        return self.state.extended(tuple(self.ids), tuple(self.logprobs))
+
+    def generate_kwargs(self, *, seeded: bool) -> dict[str, Any]:
+        """`Engine.async_generate` arguments continuing this sample from its last token:
+        prompt + output so far re-prefilled, max_new_tokens reduced by what exists."""
+        s = self.current()
+        p = s.params
+        params: dict[str, Any] = {
+            "max_new_tokens": self.remaining, "temperature": p.temperature, "top_p": p.top_p,
+            "top_k": p.top_k if p.top_k > 0 else -1, "stop_token_ids": list(p.stop_token_ids),
+            # No stop tokens: run to the length. Otherwise SGLang also stops on the model's EOS,
+            # and such a stop is continued (see finish_of).
+            "ignore_eos": not p.stop_token_ids, "no_stop_trim": True,
+        }
+        if seeded:
+            params["sampling_seed"] = sampling_seed(s.seed, s.sample_id)
+        return {"input_ids": [*s.prompt_ids, *s.output_ids], "sampling_params": params,
+                "return_logprob": True, "logprob_start_len": -1, "stream": True, "rid": self.rid}
+
+
+def new_entries(sample: SGLangSample, meta: dict) -> list[tuple[int, float]]:
+    """(token id, logprob) pairs a chunk adds to the current request's output."""
+    try:
+        total = int(meta["completion_tokens"])
+        entries = meta["output_token_logprobs"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise RolloutError(f"SGLang chunk for sample {sample.sample_id} lacks completion_tokens or "
+                           f"output_token_logprobs (return_logprob was set): {meta!r:.300}") from e
+    have = len(sample.ids) - sample.segment_start
+    if len(entries) == total >= have:        # cumulative (SGLang's default)
+        fresh = entries[have:]
+    elif len(entries) == total - have >= 0:  # incremental_streaming_output
+        fresh = entries
+    else:
+        raise RolloutError(f"SGLang chunk for sample {sample.sample_id} holds {len(entries)} logprob "
+                           f"entries for {total} tokens, {have} of them already received")
+    return [(int(e[1]), float(e[0])) for e in fresh]
+
+
+def finish_of(sample: SGLangSample, reason: dict | None) -> str | None:
+    """The sample's finish for a request's finish_reason: "stop", "length", "continue" (the
+    request ended on a stop this sample does not have, with tokens left to generate) or
+    None (still running). An abort that rlboost did not ask for raises RolloutError."""
+    if reason is None:
+        return None
+    kind = reason.get("type") if isinstance(reason, dict) else None
+    if kind == "length":
+        return "length"
+    if kind == "stop" and isinstance(reason.get("matched"), int):
+        if reason["matched"] in sample.state.params.stop_token_ids:
+            return "stop"
+        return "continue" if sample.remaining > 0 else "length"
+    raise RolloutError(f"SGLang ended sample {sample.sample_id} (request {sample.rid}) with "
+                       f"finish_reason {reason!r}")
+
+
+def cut_at_stop(sample: SGLangSample, pairs: list[tuple[int, float]]) -> tuple[list[tuple[int, float]], str | None]:
+    """Keep the pairs up to the sample's first stop token or its max_new_tokens, whichever
+    comes first, whatever SGLang reports (its finish may come a chunk later)."""
+    stops = sample.state.params.stop_token_ids
+    room = sample.remaining
+    for i, (token, _) in enumerate(pairs[:room]):
+        if token in stops:
+            return pairs[:i + 1], "stop"
+    if len(pairs) >= room:
+        return pairs[:room], "length"
+    return pairs, None

@@ -1,0 +1,413 @@
+"""SGLangEngine: the RolloutEngine protocol over SGLang's offline `Engine`, so GPU instances
+roll out with SGLang and the controller drives them like the embedded engine.
+
+One background thread (LoopThread) builds and owns the `sglang.Engine`: it runs the engine's
+event loop, where one task per SGLang request consumes its token stream, and runs each public
+call between two loop turns, when SGLang's synchronous methods (update_weights_from_tensor,
+flush_cache, ...) may drive that loop. Deltas wait in a buffer that poll() drains under a
+condition variable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import importlib
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from rlboost.errors import RolloutError
+from rlboost.migration.batch import MigrationBatch
+from rlboost.migration.state import RequestState
+from rlboost.rollout._admission import validate_states
+from rlboost.rollout._sglang_config import SGLangEngineConfig
+from rlboost.rollout._sglang_requests import SGLangSample, cut_at_stop, finish_of, new_entries
+from rlboost.rollout._sglang_thread import LoopThread
+from rlboost.rollout._sglang_weights import check_weights, read_checkpoint_facts, weight_buckets
+from rlboost.rollout.engine import EngineLoad, TokenDelta
+
+__all__ = ["SGLangEngine", "SGLangEngineConfig"]
+T = TypeVar("T")
+_INSTALL_HINT = "SGLangEngine needs SGLang on a GPU machine: pip install 'rlboost[sglang]'"
+
+
+class SGLangEngine:
+    """The SGLang rollout engine. Usage (on a GPU machine with SGLang installed):
+
+        engine = SGLangEngine(SGLangEngineConfig(model_path="ckpt/", stream_interval=8))
+        engine.submit([RequestState(sample_id=1, prompt_ids=(1, 2, 3), seed=0, weight_version=0,
+                                    params=SamplingParams(max_new_tokens=64, stop_token_ids=(2,)))])
+        deltas = engine.poll(1.0)   # [TokenDelta(sample_id=1, start=0, ids=(...), ...)]
+        engine.close()
+
+    Each sample is one SGLang request (its own rid): input_ids = prompt + output so far,
+    max_new_tokens reduced by the output so far, and SGLang's per-request `sampling_seed`
+    derived from (seed, sample_id). SGLang draws token t from (sampling_seed, position), so a
+    sample resumed by re-prefill draws the same random numbers; its logits are not promised
+    to be bit-identical though (SGLang's kernels may depend on batch composition, and the
+    resumed tokens go through prefill instead of decode), hence `batch_invariant = False`.
+    KV pages stay inside SGLang (`exports_kv = False`): migration is tokens-only.
+
+    Stop tokens are exactly `params.stop_token_ids` (kept in the output): a sample without
+    them runs to max_new_tokens (ignore_eos), and one that SGLang stops on the model's own
+    EOS, not among them, is continued by a new request. Logprobs are SGLang's
+    `output_token_logprobs`. `engine_factory(**config.engine_kwargs())` builds the SGLang
+    engine (default `sglang.Engine`); tests pass a fake with the same API.
+    """
+
+    exports_kv = False
+    batch_invariant = False
+
+    def __init__(self, config: SGLangEngineConfig, engine_factory: Callable[..., Any] | None = None):
+        factory = engine_factory or _sglang_engine_class()
+        self.config = config
+        self._facts = read_checkpoint_facts(config.model_path)
+        self.vocab_size = config.vocab_size or self._facts.vocab_size
+        if self.vocab_size is None:
+            raise ValueError(f"vocab_size must be set: {config.model_path}/config.json does not give it")
+        self.max_model_len = config.max_model_len or self._facts.max_position_embeddings
+        self._version = config.weight_version
+        self._rid_prefix = f"rlboost-{uuid.uuid4().hex[:8]}"
+        self._rids = 0
+        self._cond = threading.Condition()
+        self._deltas: dict[int, TokenDelta] = {}
+        self._counts = (0, 0, 0)                       # running, queued, queued tokens
+        self._rate = 0.0
+        self._closed = False
+        self._failure: BaseException | None = None
+        # Engine thread only:
+        self._samples: dict[int, SGLangSample] = {}
+        self._running = self._queued = self._queued_tokens = 0  # _samples summed up
+        self._tasks: set[asyncio.Task] = set()
+        self._arrivals: deque[tuple[float, int]] = deque()
+        self._busy_since: float | None = None
+        self._released = False
+        self._shutdown_error: BaseException | None = None
+        try:
+            self._thread = LoopThread(lambda: factory(**config.engine_kwargs()), name="rlboost-sglang-engine")
+        except Exception as e:
+            raise RolloutError(f"SGLang engine did not start: {e!r}") from e
+        self._engine, self._loop = self._thread.owned, self._thread.loop
+        # A daemon thread still inside SGLang when the interpreter finalizes may abort the
+        # process, so an engine left open is closed at exit (the hook holds a weak ref).
+        self._close_at_exit = functools.partial(_close_if_alive, weakref.ref(self))
+        atexit.register(self._close_at_exit)
+
+    # ---- public API (any thread) -------------------------------------------------------
+
+    def submit(self, states: Sequence[RequestState]) -> None:
+        states = list(states)
+        self._call(lambda: self._add(states))
+
+    def poll(self, timeout_s: float) -> list[TokenDelta]:
+        if not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
+        with self._cond:
+            self._cond.wait_for(lambda: self._deltas or self._closed or self._failure, timeout_s)
+            self._check_usable()
+            out = list(self._deltas.values())
+            self._deltas.clear()
+            return out
+
+    def abort(self, sample_ids: Sequence[int]) -> None:
+        ids = list(sample_ids)
+        self._call(lambda: self._drop(ids))
+
+    def export_states(self, sample_ids: Sequence[int] | None = None, *, with_kv: bool = False):
+        if with_kv:
+            with self._cond:
+                self._check_usable()
+            raise RolloutError("SGLang keeps KV pages inside its scheduler (its public API cannot "
+                               "export them): export with with_kv=False and resume by re-prefill")
+        ids = None if sample_ids is None else list(sample_ids)
+        return self._call(lambda: self._export(ids))
+
+    def import_states(self, batch) -> None:
+        """Resume a batch by re-prefill; KV pages in it are not used (SGLang cannot take them)."""
+        if not isinstance(batch, MigrationBatch):
+            raise RolloutError(f"expected MigrationBatch, got {type(batch).__name__}")
+        states = list(batch.states)
+        self._call(lambda: self._add(states))
+
+    def load_weights(self, named_tensors: Mapping[str, object], version: int) -> None:
+        self._call(lambda: self._load_weights(named_tensors, version))
+
+    def release_memory(self) -> None:
+        """Free SGLang's GPU memory (weights, KV cache) for a trainer sharing the GPUs; needs
+        extra_engine_kwargs={"enable_memory_saver": True}. Refused while samples are admitted."""
+        self._call(lambda: self._set_memory(release=True))
+
+    def resume_memory(self) -> None:
+        """Take the memory back. Load weights afterwards unless SGLang kept a CPU copy of them."""
+        self._call(lambda: self._set_memory(release=False))
+
+    def load(self) -> EngineLoad:
+        with self._cond:
+            self._check_usable()
+            running, queued, queued_tokens = self._counts
+            return EngineLoad(running=running, queued=queued, queued_tokens=queued_tokens,
+                              decode_tokens_per_s=self._rate, weight_version=self._version)
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.stop(self._shutdown)
+        atexit.unregister(self._close_at_exit)
+        if self._shutdown_error is not None:
+            raise RolloutError(f"SGLang did not shut down cleanly: {self._shutdown_error!r}") from self._shutdown_error
+
+    def __enter__(self) -> SGLangEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise RolloutError(f"SGLang engine failed: {self._failure!r}") from self._failure
+        if self._closed:
+            raise RolloutError("engine is closed")
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        with self._cond:
+            self._check_usable()
+        return self._thread.call(functools.partial(self._counted, fn))
+
+    # ---- engine thread: calls between loop turns ----------------------------------------
+
+    def _counted(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        finally:
+            self._publish_counts()
+
+    def _add(self, states: list[RequestState]) -> None:
+        if self._released:
+            raise RolloutError("SGLang's memory is released: call resume_memory() first")
+        validate_states(states, known=self._samples, version=self._version, vocab_size=self.vocab_size,
+                        max_model_len=self.max_model_len)
+        if states and self._busy_since is None:
+            self._busy_since = time.perf_counter()
+        for state in states:
+            sample = SGLangSample(state=state, rid=self._new_rid(state.sample_id))
+            self._samples[state.sample_id] = sample
+            self._account(sample, +1)
+            self._start(sample)
+
+    def _drop(self, ids: list[int]) -> None:
+        for sid in ids:
+            sample = self._samples.pop(sid, None)
+            if sample is not None:
+                self._account(sample, -1)
+                self._abort_request(sample.rid)
+        with self._cond:
+            for sid in ids:  # finished samples too: their last delta may still be waiting
+                self._deltas.pop(sid, None)
+        self._note_idle()
+
+    def _export(self, ids: list[int] | None) -> MigrationBatch:
+        if ids is None:
+            ids = list(self._samples)
+        live = [i for i in dict.fromkeys(ids) if i in self._samples]
+        states = tuple(self._samples[i].current() for i in live)
+        self._drop(live)
+        return MigrationBatch(states=states)
+
+    def _load_weights(self, named: Mapping[str, object], version: int) -> None:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise RolloutError(f"version must be a non-negative int, got {version!r}")
+        if self._samples:
+            raise RolloutError(f"cannot load weights while {len(self._samples)} samples are in "
+                               "flight; export or abort them first")
+        if self._released:
+            raise RolloutError("SGLang's memory is released: call resume_memory() first")
+        pairs = check_weights(self._facts, named)
+        pause = getattr(self._engine, "pause_generation", None)
+        paused = False
+        try:
+            if pause is not None:  # aborts what SGLang still drains, holds new requests back
+                pause(mode="abort")
+                paused = True
+            for bucket in weight_buckets(pairs, self.config.weight_bucket_bytes, self.config.dtype):
+                _check_result(self._engine.update_weights_from_tensor(bucket, load_format=None, flush_cache=False),
+                              "update_weights_from_tensor")
+            _check_result(self._engine.flush_cache(), "flush_cache")  # no prefix KV of old weights
+        except BaseException as e:
+            # Some tensors may already be replaced: this engine's weights are unknown now.
+            self._fail(e)
+            raise RolloutError(f"SGLang failed to load weights version {version}: {e!r}") from e
+        finally:
+            if paused:
+                self._engine.continue_generation()
+        with self._cond:
+            self._version = version
+
+    def _set_memory(self, *, release: bool) -> None:
+        if self._samples:
+            raise RolloutError(f"cannot move SGLang's memory while {len(self._samples)} samples are in flight")
+        if release and not self._released:
+            self._engine.release_memory_occupation()
+        elif not release and self._released:
+            self._engine.resume_memory_occupation()
+        self._released = release
+
+    # ---- engine thread: streams ---------------------------------------------------------
+
+    def _new_rid(self, sample_id: int) -> str:
+        self._rids += 1  # SGLang refuses a rid it still tracks, so every request gets its own
+        return f"{self._rid_prefix}-{sample_id}-{self._rids}"
+
+    def _start(self, sample: SGLangSample) -> None:
+        task = self._loop.create_task(self._consume(sample, sample.rid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _wanted(self, sample: SGLangSample, rid: str) -> bool:
+        return self._samples.get(sample.sample_id) is sample and sample.rid == rid
+
+    async def _consume(self, sample: SGLangSample, rid: str) -> None:
+        try:
+            stream = await self._engine.async_generate(**sample.generate_kwargs(seeded=self.config.deterministic_inference))
+            async for chunk in stream:
+                if self._wanted(sample, rid):
+                    self._absorb(sample, chunk)
+                else:  # dropped: SGLang ignores an abort for a request it has not registered yet
+                    self._abort_request(rid)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # never swallowed: the caller sees it on its next call
+            if self._wanted(sample, rid):
+                self._fail(e)
+
+    def _absorb(self, sample: SGLangSample, chunk: dict) -> None:
+        meta = chunk["meta_info"]
+        reason = meta.get("finish_reason")
+        pairs, finish = cut_at_stop(sample, new_entries(sample, meta))
+        self._account(sample, -1)
+        sample.ids += [t for t, _ in pairs]
+        sample.logprobs += [lp for _, lp in pairs]
+        if finish is None:
+            finish = finish_of(sample, reason)
+        elif reason is None:  # finished here before SGLang noticed
+            self._abort_request(sample.rid)
+        if finish == "continue":
+            sample.rid, sample.segment_start = self._new_rid(sample.sample_id), len(sample.ids)
+            self._start(sample)
+            finish = None
+        if finish is None:
+            self._account(sample, +1)
+        else:
+            del self._samples[sample.sample_id]
+        self._record_arrival(len(pairs))
+        self._emit(sample, finish)
+        self._publish_counts()
+        self._note_idle()
+
+    def _emit(self, sample: SGLangSample, finish: str | None) -> None:
+        # While the sample runs its newest token is held back, so that its finish (which
+        # SGLang may report in a chunk without new tokens) always travels with a token.
+        upto = len(sample.ids) if finish else len(sample.ids) - 1
+        if upto <= sample.emitted:
+            return
+        base = len(sample.state.output_ids)
+        ids, lps = tuple(sample.ids[sample.emitted:upto]), tuple(sample.logprobs[sample.emitted:upto])
+        with self._cond:
+            prev = self._deltas.get(sample.sample_id)
+            start = base + sample.emitted
+            if prev is not None:
+                ids, lps, start = prev.ids + ids, prev.logprobs + lps, prev.start
+            self._deltas[sample.sample_id] = TokenDelta(sample_id=sample.sample_id, start=start, ids=ids,
+                                                        logprobs=lps, finish_reason=finish,
+                                                        weight_version=self._version)
+            self._cond.notify_all()
+        sample.emitted = upto
+
+    def _abort_request(self, rid: str) -> None:
+        abort = getattr(self._engine, "abort_request", None) or self._engine.tokenizer_manager.abort_request
+        abort(rid=rid)
+
+    def _record_arrival(self, n: int) -> None:
+        now = time.perf_counter()
+        window = self.config.rate_window_s
+        self._arrivals.append((now, n))
+        while self._arrivals[0][0] < now - window:
+            self._arrivals.popleft()
+        span = now - max(self._busy_since or now, now - window)
+        if span > 0:
+            rate = sum(k for _, k in self._arrivals) / span
+            with self._cond:
+                self._rate = rate
+
+    def _note_idle(self) -> None:
+        if not self._samples:  # the next busy period is measured on its own
+            self._busy_since = None
+            self._arrivals.clear()
+
+    def _account(self, sample: SGLangSample, sign: int) -> None:
+        """Add (+1) or take out (-1) a sample's share of the load counts."""
+        started = 1 if sample.ids else 0
+        self._running += sign * started
+        self._queued += sign * (1 - started)
+        self._queued_tokens += sign * sample.remaining
+
+    def _publish_counts(self) -> None:
+        with self._cond:
+            self._counts = (self._running, self._queued, self._queued_tokens)
+
+    def _fail(self, e: BaseException) -> None:
+        with self._cond:
+            if self._failure is None:
+                self._failure = e
+            self._cond.notify_all()
+
+    def _shutdown(self) -> None:
+        """Stop every request and shut SGLang down (on the engine thread, last)."""
+        try:
+            for sample in self._samples.values():
+                self._abort_request(sample.rid)
+            self._samples.clear()
+            for task in self._tasks:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
+            self._engine.shutdown()
+            rest = asyncio.all_tasks(self._loop)  # SGLang's own loop tasks, now without peers
+            for task in rest:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+        except BaseException as e:
+            self._shutdown_error = e
+        finally:
+            self._loop.close()
+
+
+def _check_result(result: Any, what: str) -> None:
+    """SGLang answers (success, message), an object with .success, or None (older versions)."""
+    if isinstance(result, (tuple, list)) and result and isinstance(result[0], bool):
+        ok, message = result[0], result[1] if len(result) > 1 else ""
+    elif hasattr(result, "success"):
+        ok, message = bool(result.success), getattr(result, "message", "") or getattr(result, "error_msg", "")
+    else:
+        return
+    if not ok:
+        raise RolloutError(f"SGLang {what} failed: {message}")
+
+
+def _sglang_engine_class() -> Callable[..., Any]:
+    try:
+        return importlib.import_module("sglang").Engine
+    except ImportError as e:
+        raise ImportError(f"{_INSTALL_HINT} ({e})") from e
+
+
+def _close_if_alive(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.close()
