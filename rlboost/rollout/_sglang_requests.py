@@ -19,6 +19,7 @@ from rlboost.errors import RolloutError
 from rlboost.migration.state import RequestState
 
 _SEED_BITS = 31  # SGLang packs per-request seeds into an int32 tensor
+Pairs = list[tuple[int, float]]  # (token id, logprob)
 
 
 def sampling_seed(seed: int, sample_id: int) -> int:
@@ -75,7 +76,7 @@ class SGLangSample:
                 "return_logprob": True, "logprob_start_len": -1, "stream": True, "rid": self.rid}
 
 
-def new_entries(sample: SGLangSample, meta: dict) -> list[tuple[int, float]]:
+def new_entries(sample: SGLangSample, meta: dict) -> Pairs:
     """(token id, logprob) pairs a chunk adds to the current request's output."""
     try:
         total = int(meta["completion_tokens"])
@@ -111,7 +112,7 @@ def finish_of(sample: SGLangSample, reason: dict | None) -> str | None:
                        f"finish_reason {reason!r}")
 
 
-def cut_at_stop(sample: SGLangSample, pairs: list[tuple[int, float]]) -> tuple[list[tuple[int, float]], str | None]:
+def cut_at_stop(sample: SGLangSample, pairs: Pairs) -> tuple[Pairs, str | None]:
     """Keep the pairs up to the sample's first stop token or its max_new_tokens, whichever
     comes first, whatever SGLang reports (its finish may come a chunk later)."""
     stops = sample.state.params.stop_token_ids

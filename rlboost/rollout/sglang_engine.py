@@ -162,7 +162,8 @@ class SGLangEngine:
         self._thread.stop(self._shutdown)
         atexit.unregister(self._close_at_exit)
         if self._shutdown_error is not None:
-            raise RolloutError(f"SGLang did not shut down cleanly: {self._shutdown_error!r}") from self._shutdown_error
+            e = self._shutdown_error
+            raise RolloutError(f"SGLang did not shut down cleanly: {e!r}") from e
 
     def __enter__(self) -> SGLangEngine:
         return self
@@ -274,8 +275,11 @@ class SGLangEngine:
         return self._samples.get(sample.sample_id) is sample and sample.rid == rid
 
     async def _consume(self, sample: SGLangSample, rid: str) -> None:
+        if not self._wanted(sample, rid):  # dropped before its request was sent
+            return
         try:
-            stream = await self._engine.async_generate(**sample.generate_kwargs(seeded=self.config.deterministic_inference))
+            kwargs = sample.generate_kwargs(seeded=self.config.deterministic_inference)
+            stream = await self._engine.async_generate(**kwargs)
             async for chunk in stream:
                 if self._wanted(sample, rid):
                     self._absorb(sample, chunk)
@@ -369,23 +373,25 @@ class SGLangEngine:
             self._cond.notify_all()
 
     def _shutdown(self) -> None:
-        """Stop every request and shut SGLang down (on the engine thread, last)."""
+        """Stop the streams and shut SGLang down (on the engine thread, last); SGLang's
+        shutdown ends its processes, and with them every request still running."""
+        self._samples.clear()
         try:
-            for sample in self._samples.values():
-                self._abort_request(sample.rid)
-            self._samples.clear()
-            for task in self._tasks:
-                task.cancel()
-            self._loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
+            _cancel(self._loop, self._tasks)
             self._engine.shutdown()
-            rest = asyncio.all_tasks(self._loop)  # SGLang's own loop tasks, now without peers
-            for task in rest:
-                task.cancel()
-            self._loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            _cancel(self._loop, asyncio.all_tasks(self._loop))  # SGLang's own, now without peers
         except BaseException as e:
             self._shutdown_error = e
         finally:
             self._loop.close()
+
+
+def _cancel(loop: asyncio.AbstractEventLoop, tasks) -> None:
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
 def _check_result(result: Any, what: str) -> None:

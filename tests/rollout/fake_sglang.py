@@ -86,11 +86,12 @@ class FakeSGLangEngineForTests:
 
     Test knobs: eos_token_ids (the model's EOS), hold_new_requests (requests wait before
     registering until open_admission()), abort_after_tokens (SGLang aborts a request itself,
-    as on memory exhaustion), fail_updates (update_weights_from_tensor answers failure)."""
+    as on memory exhaustion), fail_updates (update_weights_from_tensor answers failure),
+    finish_alone (a request's finish comes in a chunk of its own, with no new token)."""
 
     def __init__(self, *, eos_token_ids: tuple[int, ...] | None = None, step_s: float = 0.0005,
                  hold_new_requests: bool = False, abort_after_tokens: int | None = None,
-                 fail_updates: bool = False, **kwargs):
+                 fail_updates: bool = False, finish_alone: bool = False, **kwargs):
         unknown = sorted(set(kwargs) - set(SERVER_ARGS))
         if unknown:
             raise TypeError(f"ServerArgs.__init__() got unexpected keyword arguments {unknown}")
@@ -129,6 +130,7 @@ class FakeSGLangEngineForTests:
             self._admit.set()
         self.abort_after_tokens = abort_after_tokens
         self.fail_updates = fail_updates
+        self.finish_alone = finish_alone
         self.finished: dict[str, dict] = {}  # rid -> finish_reason, guarded by _done
         self._done = threading.Condition()
 
@@ -136,6 +138,11 @@ class FakeSGLangEngineForTests:
 
     def open_admission(self) -> None:
         self.loop.call_soon_threadsafe(self._admit.set)
+
+    def wait_for_requests(self, n: int, timeout_s: float = 30.0) -> list[dict]:
+        with self._done:
+            assert self._done.wait_for(lambda: len(self.requests) >= n, timeout_s), "requests did not come"
+            return list(self.requests)
 
     def wait_finished(self, rid: str, timeout_s: float = 30.0) -> dict:
         with self._done:
@@ -148,19 +155,19 @@ class FakeSGLangEngineForTests:
                              logprob_start_len=None, stream=False, rid=None, **unused):
         if prompt is not None or not isinstance(input_ids, list) or not all(isinstance(t, int) for t in input_ids):
             raise ValueError("this fake takes one request as input_ids: list[int]")
-        self.requests.append({"input_ids": list(input_ids), "sampling_params": dict(sampling_params or {}),
-                              "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
-                              "stream": stream, "rid": rid})
+        with self._done:
+            self.requests.append({"input_ids": list(input_ids), "sampling_params": dict(sampling_params or {}),
+                                  "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+                                  "stream": stream, "rid": rid})
+            self._done.notify_all()
         params = dict(sampling_params or {})
         if set(params) - SAMPLING_KEYS:
             raise TypeError(f"SamplingParams got unexpected keys {sorted(set(params) - SAMPLING_KEYS)}")
         gen = self._stream(_Req(rid=rid, input_ids=list(input_ids), params=params))
         if stream:
             return gen
-        last = None
-        async for last in gen:
-            pass
-        return last
+        chunks = [chunk async for chunk in gen]
+        return chunks[-1]
 
     async def _stream(self, req: _Req):
         await self._admit.wait()
@@ -209,7 +216,7 @@ class FakeSGLangEngineForTests:
             self._finish(req, {"type": "abort", "message": "KV cache exhausted", "status_code": 503})
         elif len(req.out) >= p.get("max_new_tokens", 128) or len(req.input_ids) + len(req.out) >= self.context_len:
             self._finish(req, {"type": "length", "length": len(req.out)})
-        elif not p.get("ignore_eos", False) and (token in (p.get("stop_token_ids") or ()) or token in self.eos_token_ids):
+        elif not p.get("ignore_eos", False) and token in {*(p.get("stop_token_ids") or ()), *self.eos_token_ids}:
             self._finish(req, {"type": "stop", "matched": token})
         elif len(req.out) % self.server_args.stream_interval == 0:
             req.chunks.put_nowait(self._chunk(req))
@@ -247,6 +254,8 @@ class FakeSGLangEngineForTests:
         return chunk
 
     def _finish(self, req: _Req, reason: dict) -> None:
+        if self.finish_alone and reason["type"] != "abort":
+            req.chunks.put_nowait(self._chunk(req))
         req.finish = reason
         self._running.pop(req.rid, None)
         req.chunks.put_nowait(self._chunk(req))
