@@ -47,11 +47,12 @@ class SGLangEngine:
 
     Each sample is one SGLang request (its own rid): input_ids = prompt + output so far,
     max_new_tokens reduced by the output so far, and SGLang's per-request `sampling_seed`
-    derived from (seed, sample_id). SGLang draws token t from (sampling_seed, position), so a
-    sample resumed by re-prefill draws the same random numbers; its logits are not promised
-    to be bit-identical though (SGLang's kernels may depend on batch composition, and the
-    resumed tokens go through prefill instead of decode), hence `batch_invariant = False`.
-    KV pages stay inside SGLang (`exports_kv = False`): migration is tokens-only.
+    derived from (seed, sample_id). With deterministic_inference (the default) SGLang draws
+    token t from (sampling_seed, position), so a sample resumed by re-prefill draws the same
+    random numbers; its logits are not promised to be bit-identical though (SGLang's kernels
+    may depend on batch composition, and resumed tokens go through prefill instead of
+    decode), so resumed samples may diverge: `batch_invariant = False`. KV pages stay inside
+    SGLang (`exports_kv = False`): migration is tokens-only.
 
     Stop tokens are exactly `params.stop_token_ids` (kept in the output): a sample without
     them runs to max_new_tokens (ignore_eos), and one that SGLang stops on the model's own

@@ -2,13 +2,18 @@
 the answers, checked against FakeSGLangEngineForTests (SGLang itself cannot run here)."""
 
 import sys
+import time
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from engine_contract import Collected, ContractTarget, EngineContract, collect, make_state, poll_until, run_alone
+from engine_contract import (Collected, ContractTarget, EngineContract, absorb, collect, make_state, poll_until,
+                             run_alone)
 from fake_sglang import FakeSGLangEngineForTests
 from rlboost.errors import RolloutError
+from rlboost.migration.batch import MigrationBatch
 from rlboost.models import ModelConfig, load_pretrained
 from rlboost.rollout._sglang_requests import SGLangSample, cut_at_stop, finish_of, new_entries, sampling_seed
 from rlboost.rollout._sglang_weights import weight_buckets
@@ -128,6 +133,24 @@ def test_a_stop_token_ends_the_sample_even_when_sglang_reports_length(start):
     assert out.ids == free[:k + 1] and out.finish == "stop"
 
 
+class EngineAbortFake(FakeSGLangEngineForTests):
+    """An SGLang build whose Engine itself offers abort_request (the adapter prefers it)."""
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self.events.append(("engine.abort_request", rid))
+        self.tokenizer_manager.abort_request(rid=rid, abort_all=abort_all)
+
+
+def test_aborts_go_through_the_engines_own_abort_request_when_it_has_one(start, made):
+    engine = start(factory_class=EngineAbortFake)
+    engine.submit([make_state(1, VERSION, max_new=400)])
+    poll_until(engine, {}, lambda o: 1 in o)
+    engine.abort([1])
+    rid = made[0].requests[0]["rid"]
+    assert made[0].wait_finished(rid)["type"] == "abort"
+    assert ("engine.abort_request", rid) in made[0].events
+
+
 class ShortContextFake(FakeSGLangEngineForTests):
     """SGLang's context is 12 tokens, and it reports a finish in a chunk of its own."""
 
@@ -153,6 +176,78 @@ def test_abort_before_sglang_registered_the_request_still_stops_it(start, made):
     assert fake.wait_finished(rid)["type"] == "abort"  # not "length": it did not run its 400 tokens
     assert fake.events.count(("abort", rid)) >= 2     # the first abort found nothing to stop
     assert engine.poll(0.0) == [] and engine.load().running + engine.load().queued == 0
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(["poll", "move", "abort_and_resume"]), st.integers(0, 3)),
+                    max_size=10))
+def test_any_schedule_of_moves_and_aborts_ends_every_sample_once_and_whole(start, ops):
+    """Samples hop between two adapters by export/import or by abort and resubmission from
+    the tokens collected; every one ends exactly once, gap-free, with the tokens of an
+    uninterrupted run (the fake is batch-invariant)."""
+    states = [make_state(i, VERSION, prompt_len=3 + i, max_new=24, temperature=0.9) for i in range(4)]
+    reference = _uninterrupted(start, states)
+    engines = [start(), start()]
+    try:
+        out = _hop(engines, states, ops)
+    finally:
+        for engine in engines:
+            engine.close()
+    assert {i: (c.ids, c.finish) for i, c in out.items()} == reference
+
+
+def _hop(engines, states, ops) -> dict[int, Collected]:
+    where = {s.sample_id: 0 for s in states}
+    engines[0].submit(states)
+    out: dict[int, Collected] = {}
+    for op, sid in ops:
+        for engine in engines:
+            absorb(out, engine.poll(0.0))
+        if op == "poll" or out.get(sid, Collected()).finish is not None:
+            continue
+        src, dst = engines[where[sid]], engines[1 - where[sid]]
+        if op == "move":
+            moved = src.export_states([sid]).states
+            if not moved:  # it finished meanwhile: its last delta is still on the source
+                continue
+            out[sid] = Collected(ids=list(moved[0].output_ids), logprobs=list(moved[0].output_logprobs))
+            dst.import_states(MigrationBatch(states=moved))
+        else:
+            src.abort([sid])
+            c = out.setdefault(sid, Collected())
+            dst.submit([states[sid].extended(tuple(c.ids), tuple(c.logprobs))])
+        where[sid] = 1 - where[sid]
+    deadline = time.monotonic() + 60
+    while any(out.get(i, Collected()).finish is None for i in range(4)):
+        assert time.monotonic() < deadline
+        for engine in engines:
+            absorb(out, engine.poll(0.05))
+    return out
+
+
+_REFERENCE: dict = {}
+
+
+def _uninterrupted(start, states):
+    if not _REFERENCE:
+        _REFERENCE.update({i: (c.ids, c.finish) for i, c in run_alone(start(), states).items()})
+    return _REFERENCE
+
+
+def test_kv_pages_from_another_engine_are_dropped_and_the_samples_re_prefilled(start, tiny_ckpt):
+    from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+    with EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_ckpt), weight_version=VERSION)) as embedded:
+        embedded.submit([make_state(i, VERSION, max_new=40) for i in range(2)])
+        out: dict[int, Collected] = {}
+        poll_until(embedded, out, lambda o: all(len(o.get(i, Collected()).ids) >= 2 for i in range(2)))
+        batch = embedded.export_states(with_kv=True)
+    assert batch.has_kv
+    engine = start()
+    engine.import_states(batch)
+    out = {s.sample_id: Collected(ids=list(s.output_ids), logprobs=list(s.output_logprobs)) for s in batch.states}
+    collect(engine, [0, 1], out)
+    assert all(len(c.ids) == 40 and c.finish == "length" for c in out.values())
 
 
 # ---- weights -------------------------------------------------------------------------
