@@ -64,14 +64,21 @@ class LoopThread:
             self._thread.join()
 
     def _run(self, build: Callable[[], Any], ready: Future) -> None:
+        # A current loop for this thread before the build: SGLang versions that take
+        # asyncio.get_event_loop() bind it; newer ones make their own, and that one is used.
+        first = asyncio.new_event_loop()
+        asyncio.set_event_loop(first)
         try:
             self.owned = build()
-            self.loop = self.owned.loop
+            self.loop = getattr(self.owned, "loop", first)
             self._wake = asyncio.Event()
         except BaseException as e:
             self._done = True
+            first.close()
             ready.set_exception(e)
             return
+        if self.loop is not first:
+            first.close()
         ready.set_result(None)
         cleanup = None
         try:

@@ -1,6 +1,7 @@
 """The SGLang adapter: the RolloutEngine contract, what it asks of SGLang and how it reads
 the answers, checked against FakeSGLangEngineForTests (SGLang itself cannot run here)."""
 
+import asyncio
 import sys
 import time
 
@@ -16,6 +17,7 @@ from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.models import ModelConfig, load_pretrained
 from rlboost.rollout._sglang_requests import SGLangSample, cut_at_stop, finish_of, new_entries, sampling_seed
+from rlboost.rollout._sglang_thread import LoopThread
 from rlboost.rollout._sglang_weights import weight_buckets
 from rlboost.rollout.sglang_engine import SGLangEngine, SGLangEngineConfig
 
@@ -401,6 +403,24 @@ def test_config_sets_the_server_arguments_the_adapter_relies_on():
                                 extra_engine_kwargs={"random_seed": 3}).engine_kwargs()
     assert kwargs["skip_tokenizer_init"] is True and kwargs["enable_deterministic_inference"] is False
     assert kwargs["context_length"] == 2048 and kwargs["random_seed"] == 3
+
+
+def test_loop_thread_serves_engines_that_bind_the_threads_current_loop():
+    class BindsCurrentLoop:  # as SGLang versions that call asyncio.get_event_loop() do
+        def __init__(self):
+            self.loop = asyncio.get_event_loop()
+
+        def run(self, coro):
+            return self.loop.run_until_complete(coro)
+
+    async def answer():
+        return 42
+
+    thread = LoopThread(BindsCurrentLoop, name="test-loop-thread")
+    assert thread.call(lambda: thread.owned.run(answer())) == 42  # a synchronous call between turns
+    thread.stop(lambda: thread.loop.close())
+    with pytest.raises(RolloutError, match="closed"):
+        thread.call(lambda: 1)
 
 
 # ---- reading SGLang's chunks ---------------------------------------------------------
