@@ -342,6 +342,21 @@ class FakeSGLangEngineForTests:
         return int.from_bytes(h.digest(), "little")
 
 
+class EngineAbortFake(FakeSGLangEngineForTests):
+    """An SGLang build whose Engine itself offers abort_request (the adapter prefers it)."""
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self.events.append(("engine.abort_request", rid))
+        self.tokenizer_manager.abort_request(rid=rid, abort_all=abort_all)
+
+
+class ShortContextFake(FakeSGLangEngineForTests):
+    """SGLang's context is 12 tokens, and it reports a finish in a chunk of its own."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**{**kwargs, "context_length": 12}, finish_alone=True)
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max())
     return e / e.sum()

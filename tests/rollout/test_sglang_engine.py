@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from engine_contract import (Collected, ContractTarget, EngineContract, absorb, collect, make_state, poll_until,
                              run_alone)
-from fake_sglang import FakeSGLangEngineForTests
+from fake_sglang import EngineAbortFake, FakeSGLangEngineForTests, ShortContextFake
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.models import ModelConfig, load_pretrained
@@ -135,14 +135,6 @@ def test_a_stop_token_ends_the_sample_even_when_sglang_reports_length(start):
     assert out.ids == free[:k + 1] and out.finish == "stop"
 
 
-class EngineAbortFake(FakeSGLangEngineForTests):
-    """An SGLang build whose Engine itself offers abort_request (the adapter prefers it)."""
-
-    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        self.events.append(("engine.abort_request", rid))
-        self.tokenizer_manager.abort_request(rid=rid, abort_all=abort_all)
-
-
 def test_aborts_go_through_the_engines_own_abort_request_when_it_has_one(start, made):
     engine = start(factory_class=EngineAbortFake)
     engine.submit([make_state(1, VERSION, max_new=400)])
@@ -151,13 +143,6 @@ def test_aborts_go_through_the_engines_own_abort_request_when_it_has_one(start, 
     rid = made[0].requests[0]["rid"]
     assert made[0].wait_finished(rid)["type"] == "abort"
     assert ("engine.abort_request", rid) in made[0].events
-
-
-class ShortContextFake(FakeSGLangEngineForTests):
-    """SGLang's context is 12 tokens, and it reports a finish in a chunk of its own."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**{**kwargs, "context_length": 12}, finish_alone=True)
 
 
 def test_a_finish_sglang_reports_alone_still_reaches_the_caller(start):
