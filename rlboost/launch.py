@@ -20,6 +20,7 @@ from rlboost.cluster.session import RaySettings, actor_options
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
 from rlboost.recipes.config import RunConfig, parse_injection
+from rlboost.rollout.sglang_engine import SGLangEngineConfig
 from rlboost.rundir import RunDirectory
 from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.trainer.loop import TrainerGroup
@@ -201,5 +202,11 @@ def rank_specs(config: RunConfig, weights: Path, reference: Path) -> list[RankSp
 def instance_template(config: RunConfig, weights: Path, publisher: str) -> InstanceSpec:
     r = config.rollout
     engine = dataclasses.replace(r.engine, model_dir=str(weights))
+    sglang = None
+    if r.backend == "sglang":
+        sglang = SGLangEngineConfig(model_path=str(weights), tp_size=r.sglang_tp_size,
+                                    mem_fraction_static=r.sglang_mem_fraction, dtype=r.engine.dtype,
+                                    stream_interval=r.engine.stream_interval)
     return InstanceSpec(instance_id="template", kind="preemptible", capacity=r.capacity, engine=engine,
-                        transfer=config.transfer, sources=(publisher,), pull_timeout_s=r.pull_timeout_s)
+                        transfer=config.transfer, sources=(publisher,), pull_timeout_s=r.pull_timeout_s,
+                        sglang=sglang)

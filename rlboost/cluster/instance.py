@@ -1,7 +1,11 @@
-"""RolloutInstance: one rollout instance as a Ray actor (EmbeddedEngine + WeightPuller +
-an agent thread).
+"""RolloutInstance: one rollout instance as a Ray actor (an engine + WeightPuller + an
+agent thread).
 
-The controller reaches the engine through the actor's RolloutEngine methods. The agent
+The engine is the embedded torch engine, or SGLang when the spec carries an
+SGLangEngineConfig. The controller reaches it through the actor's RolloutEngine methods
+and the handoff methods of MigratingEngine, so samples move engine to engine with their
+KV pages (the controller sees only tickets and token states) when the engine can export
+them. The agent
 registers the instance, heartbeats, and whenever the lease names another weight version
 pulls it (from the trainer's publisher and from peers that already hold it), loads it
 into the engine and reports it, heartbeating all the while. The puller's relay serves
@@ -25,6 +29,8 @@ from rlboost.controller.records import InstanceInfo
 from rlboost.errors import RlboostError, TransferTimeout
 from rlboost.models import ModelConfig, empty_model
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.endpoint import MigratingEngine
+from rlboost.rollout.sglang_engine import SGLangEngine, SGLangEngineConfig
 from rlboost.transfer.config import TransferConfig
 from rlboost.transfer.puller import WeightPuller
 
@@ -43,6 +49,8 @@ class InstanceSpec:
 
     engine.model_dir gives the model's shape (config.json); its weights are not read,
     since every version comes from a pull. sources are the trainer's weight publishers.
+    sglang, when set, makes the instance roll out with SGLang instead of the embedded
+    engine (SGLang loads sglang.model_path itself; later versions still come from pulls).
     """
 
     instance_id: str
@@ -53,6 +61,7 @@ class InstanceSpec:
     sources: tuple[str, ...]
     pull_timeout_s: float = 600.0
     torch_threads: int = 1
+    sglang: SGLangEngineConfig | None = None
     format_version: int = SPEC_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -90,9 +99,7 @@ class RolloutInstance:
         torch.set_num_threads(spec.torch_threads)  # engines share a few cores with the trainer
         self.spec = spec
         self.controller = controller
-        cfg = dataclasses.replace(spec.engine, weight_version=0)
-        model = empty_model(ModelConfig.load(cfg.model_dir), dtype=cfg.torch_dtype, device=cfg.device)
-        self.engine = EmbeddedEngine(cfg, model=model)
+        self.engine = MigratingEngine(_build_engine(spec), spec.transfer)
         self.puller = WeightPuller(list(spec.sources), spec.transfer)
         self._peers: tuple[str, ...] = ()
         self._pulls: list[PullRecord] = []
@@ -125,6 +132,20 @@ class RolloutInstance:
 
     def load(self):
         return self.engine.load()
+
+    # -- engine-to-engine handoffs (MigratingEngine), for the controller ----------------------
+
+    def handoff_send(self, sample_ids, mode: str = "kv"):
+        return self.engine.handoff_send(sample_ids, mode)
+
+    def handoff_receive(self, ticket, sample_ids=None, timeout_s=None):
+        self.engine.handoff_receive(ticket, sample_ids, timeout_s)
+
+    def handoff_release(self, ticket, sample_ids=None) -> None:
+        self.engine.handoff_release(ticket, sample_ids)
+
+    def handoff_take_back(self, ticket, sample_ids=None) -> None:
+        self.engine.handoff_take_back(ticket, sample_ids)
 
     def close(self) -> None:
         """The controller let the instance go (drained or shutting down): stop generating.
@@ -165,8 +186,11 @@ class RolloutInstance:
 
     def _agent_loop(self) -> None:
         me = ray.get_runtime_context().current_actor
+        exports_kv = getattr(self.engine.engine, "exports_kv", True)
         info = InstanceInfo(instance_id=self.spec.instance_id, kind=self.spec.kind,
-                            capacity=self.spec.capacity, address=self.puller.relay_address or "")
+                            capacity=self.spec.capacity, address=self.puller.relay_address or "",
+                            max_model_len=self.engine.max_model_len,
+                            kv_layout=self.engine.kv_layout if exports_kv else None)
         lease = ray.get(self.controller.register.remote(info, me))
         loaded = 0
         while not self._stop.is_set():
@@ -206,3 +230,12 @@ class RolloutInstance:
                                           peer_bytes=peer_bytes))
         ray.get(self.controller.heartbeat.remote(self.spec.instance_id, version))
         return version
+
+
+def _build_engine(spec: InstanceSpec):
+    """The instance's engine, with no weights of its own yet (version 0): it pulls first."""
+    if spec.sglang is not None:
+        return SGLangEngine(dataclasses.replace(spec.sglang, weight_version=0))
+    cfg = dataclasses.replace(spec.engine, weight_version=0)
+    model = empty_model(ModelConfig.load(cfg.model_dir), dtype=cfg.torch_dtype, device=cfg.device)
+    return EmbeddedEngine(cfg, model=model)

@@ -22,6 +22,7 @@ DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 RENDEZVOUS = ("file", "tcp")
 POLICIES = ("adaptive", "reference")
+ROLLOUT_BACKENDS = ("embedded", "sglang")
 VICTIM_ORDERS = ("oldest", "newest", "random")
 INJECT_KINDS = ("notice", "kill")
 
@@ -160,9 +161,15 @@ class RolloutSection:
     """The rollout engines (one per instance) and the controller's offload policy.
 
     capacity is how many samples an instance decodes at once (the engine's batch size).
+    backend: "embedded" (rlboost's torch engine, configured by `engine`) or "sglang" (needs
+    `pip install 'rlboost[sglang]'` and GPUs; `sglang_tp_size` GPUs per instance, SGLang
+    taking `sglang_mem_fraction` of each, in `engine.dtype`).
     """
 
     engine: EmbeddedEngineConfig = field(default_factory=EmbeddedEngineConfig)
+    backend: str = "embedded"
+    sglang_tp_size: int = 1
+    sglang_mem_fraction: float = 0.8
     capacity: int = 64
     policy: str = "adaptive"
     instance_cpus: float = 0.0
@@ -172,6 +179,10 @@ class RolloutSection:
     def __post_init__(self) -> None:
         _require(self.capacity >= 1, "rollout.capacity", ">= 1", self.capacity)
         _require(self.policy in POLICIES, "rollout.policy", f"one of {POLICIES}", self.policy)
+        _require(self.backend in ROLLOUT_BACKENDS, "rollout.backend", f"one of {ROLLOUT_BACKENDS}", self.backend)
+        _require(self.sglang_tp_size >= 1, "rollout.sglang_tp_size", ">= 1", self.sglang_tp_size)
+        _require(0.0 < self.sglang_mem_fraction < 1.0, "rollout.sglang_mem_fraction", "in (0, 1)",
+                 self.sglang_mem_fraction)
         _require(self.instance_cpus >= 0 and self.instance_gpus >= 0, "rollout.instance_cpus/gpus",
                  ">= 0", (self.instance_cpus, self.instance_gpus))
         _require(self.pull_timeout_s > 0, "rollout.pull_timeout_s", "> 0", self.pull_timeout_s)

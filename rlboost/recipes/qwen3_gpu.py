@@ -33,6 +33,7 @@ def qwen3_gpu() -> RunConfig:
                                rank_cpus=1.0, rank_gpus=1.0),
         grpo=GRPOConfig(clip_eps_low=0.2, clip_eps_high=0.28),
         controller=ControllerConfig(
+            migrate_with_kv=True,
             poll_interval_s=0.05, idle_timeout_s=600.0, call_timeout_s=120.0,
             reserved_tokens_per_s=20000.0, preemptible_tokens_per_s=20000.0, sample_tokens_per_s=60.0,
             registry=RegistryConfig(heartbeat_interval_s=2.0, missed_beats=5, drain_margin_s=10.0)),

@@ -23,6 +23,7 @@ def smollm2_cpu() -> RunConfig:
                          temperature=0.7),
         trainer=TrainerSection(world_size=2, lr=2e-6, max_grad_norm=1.0, microbatch_groups=2),
         controller=ControllerConfig(
+            migrate_with_kv=True,
             poll_interval_s=0.1, idle_timeout_s=300.0, call_timeout_s=120.0,
             registry=RegistryConfig(heartbeat_interval_s=2.0, missed_beats=10, drain_margin_s=2.0)),
         rollout=RolloutSection(engine=EmbeddedEngineConfig(num_blocks=64, block_size=16, max_batch_size=16,

@@ -21,6 +21,7 @@ def tiny_cpu() -> RunConfig:
                          groups_per_step=64, group_size=8, max_new_tokens=4),
         trainer=TrainerSection(world_size=2, lr=1e-3, max_grad_norm=1.0, microbatch_groups=16),
         controller=ControllerConfig(
+            migrate_with_kv=True,
             poll_interval_s=0.05, idle_timeout_s=120.0, call_timeout_s=30.0,
             registry=RegistryConfig(heartbeat_interval_s=1.0, missed_beats=5, drain_margin_s=8.0)),
         rollout=RolloutSection(engine=EmbeddedEngineConfig(num_blocks=256, block_size=16, max_batch_size=64,
