@@ -79,6 +79,7 @@ struct StreamOptions {
   double connect_timeout_s = 10.0;
   uint64_t region_bytes = 0;  // payload size of the version
   ConnectionPool* pool = nullptr;  // idle connections to reuse and give back (null: none)
+  Interrupt* interrupt = nullptr;  // abandons a connect or handshake in progress (null: none)
 };
 
 class Transport {

@@ -132,7 +132,7 @@ class TcpTransport : public Transport {
     Connection c;
     RLB_RETURN_IF_ERROR(ConnectAuthenticated(opts.pool, link.host(), link.port(), link.secret(),
                                              link.peer().server_id,
-                                             Deadline::After(opts.connect_timeout_s), &c));
+                                             Deadline::After(opts.connect_timeout_s), &c, opts.interrupt));
     *out = std::make_unique<TcpChunkStream>(std::move(c), opts.pool, link.host(), link.port());
     return Status::Ok();
   }
