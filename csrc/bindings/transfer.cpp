@@ -206,7 +206,11 @@ void BindPuller(py::module_& m) {
       .def(py::init([](std::vector<std::pair<std::string, int>> sources, py::bytes secret,
                        const std::string& transport, int streams, int max_in_flight,
                        double request_timeout_s, double connect_timeout_s, int reconnect_attempts,
-                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool) {
+                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool, double relay_poll_s) {
+             if (!(relay_poll_s > 0 && relay_poll_s * 1000.0 <= kMaxHaveWaitMs)) {
+               ThrowIfError(Status(Code::kInvalidArgument, "relay_poll_s: must be in (0, " +
+                                                               std::to_string(kMaxHaveWaitMs / 1000) + "]"));
+             }
              PullOptions o;
              o.secret = secret;
              o.transport = transport;
@@ -216,12 +220,14 @@ void BindPuller(py::module_& m) {
              o.connect_timeout_s = connect_timeout_s;
              o.reconnect_attempts = reconnect_attempts;
              o.pool = std::move(pool);
+             o.have_wait_ms = static_cast<uint32_t>(relay_poll_s * 1000.0 + 0.5);
              std::vector<SourceAddress> addrs;
              for (auto& s : sources) addrs.push_back(SourceAddress{s.first, s.second});
              return std::make_unique<Puller>(o, addrs, self_server_id);
            }), py::arg("sources"), py::arg("secret"), py::arg("transport"), py::arg("streams"),
            py::arg("max_in_flight"), py::arg("request_timeout_s"), py::arg("connect_timeout_s"),
-           py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr)
+           py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr,
+           py::arg("relay_poll_s") = 0.5)
       .def("resolve", [](Puller& p, int64_t version, double timeout_s) {
             auto plan = std::make_unique<PullPlan>();
             ThrowIfError(p.Resolve(version, timeout_s, plan.get()));

@@ -49,6 +49,7 @@ PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSou
       dst_(dst),
       relay_(std::move(relay)),
       map_(manifest_.num_chunks(), sources.size(), order.rank, order.pullers, order.seed) {
+  map_.OnFinish([this](bool complete) { OnFinished(complete); });
   map_.SeedHeld(held_seed);
   if (relay_.store) {
     for (uint32_t c = 0; c < manifest_.num_chunks() && c / 8 < held_seed.size(); ++c) {
@@ -58,6 +59,7 @@ PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSou
   for (size_t s = 0; s < sources.size(); ++s) {
     auto src = std::make_unique<Source>();
     src->session = std::move(sources[s].session);
+    src->session->set_interrupt(&stop_);
     src->generation = sources[s].held.generation;
     src->pending = sources[s].pending;
     map_.UpdateSource(s, sources[s].held, true);
@@ -110,12 +112,8 @@ Status PullJob::Start() {
     }
   }
   running_ = static_cast<int>(lanes_.size());
-  has_watcher_.assign(sources_.size(), false);
   for (size_t s = 0; s < sources_.size(); ++s) {
-    if (map_.source_may_grow(s)) {
-      has_watcher_[s] = true;
-      watchers_.emplace_back([this, s] { RunWatcher(s); });
-    }
+    if (map_.source_may_grow(s)) watchers_.emplace_back([this, s] { RunWatcher(s); });
   }
   for (auto& lane : lanes_) lane->thread = std::thread([this, l = lane.get()] { RunLane(l); });
   return Status::Ok();
@@ -130,14 +128,17 @@ bool PullJob::Wait(double timeout_s) {
 
 Status PullJob::result() const { return map_.result(); }
 
-void PullJob::Cancel() {
-  map_.Cancel(Status(Code::kClosed, "pull cancelled"));
+void PullJob::Cancel() { map_.Cancel(Status(Code::kClosed, "pull cancelled")); }
+
+void PullJob::OnFinished(bool complete) {
+  // Nothing a thread of this job still waits for can matter now: end connects,
+  // handshakes, control calls and long polls at once instead of at their deadlines.
+  stop_.Fire();
+  if (complete) return;  // no read is in flight, and idle streams are kept for later pulls
+  // Reads in flight would otherwise wait out their request deadlines.
   for (auto& lane : lanes_) {
     std::lock_guard<std::mutex> lock(lane->mu);
     if (lane->stream) lane->stream->Abort();
-  }
-  for (auto& src : sources_) {
-    if (src->session) src->session->Abort();
   }
 }
 
@@ -147,6 +148,7 @@ Status PullJob::OpenStream(Lane* lane) {
   so.connect_timeout_s = opts_.connect_timeout_s;
   so.region_bytes = manifest_.total_bytes;
   so.pool = opts_.pool.get();
+  so.interrupt = &stop_;
   std::unique_ptr<ChunkStream> stream;
   std::lock_guard<std::mutex> lock(src.mu);
   Status st = src.transport->OpenStream(*src.session, manifest_.version, so, &stream);
@@ -174,16 +176,23 @@ void PullJob::AnnouncePending(uint32_t chunk, bool pending) {
   if (relay_.store) relay_.store->MarkPending(manifest_.version, relay_.registration, chunk, pending);
 }
 
+void PullJob::DropStream(Lane* lane) {
+  std::unique_ptr<ChunkStream> old;  // closed outside the lock: a transport may linger there
+  std::lock_guard<std::mutex> lock(lane->mu);
+  old = std::move(lane->stream);
+}
+
 void PullJob::FailLane(Lane* lane, const Status& st) {
   Source& src = *sources_[lane->source];
   bool stale = false;
   {
     std::lock_guard<std::mutex> lock(lane->mu);
     stale = lane->stream && lane->stream->stale();
-    lane->stream.reset();
   }
-  // A kept connection the source had closed while idle is not a failure of the source.
-  if (!stale || Permanent(st.code())) {
+  DropStream(lane);
+  // A kept connection the source had closed while idle is not a failure of the source,
+  // and nothing that fails once the pull has finished (interrupted) is one either.
+  if ((!stale || Permanent(st.code())) && !map_.finished()) {
     bool retire = Permanent(st.code()) || ++lane->failures > opts_.reconnect_attempts;
     if (!retire) ++src.reconnects;
     {
@@ -232,34 +241,51 @@ void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
   }
 }
 
+Status PullJob::CheckPeerLayout(SourceSession& session) {
+  Manifest theirs;
+  RLB_RETURN_IF_ERROR(session.FetchManifest(manifest_.version, &theirs, Deadline::After(opts_.request_timeout_s)));
+  if (!theirs.SameLayout(manifest_)) return Status(Code::kProtocol, "peer's manifest differs from the agreed one");
+  return Status::Ok();
+}
+
 void PullJob::RunWatcher(size_t s) {
   Source& src = *sources_[s];
+  // Long polls get a connection of their own: on the control connection each would hold
+  // up the lanes' requests there (a transport's region lease) for up to a poll period.
+  std::unique_ptr<SourceSession> poll;
+  Status st = SourceSession::Open(src.session->host(), src.session->port(), opts_.secret, opts_.pool,
+                                  src.session->peer().server_id, &stop_,
+                                  Deadline::After(opts_.connect_timeout_s), &poll);
+  const double poll_s = opts_.have_wait_ms / 1000.0;
   bool seen = !src.pending;
-  while (!map_.finished() && map_.source_may_grow(s)) {
+  while (st.ok() && !map_.finished() && map_.source_may_grow(s)) {
     HeldState held;
-    Status st = src.session->FetchHave(manifest_.version, src.generation, opts_.have_wait_ms, &held,
-                                       Deadline::After(opts_.request_timeout_s));
-    if (map_.finished()) return;
-    if (!seen && st.code() == Code::kUnknownVersion) continue;  // not started there yet
+    st = poll->FetchHave(manifest_.version, src.generation, opts_.have_wait_ms, &held,
+                         Deadline::After(opts_.request_timeout_s + poll_s));
+    if (!seen && st.code() == Code::kUnknownVersion) {  // not started there yet (the source waited)
+      st = Status::Ok();
+      continue;
+    }
     if (st.ok() && !seen) {
-      Manifest theirs;
-      st = src.session->FetchManifest(manifest_.version, &theirs, Deadline::After(opts_.request_timeout_s));
-      if (st.ok() && !theirs.SameLayout(manifest_)) {
-        st = Status(Code::kProtocol, "peer's manifest differs from the agreed one");
-      }
+      st = CheckPeerLayout(*poll);
       seen = true;
     }
-    if (!st.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(src.mu);
-        src.error = st.message();
-      }
-      map_.RetireSource(s, st);
-      return;
+    if (st.ok()) {
+      src.generation = held.generation;
+      map_.UpdateSource(s, held, true);
     }
-    src.generation = held.generation;
-    map_.UpdateSource(s, held, true);
   }
+  if (st.ok() || map_.finished()) return;  // an interrupted poll closes its connection
+  {
+    std::lock_guard<std::mutex> lock(src.mu);
+    src.error = st.message();
+  }
+  map_.RetireSource(s, st);
+}
+
+void PullJob::IdleWait(uint64_t* epoch) {
+  map_.WaitForChange(epoch, Deadline::After(0.25));
+  map_.FailIfStalled(opts_.request_timeout_s);
 }
 
 void PullJob::RunLane(Lane* lane) {
@@ -267,6 +293,12 @@ void PullJob::RunLane(Lane* lane) {
   const size_t s = lane->source;
   while (!map_.finished() && map_.source_alive(s)) {
     if (!lane->stream) {
+      // Nothing to ask of a source known to hold nothing (a relay that has not started
+      // this version): its watcher's news wakes us, and the pull's end does too.
+      if (map_.source_known(s) == 0) {
+        IdleWait(&epoch);
+        continue;
+      }
       Status st = OpenStream(lane);
       if (!st.ok()) {
         FailLane(lane, st);
@@ -291,8 +323,7 @@ void PullJob::RunLane(Lane* lane) {
     }
     if (!lane->stream) continue;
     if (lane->in_flight.empty()) {
-      map_.WaitForChange(&epoch, Deadline::After(0.25));
-      map_.FailIfStalled(opts_.request_timeout_s);
+      IdleWait(&epoch);
       continue;
     }
     ChunkRead r = lane->in_flight.front().first;
@@ -307,16 +338,10 @@ void PullJob::RunLane(Lane* lane) {
   }
   Status cause = map_.source_cause(s);
   ReleaseInFlight(lane, cause.ok() ? Status(Code::kClosed, "pull stopped") : cause);
-  {
-    std::lock_guard<std::mutex> lock(lane->mu);
-    lane->stream.reset();
-  }
+  DropStream(lane);
   std::lock_guard<std::mutex> lock(mu_);
   if (--running_ == 0) {
-    // Watchers may sit in a long poll; closing their control connections ends it now.
-    for (size_t i = 0; i < sources_.size(); ++i) {
-      if (i < has_watcher_.size() && has_watcher_[i]) sources_[i]->session->Abort();
-    }
+    stop_.Fire();  // watchers too end now, whatever ended the lanes
     cv_.notify_all();
   }
 }

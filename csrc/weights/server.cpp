@@ -224,7 +224,8 @@ Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, So
   RLB_RETURN_IF_ERROR(r.ExpectEnd());
   HeldState held;
   Deadline d = Deadline::After(opts_.send_timeout_s);
-  Status st = store_->Have(version, known, wait_ms, [this] { return closing_.load(); }, &held);
+  // A client that hangs up mid-poll (its pull ended) frees this thread within a poll slice.
+  Status st = store_->Have(version, known, wait_ms, [&] { return closing_.load() || s.HungUp(); }, &held);
   if (!st.ok()) return SendError(s, st, h.request_id, d);
   std::string reply;
   ByteWriter w(&reply);

@@ -63,6 +63,7 @@ class TransferConfig:
     max_connections: int = 256  # per server; when full, the longest idle one is closed
     keep_connections: bool = True  # pullers keep authenticated connections between pulls
     connection_idle_s: float = 60.0  # a kept connection unused this long is closed
+    relay_poll_s: float = 0.5  # longest wait of one long poll for news of a peer still pulling
 
     def __post_init__(self) -> None:
         if self.secret is None:
@@ -98,6 +99,7 @@ class TransferConfig:
         _check(1 <= self.max_connections <= 65536, "max_connections", "[1, 65536]", self.max_connections)
         _check(isinstance(self.keep_connections, bool), "keep_connections", "True or False", self.keep_connections)
         _check(0 < self.connection_idle_s <= 86400, "connection_idle_s", "in (0, 86400]", self.connection_idle_s)
+        _check(0 < self.relay_poll_s <= 60, "relay_poll_s", "in (0, 60]", self.relay_poll_s)
 
 
 def _check(ok: bool, field: str, allowed: str, got: object) -> None:
