@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+
 #include "bindings/bind.h"
 #include "bindings/buffer_view.h"
 #include "common/crc32c.h"
@@ -49,6 +51,7 @@ py::dict ServerStatsDict(const ServerStats& s) {
                   py::arg("connections_accepted") = s.connections_accepted,
                   py::arg("connections_refused") = s.connections_refused,
                   py::arg("connections_evicted") = s.connections_evicted,
+                  py::arg("handshakes_dropped") = s.handshakes_dropped,
                   py::arg("auth_failures") = s.auth_failures,
                   py::arg("protocol_errors") = s.protocol_errors,
                   py::arg("active_connections") = s.active_connections);
@@ -149,7 +152,8 @@ void BindStoreAndServer(py::module_& m) {
 
   py::class_<WeightServer>(m, "WeightServer", "Serves a VersionStore on one TCP port.")
       .def(py::init([](std::shared_ptr<VersionStore> store, const std::string& host, int port,
-                       py::bytes secret, uint64_t egress, int max_connections, double handshake_timeout_s) {
+                       py::bytes secret, uint64_t egress, int max_connections, double handshake_timeout_s,
+                       int max_handshakes) {
              ServerOptions o;
              o.host = host;
              o.port = port;
@@ -157,6 +161,9 @@ void BindStoreAndServer(py::module_& m) {
              o.egress_bytes_per_s = egress;
              o.max_connections = max_connections;
              o.handshake_timeout_s = handshake_timeout_s;
+             o.max_handshakes = max_handshakes;
+             // One peer host may fill a quarter of the handshake slots.
+             o.max_handshakes_per_host = std::max(1, max_handshakes / 4);
              std::unique_ptr<WeightServer> s;
              Status st;
              {
@@ -167,7 +174,7 @@ void BindStoreAndServer(py::module_& m) {
              return s;
            }), py::arg("store"), py::arg("host"), py::arg("port"), py::arg("secret"),
            py::arg("egress_bytes_per_s") = 0, py::arg("max_connections") = 256,
-           py::arg("handshake_timeout_s") = 10.0)
+           py::arg("handshake_timeout_s") = 2.0, py::arg("max_handshakes") = 128)
       .def_property_readonly("host", &WeightServer::host)
       .def_property_readonly("port", &WeightServer::port)
       .def_property_readonly("server_id", &WeightServer::server_id)

@@ -1,6 +1,8 @@
 // WeightServer: accept loop, per-connection frame loop and request dispatch.
 #include "weights/server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,21 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace rlboost {
+namespace {
+
+std::string PeerHost(const Socket& s) {
+  struct sockaddr_storage addr;
+  socklen_t len = sizeof(addr);
+  char host[NI_MAXHOST] = "";
+  if (getpeername(s.fd(), reinterpret_cast<struct sockaddr*>(&addr), &len) != 0 ||
+      getnameinfo(reinterpret_cast<struct sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
+                  NI_NUMERICHOST) != 0) {
+    return "";
+  }
+  return host;
+}
+
+}  // namespace
 
 WeightServer::WeightServer(const ServerOptions& opts, std::shared_ptr<VersionStore> store)
     : opts_(opts), store_(std::move(store)), services_(MakeTransportServices(ServiceOptions{opts.host, opts.ucx_port})) {
@@ -57,6 +74,7 @@ ServerStats WeightServer::stats() const {
   s.connections_accepted = accepted_;
   s.connections_refused = refused_;
   s.connections_evicted = evicted_;
+  s.handshakes_dropped = dropped_;
   s.auth_failures = auth_failures_;
   s.protocol_errors = protocol_errors_;
   std::lock_guard<std::mutex> lock(mu_);
@@ -87,13 +105,12 @@ void WeightServer::AcceptLoop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     ReapLocked();
-    auto open = std::count_if(conns_.begin(), conns_.end(), [](const auto& c) { return !c->evicted; });
-    if (open >= opts_.max_connections && !EvictIdleLocked()) {
-      ++refused_;
-      continue;  // s closes here
-    }
-    ++accepted_;
     auto conn = std::make_unique<Conn>();
+    conn->peer_host = PeerHost(s);
+    conn->accepted_at = Deadline::Clock::now();
+    // Only authenticated connections count toward max_connections (see AdmitAuthenticated).
+    DropHandshakesLocked(conn->peer_host);
+    ++accepted_;
     conn->socket = std::move(s);
     Conn* raw = conn.get();
     conns_.push_back(std::move(conn));
@@ -102,16 +119,54 @@ void WeightServer::AcceptLoop() {
 }
 
 bool WeightServer::EvictIdleLocked() {
-  Conn* oldest = nullptr;
-  for (auto& c : conns_) {
-    if (c->idle && !c->evicted && !c->done && (oldest == nullptr || c->idle_since < oldest->idle_since)) {
-      oldest = c.get();
+  for (;;) {
+    Conn* oldest = nullptr;
+    for (auto& c : conns_) {
+      if (c->idle && !c->evicted && !c->done && (oldest == nullptr || c->idle_since < oldest->idle_since)) {
+        oldest = c.get();
+      }
+    }
+    if (oldest == nullptr) return false;
+    bool was_idle = true;
+    // It may have just woken for a request: then it is busy, not idle, and keeps serving.
+    if (!oldest->idle.compare_exchange_strong(was_idle, false)) continue;
+    oldest->evicted = true;
+    oldest->socket.Shutdown();  // its thread sees the end of stream and exits
+    ++evicted_;
+    return true;
+  }
+}
+
+void WeightServer::DropHandshakesLocked(const std::string& host) {
+  // Makes room for one more: the oldest unauthenticated connection (from `host` when
+  // that host is at its own cap) is closed.
+  for (bool per_host : {true, false}) {
+    int cap = per_host ? opts_.max_handshakes_per_host : opts_.max_handshakes;
+    Conn* oldest = nullptr;
+    int count = 0;
+    for (auto& c : conns_) {
+      if (c->authenticated || c->evicted || c->done || (per_host && c->peer_host != host)) continue;
+      ++count;
+      if (oldest == nullptr || c->accepted_at < oldest->accepted_at) oldest = c.get();
+    }
+    if (count >= cap && oldest != nullptr) {
+      oldest->evicted = true;
+      oldest->socket.Shutdown();  // its handshake fails at once
+      ++dropped_;
     }
   }
-  if (oldest == nullptr) return false;
-  oldest->evicted = true;
-  oldest->socket.Shutdown();  // its thread sees the end of stream and exits
-  ++evicted_;
+}
+
+bool WeightServer::AdmitAuthenticated(Conn* conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn->evicted) return false;
+  auto open = std::count_if(conns_.begin(), conns_.end(),
+                            [](const auto& c) { return c->authenticated && !c->evicted && !c->done; });
+  if (open >= opts_.max_connections && !EvictIdleLocked()) {
+    ++refused_;
+    return false;
+  }
+  conn->authenticated = true;
   return true;
 }
 
@@ -120,7 +175,7 @@ void WeightServer::Serve(Conn* conn) {
   try {
     Socket& s = conn->socket;
     Status st = ServerHandshake(s, opts_.secret, self_, Deadline::After(opts_.handshake_timeout_s));
-    if (st.ok()) st = ServeFrames(conn);
+    if (st.ok() && AdmitAuthenticated(conn)) st = ServeFrames(conn);
     if (st.code() == Code::kAuth) ++auth_failures_;
     if (st.code() == Code::kProtocol) ++protocol_errors_;
     if ((st.code() == Code::kAuth || st.code() == Code::kProtocol) && !closing_) {
@@ -141,7 +196,8 @@ Status WeightServer::ServeFrames(Conn* c) {
     c->idle_since = Deadline::Clock::now().time_since_epoch().count();
     c->idle = true;
     s.WaitReadable(Deadline::Never());  // idle connections may wait indefinitely
-    c->idle = false;
+    bool was_idle = true;
+    if (!c->idle.compare_exchange_strong(was_idle, false)) break;  // evicted meanwhile
     if (closing_ || c->evicted) break;
     FrameHeader h;
     Deadline frame_deadline = Deadline::After(opts_.frame_timeout_s);

@@ -60,7 +60,9 @@ class TransferConfig:
     alignment: int = 4096  # every tensor starts at a multiple of this
     relay: bool = True  # pullers re-serve what they hold
     commit_threads: int = 2  # parallel tasks checksumming a staged version (a thread per core at most)
-    max_connections: int = 256  # per server; when full, the longest idle one is closed
+    max_connections: int = 256  # authenticated ones per server; when full, the longest idle one is closed
+    max_handshakes: int = 128  # per server, still unauthenticated (a quarter per peer host); when full, the oldest is closed
+    handshake_timeout_s: float = 2.0  # a connection must authenticate within this
     keep_connections: bool = True  # pullers keep authenticated connections between pulls
     connection_idle_s: float = 60.0  # a kept connection unused this long is closed
     relay_poll_s: float = 0.5  # longest wait of one long poll for news of a peer still pulling
@@ -97,6 +99,8 @@ class TransferConfig:
         _check(power_of_two and self.alignment <= 1 << 20, "alignment", "a power of two <= 1 MiB", self.alignment)
         _check(1 <= self.commit_threads <= 64, "commit_threads", "[1, 64]", self.commit_threads)
         _check(1 <= self.max_connections <= 65536, "max_connections", "[1, 65536]", self.max_connections)
+        _check(1 <= self.max_handshakes <= 65536, "max_handshakes", "[1, 65536]", self.max_handshakes)
+        _check(0 < self.handshake_timeout_s <= 60, "handshake_timeout_s", "in (0, 60]", self.handshake_timeout_s)
         _check(isinstance(self.keep_connections, bool), "keep_connections", "True or False", self.keep_connections)
         _check(0 < self.connection_idle_s <= 86400, "connection_idle_s", "in (0, 86400]", self.connection_idle_s)
         _check(0 < self.relay_poll_s <= 60, "relay_poll_s", "in (0, 60]", self.relay_poll_s)

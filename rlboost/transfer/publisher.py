@@ -32,6 +32,7 @@ class WeightPublisher(Closing):
         self._server = _C.WeightServer(
             self._store, c.bind_host, c.port, c.secret,
             egress_bytes_per_s=c.egress_bytes_per_s or 0, max_connections=c.max_connections,
+            handshake_timeout_s=c.handshake_timeout_s, max_handshakes=c.max_handshakes,
         )
         self._staged: dict[int, tuple[Manifest, object]] = {}
         self._closed = False

@@ -11,6 +11,7 @@ from rlboost.transfer import TransferConfig
     ("egress_bytes_per_s", 10), ("versions_kept", 0), ("alignment", 100), ("port", 70000),
     ("reconnect_attempts", -1), ("secret", "not-bytes"), ("keep_connections", "yes"),
     ("connection_idle_s", 0), ("relay_poll_s", 0), ("relay_poll_s", 61),
+    ("max_handshakes", 0), ("handshake_timeout_s", 0), ("handshake_timeout_s", 61),
 ])
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
