@@ -41,6 +41,7 @@ Status WeightServer::Start(const ServerOptions& opts, std::shared_ptr<VersionSto
   s->self_.host_key = LocalHostKey();
   s->self_.pid = static_cast<uint32_t>(getpid());
   RLB_RETURN_IF_ERROR(ListenTcp(opts.host, opts.port, &s->listener_, &s->port_));
+  s->owner_pid_ = getpid();
   s->accept_thread_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   *out = std::move(s);
   return Status::Ok();
@@ -50,6 +51,7 @@ WeightServer::~WeightServer() { Close(); }
 
 void WeightServer::Close() {
   if (closing_.exchange(true)) return;  // the first caller does (or did) the work
+  if (getpid() != owner_pid_) return AbandonInForkedChild();
   listener_.Shutdown();
   if (accept_thread_.joinable()) accept_thread_.join();
   if (limiter_) limiter_->Close();
@@ -64,6 +66,19 @@ void WeightServer::Close() {
     if (c->thread.joinable()) c->thread.join();
   }
   listener_.Close();
+}
+
+void WeightServer::AbandonInForkedChild() {
+  // shutdown() would end the parent's connections too (the sockets are shared): close
+  // only this process's descriptors. Joining or destroying std::thread objects of threads
+  // this process does not have is undefined, and services and the pacer may own such
+  // threads or locked mutexes: they are deliberately leaked.
+  listener_.Close();
+  for (auto& c : conns_) c->socket.Close();
+  new std::list<std::unique_ptr<Conn>>(std::move(conns_));
+  new std::thread(std::move(accept_thread_));
+  for (auto& svc : services_) static_cast<void>(svc.release());
+  static_cast<void>(limiter_.release());
 }
 
 ServerStats WeightServer::stats() const {

@@ -8,6 +8,8 @@
 // sockets can neither fill the server nor keep authenticated pullers out.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <list>
@@ -57,7 +59,9 @@ class WeightServer {
   static Status Start(const ServerOptions& opts, std::shared_ptr<VersionStore> store,
                       std::unique_ptr<WeightServer>* out);
   ~WeightServer();
-  // Stops accepting, wakes and joins every connection thread. Idempotent.
+  // Stops accepting, wakes and joins every connection thread. Idempotent. In a forked
+  // child (which has none of the threads, and shares the sockets with the parent) it only
+  // closes this process's descriptors, so the parent keeps serving.
   void Close();
 
   const std::string& host() const { return opts_.host; }
@@ -92,6 +96,7 @@ class WeightServer {
   Status ServeChunk(const FrameHeader& h, const std::string& body, Socket& s);
   Status ServeHave(const FrameHeader& h, const std::string& body, Socket& s);
   void ReapLocked();
+  void AbandonInForkedChild();
 
   ServerOptions opts_;
   std::shared_ptr<VersionStore> store_;
@@ -100,6 +105,7 @@ class WeightServer {
   PeerIdentity self_;
   Socket listener_;
   int port_ = 0;
+  pid_t owner_pid_ = 0;  // the process whose threads serve
   std::thread accept_thread_;
   std::atomic<bool> closing_{false};
   mutable std::mutex mu_;
