@@ -304,8 +304,10 @@ Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, So
   w.U32(held.num_chunks);
   w.U32(held.held_count);
   w.U64(held.generation);
-  w.Raw(held.bitmap.data(), held.bitmap.size());
-  w.Raw(held.pending.data(), held.pending.size());
+  if (held.num_chunks > 0) {  // a version with no chunks: empty vectors have no data()
+    w.Raw(held.bitmap.data(), held.bitmap.size());
+    w.Raw(held.pending.data(), held.pending.size());
+  }
   return SendFrame(s, FrameType::kHave, 0, h.request_id, reply, d);
 }
 

@@ -114,6 +114,7 @@ Status SourceSession::FetchHave(int64_t version, uint64_t known, uint32_t wait_m
   }
   out->bitmap.resize(bytes);
   out->pending.resize(bytes);
+  if (bytes == 0) return Status::Ok();  // a version with no chunks: empty vectors have no data()
   RLB_RETURN_IF_ERROR(r.Raw(out->bitmap.data(), bytes));
   return r.Raw(out->pending.data(), bytes);
 }

@@ -81,3 +81,12 @@ def test_four_newcomers_share_the_trainer_link_through_relays():
         finally:
             for p in pullers:
                 p.close()
+
+
+def test_a_version_without_chunks_relays_and_reports_an_empty_bitmap(publisher):
+    publisher.publish(1, {"empty": torch.empty(0)})
+    cfg = make_config()
+    with WeightPuller(publisher.address, cfg) as first, \
+            WeightPuller([publisher.address, first.relay_address], cfg) as second:
+        assert first.pull(1)["empty"].numel() == 0
+        assert second.pull(1)["empty"].numel() == 0  # both sources' held bitmaps are empty
