@@ -178,7 +178,14 @@ void BindStoreAndServer(py::module_& m) {
       .def_property_readonly("host", &WeightServer::host)
       .def_property_readonly("port", &WeightServer::port)
       .def_property_readonly("server_id", &WeightServer::server_id)
-      .def("stats", [](const WeightServer& s) { return ServerStatsDict(s.stats()); })
+      .def("stats", [](const WeightServer& s) {
+            ServerStats stats;
+            {
+              py::gil_scoped_release release;  // takes the server's connection lock
+              stats = s.stats();
+            }
+            return ServerStatsDict(stats);
+          })
       .def("close", &WeightServer::Close, py::call_guard<py::gil_scoped_release>());
 }
 
@@ -196,7 +203,14 @@ void BindPuller(py::module_& m) {
       .def("cancel", [](PyPullJob& j) { j.job->Cancel(); }, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("bytes_done", [](PyPullJob& j) { return j.job->bytes_done(); })
       .def_property_readonly("total_bytes", [](PyPullJob& j) { return j.job->manifest().total_bytes; })
-      .def("stats", [](PyPullJob& j) { return StatsDict(j.job->stats()); })
+      .def("stats", [](PyPullJob& j) {
+            PullStats stats;
+            {
+              py::gil_scoped_release release;  // a lane may hold a source's lock for a moment
+              stats = j.job->stats();
+            }
+            return StatsDict(stats);
+          })
       .def("held_bitmap", [](PyPullJob& j) {
         auto bits = j.job->HeldBitmap();
         return py::bytes(reinterpret_cast<const char*>(bits.data()), bits.size());

@@ -11,8 +11,8 @@ namespace rlboost {
 
 struct PullJob::Source {
   std::unique_ptr<SourceSession> session;  // declared first: outlives the transport
-  std::mutex mu;
-  std::unique_ptr<Transport> transport;
+  std::mutex mu;  // guards transport (not its use: a connect may take seconds) and error
+  std::shared_ptr<Transport> transport;
   bool auto_choice = false;
   std::atomic<uint64_t> generation{0};  // of the relay's held state last seen
   bool pending = false;
@@ -94,7 +94,9 @@ Status PullJob::Start() {
       src->auto_choice = true;
       name = MakeShmTransport()->Reaches(src->session->peer()) ? "shm" : "tcp";
     }
-    RLB_RETURN_IF_ERROR(MakeTransport(name, &src->transport));
+    std::unique_ptr<Transport> transport;
+    RLB_RETURN_IF_ERROR(MakeTransport(name, &transport));
+    src->transport = std::move(transport);
     if (!src->transport->Reaches(src->session->peer())) {
       return Status(Code::kInvalidArgument, "transport '" + name + "' cannot reach source " +
                                                 src->session->host() + ":" +
@@ -142,6 +144,11 @@ void PullJob::OnFinished(bool complete) {
   }
 }
 
+std::shared_ptr<Transport> PullJob::CurrentTransport(Source& src) {
+  std::lock_guard<std::mutex> lock(src.mu);
+  return src.transport;
+}
+
 Status PullJob::OpenStream(Lane* lane) {
   Source& src = *sources_[lane->source];
   StreamOptions so;
@@ -150,13 +157,17 @@ Status PullJob::OpenStream(Lane* lane) {
   so.pool = opts_.pool.get();
   so.interrupt = &stop_;
   std::unique_ptr<ChunkStream> stream;
-  std::lock_guard<std::mutex> lock(src.mu);
-  Status st = src.transport->OpenStream(*src.session, manifest_.version, so, &stream);
-  if (!st.ok() && src.auto_choice && std::string(src.transport->name()) == "shm" &&
+  std::shared_ptr<Transport> transport = CurrentTransport(src);
+  Status st = transport->OpenStream(*src.session, manifest_.version, so, &stream);
+  if (!st.ok() && src.auto_choice && std::string(transport->name()) == "shm" &&
       st.code() != Code::kUnknownVersion) {
     // The source cannot share this region (borrowed memory, /proc not reachable): TCP.
-    src.transport = MakeTcpTransport();
-    st = src.transport->OpenStream(*src.session, manifest_.version, so, &stream);
+    {
+      std::lock_guard<std::mutex> lock(src.mu);
+      if (src.transport == transport) src.transport = MakeTcpTransport();
+      transport = src.transport;
+    }
+    st = transport->OpenStream(*src.session, manifest_.version, so, &stream);
   }
   if (!st.ok()) return st;
   std::lock_guard<std::mutex> lane_lock(lane->mu);

@@ -100,6 +100,7 @@ class PullJob {
   struct Lane;
   void RunLane(Lane* lane);
   Status OpenStream(Lane* lane);
+  static std::shared_ptr<Transport> CurrentTransport(Source& src);
   void RunWatcher(size_t s);
   Status CheckPeerLayout(SourceSession& session);
   void IdleWait(uint64_t* epoch);

@@ -181,3 +181,22 @@ def test_pulls_with_idle_and_silent_sources_leave_no_threads_or_descriptors():
     for _ in range(2):
         _pulls_with_idle_and_silent_sources()
     assert _task_and_fd_counts() == before
+
+
+def test_stats_answer_while_a_stream_waits_on_a_handshake():
+    payload = os.urandom(64 * 4096)
+    stalling = HostileSourceForTests("stalls", SECRET, payload)  # keeps the pull running
+    frozen = HostileSourceForTests("first_connection_only", SECRET, payload)
+    cfg = make_config(transport="tcp", relay=False, connect_timeout_s=LONG, request_timeout_s=LONG)
+    try:
+        with WeightPuller([stalling.address, frozen.address], cfg) as puller:
+            handle = puller.prepare(1).start()
+            assert frozen.holding.wait(SHORT)  # a stream's handshake there is never answered
+            stats = handle.stats()
+            assert {s["address"] for s in stats["sources"]} == {stalling.address, frozen.address}
+            # stats() did not wait for that handshake to give up (at its 30 s deadline).
+            assert not frozen.hold_ended.wait(1.0)
+            handle.cancel()
+    finally:
+        stalling.close()
+        frozen.close()

@@ -100,6 +100,8 @@ class HostileSourceForTests:
         self._doomed: set[socket.socket] = set()
         self._closing = False
         self.have_requested = threading.Event()
+        self.holding = threading.Event()  # a connection is being held unanswered ...
+        self.hold_ended = threading.Event()  # ... and its client has closed one
         self._chunks_answered = 0
         self._accept = threading.Thread(target=self._accept_loop, daemon=True)
         self._accept.start()
@@ -143,11 +145,15 @@ class HostileSourceForTests:
         finally:
             conn.close()
 
-    @staticmethod
-    def _hold(conn: socket.socket) -> None:
+    def _hold(self, conn: socket.socket) -> None:
         """Reads and ignores whatever arrives until the client closes the connection."""
-        while conn.recv(65536):
+        self.holding.set()
+        try:
+            while conn.recv(65536):
+                pass
+        except OSError:
             pass
+        self.hold_ended.set()
 
     def _serve_frames(self, conn: socket.socket) -> None:
         if self.behavior == "first_connection_only" and conn is not self._conns[0]:
