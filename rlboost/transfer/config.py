@@ -14,6 +14,7 @@ from rlboost import env
 TRANSPORTS = ("auto", "tcp", "shm", "ucx")
 _MIN_CHUNK = 4096
 _MAX_CHUNK = 256 << 20
+_MAX_TIMEOUT_S = 3600.0  # longer deadlines are a mistake, not a need
 
 
 def _is_loopback(host: str) -> bool:
@@ -46,7 +47,7 @@ class TransferConfig:
 
     bind_host: str = "127.0.0.1"  # servers listen only here
     port: int = 0  # publisher port; 0 picks a free one
-    relay_port: int = 0  # port of a puller's relay server; 0 picks a free one
+    relay_port: int = 0  # port of a puller's relay server; 0 (ephemeral) lets several pullers share a host
     secret: bytes | None = None  # None: RLBOOST_SECRET, else empty (loopback only)
     transport: str = "auto"  # auto (same host: shm, else tcp) | tcp | shm | ucx
     streams: int = 4  # parallel streams (lanes) per source
@@ -89,8 +90,10 @@ class TransferConfig:
             _MIN_CHUNK <= self.chunk_bytes <= _MAX_CHUNK,
             "chunk_bytes", f"[{_MIN_CHUNK}, {_MAX_CHUNK}]", self.chunk_bytes,
         )
-        _check(self.request_timeout_s > 0, "request_timeout_s", "> 0", self.request_timeout_s)
-        _check(self.connect_timeout_s > 0, "connect_timeout_s", "> 0", self.connect_timeout_s)
+        _check(0 < self.request_timeout_s <= _MAX_TIMEOUT_S, "request_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
+               self.request_timeout_s)
+        _check(0 < self.connect_timeout_s <= _MAX_TIMEOUT_S, "connect_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
+               self.connect_timeout_s)
         _check(0 <= self.reconnect_attempts <= 100, "reconnect_attempts", "[0, 100]", self.reconnect_attempts)
         if self.egress_bytes_per_s is not None:
             _check(self.egress_bytes_per_s >= 1024, "egress_bytes_per_s", ">= 1024 or None", self.egress_bytes_per_s)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlboost import _C
+from rlboost.errors import TransferError
 from rlboost.transfer import WeightPublisher, WeightPuller
 
 from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes
@@ -90,3 +91,11 @@ def test_a_version_without_chunks_relays_and_reports_an_empty_bitmap(publisher):
             WeightPuller([publisher.address, first.relay_address], cfg) as second:
         assert first.pull(1)["empty"].numel() == 0
         assert second.pull(1)["empty"].numel() == 0  # both sources' held bitmaps are empty
+
+
+def test_a_relay_port_already_taken_says_so_and_how_to_avoid_it(publisher):
+    cfg = make_config()
+    with WeightPuller(publisher.address, cfg) as first:
+        port = int(first.relay_address.rsplit(":", 1)[1])
+        with pytest.raises(TransferError, match=rf"{port}.*port 0 picks a free one"):
+            WeightPuller(publisher.address, make_config(relay_port=port))

@@ -227,7 +227,8 @@ Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out, In
     InterruptScope scope(interrupt, s);
     if (rc != 0 && err == EINPROGRESS) {
       struct pollfd pfd = {s.fd(), POLLOUT, 0};
-      int ms = d.never() ? -1 : static_cast<int>(d.RemainingSeconds() * 1000.0);
+      // Clamped: a far deadline would overflow int, a passed one must not mean "forever".
+      int ms = d.never() ? -1 : static_cast<int>(std::clamp(d.RemainingSeconds() * 1000.0, 0.0, 1e9));
       int prc;
       do {
         prc = ::poll(&pfd, 1, ms);
@@ -269,8 +270,10 @@ Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port
     int one = 1;
     setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(s.fd(), 128) != 0) {
+      int err = errno;
       last = Status(Code::kIo, "cannot listen on " + host + ":" + std::to_string(port) + ": " +
-                                   std::strerror(errno));
+                                   std::strerror(err) +
+                                   (err == EADDRINUSE ? " (another server holds this port; port 0 picks a free one)" : ""));
       continue;
     }
     struct sockaddr_storage ss;
