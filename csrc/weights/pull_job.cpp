@@ -2,6 +2,7 @@
 #include "weights/pull_job.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 
 #include "transport/shm/shm_transport.h"
@@ -38,6 +39,8 @@ bool Permanent(Code c) {
 }
 
 constexpr int kMaxBadChunksPerSource = 3;
+// How long a complete pull lets its streams finish a connect already begun.
+constexpr std::chrono::milliseconds kConnectGrace{500};
 
 }  // namespace
 
@@ -124,8 +127,19 @@ Status PullJob::Start() {
 bool PullJob::Wait(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!started_) return false;
-  return cv_.wait_until(lock, Deadline::After(timeout_s).Min(Deadline::After(1e8)).at(),
-                        [&] { return running_ == 0; });
+  auto until = Deadline::After(timeout_s).Min(Deadline::After(1e8)).at();
+  for (;;) {
+    if (running_ == 0) return true;
+    auto wake = until;
+    int64_t done_ns = completed_at_ns_.load();
+    if (done_ns != 0) {
+      auto grace_end = Deadline::Clock::time_point(Deadline::Clock::duration(done_ns)) + kConnectGrace;
+      if (Deadline::Clock::now() >= grace_end) stop_.Fire();  // a source that never answers
+      wake = std::min(wake, grace_end);
+    }
+    if (Deadline::Clock::now() >= until) return false;
+    cv_.wait_until(lock, std::min(wake, Deadline::Clock::now() + kConnectGrace));
+  }
 }
 
 Status PullJob::result() const { return map_.result(); }
@@ -133,10 +147,16 @@ Status PullJob::result() const { return map_.result(); }
 void PullJob::Cancel() { map_.Cancel(Status(Code::kClosed, "pull cancelled")); }
 
 void PullJob::OnFinished(bool complete) {
-  // Nothing a thread of this job still waits for can matter now: end connects,
-  // handshakes, control calls and long polls at once instead of at their deadlines.
+  // Nothing a thread of this job still waits for can matter now: end long polls at once,
+  // and connects, handshakes and control calls instead of at their deadlines. After a
+  // complete pull, streams still connecting get a short grace (see Wait) to finish, so
+  // their connections are kept for the next pull.
+  polls_stop_.Fire();
+  if (complete) {
+    completed_at_ns_ = Deadline::Clock::now().time_since_epoch().count();
+    return;  // no read is in flight, and idle streams are kept for later pulls
+  }
   stop_.Fire();
-  if (complete) return;  // no read is in flight, and idle streams are kept for later pulls
   // Reads in flight would otherwise wait out their request deadlines.
   for (auto& lane : lanes_) {
     std::lock_guard<std::mutex> lock(lane->mu);
@@ -265,7 +285,7 @@ void PullJob::RunWatcher(size_t s) {
   // up the lanes' requests there (a transport's region lease) for up to a poll period.
   std::unique_ptr<SourceSession> poll;
   Status st = SourceSession::Open(src.session->host(), src.session->port(), opts_.secret, opts_.pool,
-                                  src.session->peer().server_id, &stop_,
+                                  src.session->peer().server_id, &polls_stop_,
                                   Deadline::After(opts_.connect_timeout_s), &poll);
   const double poll_s = opts_.have_wait_ms / 1000.0;
   bool seen = !src.pending;
@@ -353,6 +373,7 @@ void PullJob::RunLane(Lane* lane) {
   std::lock_guard<std::mutex> lock(mu_);
   if (--running_ == 0) {
     stop_.Fire();  // watchers too end now, whatever ended the lanes
+    polls_stop_.Fire();
     cv_.notify_all();
   }
 }

@@ -115,8 +115,12 @@ class PullJob {
   Manifest manifest_;
   uint8_t* dst_;
   RelayTarget relay_;
-  // Fired when the pull finishes: ends whatever its threads still block on.
+  // Fired when the pull fails or is cancelled (or a grace after it completed): ends
+  // whatever its threads still block on. polls_stop_ ends the watchers' long polls as
+  // soon as the pull finishes in any way.
   Interrupt stop_;
+  Interrupt polls_stop_;
+  std::atomic<int64_t> completed_at_ns_{0};  // steady clock; 0 while not complete
   ChunkMap map_;
   std::vector<std::unique_ptr<Source>> sources_;
   std::vector<std::unique_ptr<Lane>> lanes_;
