@@ -153,7 +153,7 @@ void BindStoreAndServer(py::module_& m) {
   py::class_<WeightServer>(m, "WeightServer", "Serves a VersionStore on one TCP port.")
       .def(py::init([](std::shared_ptr<VersionStore> store, const std::string& host, int port,
                        py::bytes secret, uint64_t egress, int max_connections, double handshake_timeout_s,
-                       int max_handshakes) {
+                       int max_handshakes, double send_timeout_s) {
              ServerOptions o;
              o.host = host;
              o.port = port;
@@ -162,6 +162,7 @@ void BindStoreAndServer(py::module_& m) {
              o.max_connections = max_connections;
              o.handshake_timeout_s = handshake_timeout_s;
              o.max_handshakes = max_handshakes;
+             o.send_timeout_s = send_timeout_s;
              // One peer host may fill a quarter of the handshake slots.
              o.max_handshakes_per_host = std::max(1, max_handshakes / 4);
              std::unique_ptr<WeightServer> s;
@@ -174,7 +175,8 @@ void BindStoreAndServer(py::module_& m) {
              return s;
            }), py::arg("store"), py::arg("host"), py::arg("port"), py::arg("secret"),
            py::arg("egress_bytes_per_s") = 0, py::arg("max_connections") = 256,
-           py::arg("handshake_timeout_s") = 2.0, py::arg("max_handshakes") = 128)
+           py::arg("handshake_timeout_s") = 2.0, py::arg("max_handshakes") = 128,
+           py::arg("send_timeout_s") = 300.0)
       .def_property_readonly("host", &WeightServer::host)
       .def_property_readonly("port", &WeightServer::port)
       .def_property_readonly("server_id", &WeightServer::server_id)

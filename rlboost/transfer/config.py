@@ -54,6 +54,10 @@ class TransferConfig:
     chunk_bytes: int = 8 << 20  # publisher's chunk size (one checksum each)
     max_in_flight: int = 2  # chunk requests outstanding per stream
     request_timeout_s: float = 60.0  # deadline of one chunk request
+    # How long a server keeps sending one response to a peer that does not read it (the
+    # memory stays pinned meanwhile); None: half of request_timeout_s, so a relay retiring
+    # a version (which waits request_timeout_s) outlasts such a peer.
+    send_timeout_s: float | None = None
     connect_timeout_s: float = 10.0
     reconnect_attempts: int = 2  # per stream, before a source is given up
     egress_bytes_per_s: int | None = None  # cap on what one server sends; None: no cap
@@ -92,6 +96,10 @@ class TransferConfig:
         )
         _check(0 < self.request_timeout_s <= _MAX_TIMEOUT_S, "request_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
                self.request_timeout_s)
+        if self.send_timeout_s is None:
+            self.send_timeout_s = self.request_timeout_s / 2
+        _check(0 < self.send_timeout_s <= _MAX_TIMEOUT_S, "send_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
+               self.send_timeout_s)
         _check(0 < self.connect_timeout_s <= _MAX_TIMEOUT_S, "connect_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
                self.connect_timeout_s)
         _check(0 <= self.reconnect_attempts <= 100, "reconnect_attempts", "[0, 100]", self.reconnect_attempts)

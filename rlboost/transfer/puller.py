@@ -43,6 +43,7 @@ class WeightPuller(Closing):
                 self._relay_store, c.bind_host, c.relay_port, c.secret,
                 egress_bytes_per_s=c.egress_bytes_per_s or 0, max_connections=c.max_connections,
                 handshake_timeout_s=c.handshake_timeout_s, max_handshakes=c.max_handshakes,
+                send_timeout_s=c.send_timeout_s,
             )
 
     # ---- sources -----------------------------------------------------------------

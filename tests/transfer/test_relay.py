@@ -1,6 +1,7 @@
 """Relay: a process that holds a version (or part of it) serves it to others, so
 newcomers do not all drain the trainer's link."""
 
+import socket
 import struct
 
 import pytest
@@ -99,3 +100,23 @@ def test_a_relay_port_already_taken_says_so_and_how_to_avoid_it(publisher):
         port = int(first.relay_address.rsplit(":", 1)[1])
         with pytest.raises(TransferError, match=rf"{port}.*port 0 picks a free one"):
             WeightPuller(publisher.address, make_config(relay_port=port))
+
+
+def test_a_peer_that_never_reads_its_chunk_does_not_keep_the_relay_from_its_next_version():
+    big = torch.randn(8 << 20)  # 32 MiB: far more than a socket buffer holds
+    cfg = make_config(request_timeout_s=2.0, chunk_bytes=16 << 20)
+    with WeightPublisher(cfg) as pub:
+        pub.publish(1, {"w": big})
+        pub.publish(2, {"w": big + 1})
+        with WeightPuller(pub.address, cfg) as relay:
+            v1 = relay.pull(1)
+            reader = connect(relay.relay_address)
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client_handshake(reader, SECRET)
+            reader.sendall(frame(W["chunk_request"], struct.pack("<qI", 1, 0), request_id=1))  # never read
+            try:
+                # Reusing v1's buffer retires version 1, which waits for the stuck send to
+                # end: the server gives up on it (send_timeout_s) before the retire does.
+                assert torch.equal(relay.pull(2, into=v1)["w"], big + 1)
+            finally:
+                reader.close()
