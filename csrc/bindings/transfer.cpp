@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+
 #include "bindings/bind.h"
 #include "bindings/buffer_view.h"
 #include "common/crc32c.h"
@@ -49,6 +51,7 @@ py::dict ServerStatsDict(const ServerStats& s) {
                   py::arg("connections_accepted") = s.connections_accepted,
                   py::arg("connections_refused") = s.connections_refused,
                   py::arg("connections_evicted") = s.connections_evicted,
+                  py::arg("handshakes_dropped") = s.handshakes_dropped,
                   py::arg("auth_failures") = s.auth_failures,
                   py::arg("protocol_errors") = s.protocol_errors,
                   py::arg("active_connections") = s.active_connections);
@@ -149,7 +152,8 @@ void BindStoreAndServer(py::module_& m) {
 
   py::class_<WeightServer>(m, "WeightServer", "Serves a VersionStore on one TCP port.")
       .def(py::init([](std::shared_ptr<VersionStore> store, const std::string& host, int port,
-                       py::bytes secret, uint64_t egress, int max_connections, double handshake_timeout_s) {
+                       py::bytes secret, uint64_t egress, int max_connections, double handshake_timeout_s,
+                       int max_handshakes, double send_timeout_s) {
              ServerOptions o;
              o.host = host;
              o.port = port;
@@ -157,6 +161,10 @@ void BindStoreAndServer(py::module_& m) {
              o.egress_bytes_per_s = egress;
              o.max_connections = max_connections;
              o.handshake_timeout_s = handshake_timeout_s;
+             o.max_handshakes = max_handshakes;
+             o.send_timeout_s = send_timeout_s;
+             // One peer host may fill a quarter of the handshake slots.
+             o.max_handshakes_per_host = std::max(1, max_handshakes / 4);
              std::unique_ptr<WeightServer> s;
              Status st;
              {
@@ -167,11 +175,19 @@ void BindStoreAndServer(py::module_& m) {
              return s;
            }), py::arg("store"), py::arg("host"), py::arg("port"), py::arg("secret"),
            py::arg("egress_bytes_per_s") = 0, py::arg("max_connections") = 256,
-           py::arg("handshake_timeout_s") = 10.0)
+           py::arg("handshake_timeout_s") = 2.0, py::arg("max_handshakes") = 128,
+           py::arg("send_timeout_s") = 300.0)
       .def_property_readonly("host", &WeightServer::host)
       .def_property_readonly("port", &WeightServer::port)
       .def_property_readonly("server_id", &WeightServer::server_id)
-      .def("stats", [](const WeightServer& s) { return ServerStatsDict(s.stats()); })
+      .def("stats", [](const WeightServer& s) {
+            ServerStats stats;
+            {
+              py::gil_scoped_release release;  // takes the server's connection lock
+              stats = s.stats();
+            }
+            return ServerStatsDict(stats);
+          })
       .def("close", &WeightServer::Close, py::call_guard<py::gil_scoped_release>());
 }
 
@@ -189,7 +205,14 @@ void BindPuller(py::module_& m) {
       .def("cancel", [](PyPullJob& j) { j.job->Cancel(); }, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("bytes_done", [](PyPullJob& j) { return j.job->bytes_done(); })
       .def_property_readonly("total_bytes", [](PyPullJob& j) { return j.job->manifest().total_bytes; })
-      .def("stats", [](PyPullJob& j) { return StatsDict(j.job->stats()); })
+      .def("stats", [](PyPullJob& j) {
+            PullStats stats;
+            {
+              py::gil_scoped_release release;  // a lane may hold a source's lock for a moment
+              stats = j.job->stats();
+            }
+            return StatsDict(stats);
+          })
       .def("held_bitmap", [](PyPullJob& j) {
         auto bits = j.job->HeldBitmap();
         return py::bytes(reinterpret_cast<const char*>(bits.data()), bits.size());
@@ -206,7 +229,11 @@ void BindPuller(py::module_& m) {
       .def(py::init([](std::vector<std::pair<std::string, int>> sources, py::bytes secret,
                        const std::string& transport, int streams, int max_in_flight,
                        double request_timeout_s, double connect_timeout_s, int reconnect_attempts,
-                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool) {
+                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool, double relay_poll_s) {
+             if (!(relay_poll_s > 0 && relay_poll_s * 1000.0 <= kMaxHaveWaitMs)) {
+               ThrowIfError(Status(Code::kInvalidArgument, "relay_poll_s: must be in (0, " +
+                                                               std::to_string(kMaxHaveWaitMs / 1000) + "]"));
+             }
              PullOptions o;
              o.secret = secret;
              o.transport = transport;
@@ -216,12 +243,14 @@ void BindPuller(py::module_& m) {
              o.connect_timeout_s = connect_timeout_s;
              o.reconnect_attempts = reconnect_attempts;
              o.pool = std::move(pool);
+             o.have_wait_ms = static_cast<uint32_t>(relay_poll_s * 1000.0 + 0.5);
              std::vector<SourceAddress> addrs;
              for (auto& s : sources) addrs.push_back(SourceAddress{s.first, s.second});
              return std::make_unique<Puller>(o, addrs, self_server_id);
            }), py::arg("sources"), py::arg("secret"), py::arg("transport"), py::arg("streams"),
            py::arg("max_in_flight"), py::arg("request_timeout_s"), py::arg("connect_timeout_s"),
-           py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr)
+           py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr,
+           py::arg("relay_poll_s") = 0.5)
       .def("resolve", [](Puller& p, int64_t version, double timeout_s) {
             auto plan = std::make_unique<PullPlan>();
             ThrowIfError(p.Resolve(version, timeout_s, plan.get()));

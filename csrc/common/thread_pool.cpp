@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 
 namespace rlboost {
@@ -90,8 +91,12 @@ class Pool {
 std::atomic<Pool*> g_pool{nullptr};
 std::mutex g_pool_mu;
 
-// A forked child has none of the parent's threads (and maybe a locked mutex): start over.
-void ForgetPoolAfterFork() { g_pool.store(nullptr); }
+// A forked child has none of the parent's threads, and may have inherited g_pool_mu
+// locked by one of them: start over (the old pool is leaked; its workers are not here).
+void ForgetPoolAfterFork() {
+  g_pool.store(nullptr);
+  new (&g_pool_mu) std::mutex();
+}
 
 Pool& GetPool() {
   Pool* pool = g_pool.load();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +80,7 @@ struct StreamOptions {
   double connect_timeout_s = 10.0;
   uint64_t region_bytes = 0;  // payload size of the version
   ConnectionPool* pool = nullptr;  // idle connections to reuse and give back (null: none)
+  Interrupt* interrupt = nullptr;  // abandons a connect or handshake in progress (null: none)
 };
 
 class Transport {
@@ -112,8 +114,11 @@ struct RegionLease {
 class Pacer {
  public:
   virtual ~Pacer() = default;
-  // Blocks until `bytes` may be sent; false when the pacer was closed meanwhile.
-  virtual bool Acquire(size_t bytes) = 0;
+  // Blocks until `bytes` may be sent. Not OK when the pacer closed (kClosed), when the
+  // wait would pass `d` (kTimeout) or when gone() says the receiver left (kPeerLost,
+  // asked at least every few tens of milliseconds): the bytes are then given back, so
+  // nobody waits for what is never sent.
+  virtual Status Acquire(size_t bytes, Deadline d, const std::function<bool()>& gone) = 0;
 };
 
 // What a weight server exposes to transport services.

@@ -35,6 +35,15 @@ ChunkMap::ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t rank, uint3
 void ChunkMap::BumpLocked() {
   ++epoch_;
   cv_.notify_all();
+  if (FinishedLocked() && !finish_reported_ && on_finish_) {
+    finish_reported_ = true;
+    on_finish_(held_ == n_);
+  }
+}
+
+void ChunkMap::OnFinish(std::function<void(bool)> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_finish_ = std::move(fn);
 }
 
 void ChunkMap::SeedHeld(const std::vector<uint8_t>& bitmap) {

@@ -11,6 +11,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -28,6 +29,9 @@ class ChunkMap {
   // 1 when alone: then the order is a random permutation from seed).
   ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t rank, uint32_t pullers, uint32_t seed);
 
+  // Called once, when the pull first finishes (complete: every chunk held; else failed or
+  // cancelled), with the map's lock held: it must not call back into the map.
+  void OnFinish(std::function<void(bool complete)> fn);
   // Marks chunks held before the pull started (resuming an earlier attempt).
   void SeedHeld(const std::vector<uint8_t>& bitmap);
   // What source s holds now; may_grow: it is still pulling and may hold more later.
@@ -82,6 +86,8 @@ class ChunkMap {
   std::vector<Status> cause_;
   uint32_t held_ = 0;
   uint64_t epoch_ = 0;
+  std::function<void(bool)> on_finish_;
+  bool finish_reported_ = false;
   Status failure_;
   Status last_cause_;
   Deadline::Clock::time_point last_progress_ = Deadline::Clock::now();

@@ -2,6 +2,7 @@
 #include "weights/pull_job.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 
 #include "transport/shm/shm_transport.h"
@@ -11,8 +12,8 @@ namespace rlboost {
 
 struct PullJob::Source {
   std::unique_ptr<SourceSession> session;  // declared first: outlives the transport
-  std::mutex mu;
-  std::unique_ptr<Transport> transport;
+  std::mutex mu;  // guards transport (not its use: a connect may take seconds) and error
+  std::shared_ptr<Transport> transport;
   bool auto_choice = false;
   std::atomic<uint64_t> generation{0};  // of the relay's held state last seen
   bool pending = false;
@@ -38,6 +39,8 @@ bool Permanent(Code c) {
 }
 
 constexpr int kMaxBadChunksPerSource = 3;
+// How long a complete pull lets its streams finish a connect already begun.
+constexpr std::chrono::milliseconds kConnectGrace{500};
 
 }  // namespace
 
@@ -49,6 +52,7 @@ PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSou
       dst_(dst),
       relay_(std::move(relay)),
       map_(manifest_.num_chunks(), sources.size(), order.rank, order.pullers, order.seed) {
+  map_.OnFinish([this](bool complete) { OnFinished(complete); });
   map_.SeedHeld(held_seed);
   if (relay_.store) {
     for (uint32_t c = 0; c < manifest_.num_chunks() && c / 8 < held_seed.size(); ++c) {
@@ -58,6 +62,7 @@ PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSou
   for (size_t s = 0; s < sources.size(); ++s) {
     auto src = std::make_unique<Source>();
     src->session = std::move(sources[s].session);
+    src->session->set_interrupt(&stop_);
     src->generation = sources[s].held.generation;
     src->pending = sources[s].pending;
     map_.UpdateSource(s, sources[s].held, true);
@@ -92,7 +97,9 @@ Status PullJob::Start() {
       src->auto_choice = true;
       name = MakeShmTransport()->Reaches(src->session->peer()) ? "shm" : "tcp";
     }
-    RLB_RETURN_IF_ERROR(MakeTransport(name, &src->transport));
+    std::unique_ptr<Transport> transport;
+    RLB_RETURN_IF_ERROR(MakeTransport(name, &transport));
+    src->transport = std::move(transport);
     if (!src->transport->Reaches(src->session->peer())) {
       return Status(Code::kInvalidArgument, "transport '" + name + "' cannot reach source " +
                                                 src->session->host() + ":" +
@@ -110,12 +117,8 @@ Status PullJob::Start() {
     }
   }
   running_ = static_cast<int>(lanes_.size());
-  has_watcher_.assign(sources_.size(), false);
   for (size_t s = 0; s < sources_.size(); ++s) {
-    if (map_.source_may_grow(s)) {
-      has_watcher_[s] = true;
-      watchers_.emplace_back([this, s] { RunWatcher(s); });
-    }
+    if (map_.source_may_grow(s)) watchers_.emplace_back([this, s] { RunWatcher(s); });
   }
   for (auto& lane : lanes_) lane->thread = std::thread([this, l = lane.get()] { RunLane(l); });
   return Status::Ok();
@@ -124,21 +127,46 @@ Status PullJob::Start() {
 bool PullJob::Wait(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!started_) return false;
-  return cv_.wait_until(lock, Deadline::After(timeout_s).Min(Deadline::After(1e8)).at(),
-                        [&] { return running_ == 0; });
+  auto until = Deadline::After(timeout_s).Min(Deadline::After(1e8)).at();
+  for (;;) {
+    if (running_ == 0) return true;
+    auto wake = until;
+    int64_t done_ns = completed_at_ns_.load();
+    if (done_ns != 0) {
+      auto grace_end = Deadline::Clock::time_point(Deadline::Clock::duration(done_ns)) + kConnectGrace;
+      if (Deadline::Clock::now() >= grace_end) stop_.Fire();  // a source that never answers
+      wake = std::min(wake, grace_end);
+    }
+    if (Deadline::Clock::now() >= until) return false;
+    cv_.wait_until(lock, std::min(wake, Deadline::Clock::now() + kConnectGrace));
+  }
 }
 
 Status PullJob::result() const { return map_.result(); }
 
-void PullJob::Cancel() {
-  map_.Cancel(Status(Code::kClosed, "pull cancelled"));
+void PullJob::Cancel() { map_.Cancel(Status(Code::kClosed, "pull cancelled")); }
+
+void PullJob::OnFinished(bool complete) {
+  // Nothing a thread of this job still waits for can matter now: end long polls at once,
+  // and connects, handshakes and control calls instead of at their deadlines. After a
+  // complete pull, streams still connecting get a short grace (see Wait) to finish, so
+  // their connections are kept for the next pull.
+  polls_stop_.Fire();
+  if (complete) {
+    completed_at_ns_ = Deadline::Clock::now().time_since_epoch().count();
+    return;  // no read is in flight, and idle streams are kept for later pulls
+  }
+  stop_.Fire();
+  // Reads in flight would otherwise wait out their request deadlines.
   for (auto& lane : lanes_) {
     std::lock_guard<std::mutex> lock(lane->mu);
     if (lane->stream) lane->stream->Abort();
   }
-  for (auto& src : sources_) {
-    if (src->session) src->session->Abort();
-  }
+}
+
+std::shared_ptr<Transport> PullJob::CurrentTransport(Source& src) {
+  std::lock_guard<std::mutex> lock(src.mu);
+  return src.transport;
 }
 
 Status PullJob::OpenStream(Lane* lane) {
@@ -147,14 +175,19 @@ Status PullJob::OpenStream(Lane* lane) {
   so.connect_timeout_s = opts_.connect_timeout_s;
   so.region_bytes = manifest_.total_bytes;
   so.pool = opts_.pool.get();
+  so.interrupt = &stop_;
   std::unique_ptr<ChunkStream> stream;
-  std::lock_guard<std::mutex> lock(src.mu);
-  Status st = src.transport->OpenStream(*src.session, manifest_.version, so, &stream);
-  if (!st.ok() && src.auto_choice && std::string(src.transport->name()) == "shm" &&
+  std::shared_ptr<Transport> transport = CurrentTransport(src);
+  Status st = transport->OpenStream(*src.session, manifest_.version, so, &stream);
+  if (!st.ok() && src.auto_choice && std::string(transport->name()) == "shm" &&
       st.code() != Code::kUnknownVersion) {
     // The source cannot share this region (borrowed memory, /proc not reachable): TCP.
-    src.transport = MakeTcpTransport();
-    st = src.transport->OpenStream(*src.session, manifest_.version, so, &stream);
+    {
+      std::lock_guard<std::mutex> lock(src.mu);
+      if (src.transport == transport) src.transport = MakeTcpTransport();
+      transport = src.transport;
+    }
+    st = transport->OpenStream(*src.session, manifest_.version, so, &stream);
   }
   if (!st.ok()) return st;
   std::lock_guard<std::mutex> lane_lock(lane->mu);
@@ -174,16 +207,23 @@ void PullJob::AnnouncePending(uint32_t chunk, bool pending) {
   if (relay_.store) relay_.store->MarkPending(manifest_.version, relay_.registration, chunk, pending);
 }
 
+void PullJob::DropStream(Lane* lane) {
+  std::unique_ptr<ChunkStream> old;  // closed outside the lock: a transport may linger there
+  std::lock_guard<std::mutex> lock(lane->mu);
+  old = std::move(lane->stream);
+}
+
 void PullJob::FailLane(Lane* lane, const Status& st) {
   Source& src = *sources_[lane->source];
   bool stale = false;
   {
     std::lock_guard<std::mutex> lock(lane->mu);
     stale = lane->stream && lane->stream->stale();
-    lane->stream.reset();
   }
-  // A kept connection the source had closed while idle is not a failure of the source.
-  if (!stale || Permanent(st.code())) {
+  DropStream(lane);
+  // A kept connection the source had closed while idle is not a failure of the source,
+  // and nothing that fails once the pull has finished (interrupted) is one either.
+  if ((!stale || Permanent(st.code())) && !map_.finished()) {
     bool retire = Permanent(st.code()) || ++lane->failures > opts_.reconnect_attempts;
     if (!retire) ++src.reconnects;
     {
@@ -232,34 +272,51 @@ void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
   }
 }
 
+Status PullJob::CheckPeerLayout(SourceSession& session) {
+  Manifest theirs;
+  RLB_RETURN_IF_ERROR(session.FetchManifest(manifest_.version, &theirs, Deadline::After(opts_.request_timeout_s)));
+  if (!theirs.SameLayout(manifest_)) return Status(Code::kProtocol, "peer's manifest differs from the agreed one");
+  return Status::Ok();
+}
+
 void PullJob::RunWatcher(size_t s) {
   Source& src = *sources_[s];
+  // Long polls get a connection of their own: on the control connection each would hold
+  // up the lanes' requests there (a transport's region lease) for up to a poll period.
+  std::unique_ptr<SourceSession> poll;
+  Status st = SourceSession::Open(src.session->host(), src.session->port(), opts_.secret, opts_.pool,
+                                  src.session->peer().server_id, &polls_stop_,
+                                  Deadline::After(opts_.connect_timeout_s), &poll);
+  const double poll_s = opts_.have_wait_ms / 1000.0;
   bool seen = !src.pending;
-  while (!map_.finished() && map_.source_may_grow(s)) {
+  while (st.ok() && !map_.finished() && map_.source_may_grow(s)) {
     HeldState held;
-    Status st = src.session->FetchHave(manifest_.version, src.generation, opts_.have_wait_ms, &held,
-                                       Deadline::After(opts_.request_timeout_s));
-    if (map_.finished()) return;
-    if (!seen && st.code() == Code::kUnknownVersion) continue;  // not started there yet
+    st = poll->FetchHave(manifest_.version, src.generation, opts_.have_wait_ms, &held,
+                         Deadline::After(opts_.request_timeout_s + poll_s));
+    if (!seen && st.code() == Code::kUnknownVersion) {  // not started there yet (the source waited)
+      st = Status::Ok();
+      continue;
+    }
     if (st.ok() && !seen) {
-      Manifest theirs;
-      st = src.session->FetchManifest(manifest_.version, &theirs, Deadline::After(opts_.request_timeout_s));
-      if (st.ok() && !theirs.SameLayout(manifest_)) {
-        st = Status(Code::kProtocol, "peer's manifest differs from the agreed one");
-      }
+      st = CheckPeerLayout(*poll);
       seen = true;
     }
-    if (!st.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(src.mu);
-        src.error = st.message();
-      }
-      map_.RetireSource(s, st);
-      return;
+    if (st.ok()) {
+      src.generation = held.generation;
+      map_.UpdateSource(s, held, true);
     }
-    src.generation = held.generation;
-    map_.UpdateSource(s, held, true);
   }
+  if (st.ok() || map_.finished()) return;  // an interrupted poll closes its connection
+  {
+    std::lock_guard<std::mutex> lock(src.mu);
+    src.error = st.message();
+  }
+  map_.RetireSource(s, st);
+}
+
+void PullJob::IdleWait(uint64_t* epoch) {
+  map_.WaitForChange(epoch, Deadline::After(0.25));
+  map_.FailIfStalled(opts_.request_timeout_s);
 }
 
 void PullJob::RunLane(Lane* lane) {
@@ -267,6 +324,12 @@ void PullJob::RunLane(Lane* lane) {
   const size_t s = lane->source;
   while (!map_.finished() && map_.source_alive(s)) {
     if (!lane->stream) {
+      // Nothing to ask of a source known to hold nothing (a relay that has not started
+      // this version): its watcher's news wakes us, and the pull's end does too.
+      if (map_.source_known(s) == 0) {
+        IdleWait(&epoch);
+        continue;
+      }
       Status st = OpenStream(lane);
       if (!st.ok()) {
         FailLane(lane, st);
@@ -291,8 +354,7 @@ void PullJob::RunLane(Lane* lane) {
     }
     if (!lane->stream) continue;
     if (lane->in_flight.empty()) {
-      map_.WaitForChange(&epoch, Deadline::After(0.25));
-      map_.FailIfStalled(opts_.request_timeout_s);
+      IdleWait(&epoch);
       continue;
     }
     ChunkRead r = lane->in_flight.front().first;
@@ -307,16 +369,11 @@ void PullJob::RunLane(Lane* lane) {
   }
   Status cause = map_.source_cause(s);
   ReleaseInFlight(lane, cause.ok() ? Status(Code::kClosed, "pull stopped") : cause);
-  {
-    std::lock_guard<std::mutex> lock(lane->mu);
-    lane->stream.reset();
-  }
+  DropStream(lane);
   std::lock_guard<std::mutex> lock(mu_);
   if (--running_ == 0) {
-    // Watchers may sit in a long poll; closing their control connections ends it now.
-    for (size_t i = 0; i < sources_.size(); ++i) {
-      if (i < has_watcher_.size() && has_watcher_[i]) sources_[i]->session->Abort();
-    }
+    stop_.Fire();  // watchers too end now, whatever ended the lanes
+    polls_stop_.Fire();
     cv_.notify_all();
   }
 }

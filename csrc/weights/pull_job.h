@@ -3,7 +3,9 @@
 // verifies each chunk's crc32c against the manifest, and reports held chunks to the
 // relay store so this process can re-serve them while it is still pulling. A lane that
 // loses its source reconnects a bounded number of times; chunks it had in flight go
-// back to the map and are fetched from any source that holds them.
+// back to the map and are fetched from any source that holds them. A lane opens no
+// stream while its source is known to hold nothing, and when the pull finishes every
+// connect, handshake, control call and long poll its threads still block on is ended.
 #pragma once
 
 #include <atomic>
@@ -30,14 +32,15 @@ struct PullOptions {
   double request_timeout_s = 60.0;
   double connect_timeout_s = 10.0;
   int reconnect_attempts = 2;
-  uint32_t have_wait_ms = 500;  // long-poll of a relay's held chunks
+  uint32_t have_wait_ms = 500;  // long poll of a relay's held chunks (kMaxHaveWaitMs at most)
   // Connections kept between pulls (null: every pull connects anew).
   std::shared_ptr<ConnectionPool> pool;
 };
 
 // One source, resolved for the version being pulled. A source still pulling the version
-// itself (a relay) gets a watcher thread that long-polls its held chunks, so lanes of
-// every source claim with fresh knowledge of what the peers hold.
+// itself (a relay) gets a watcher thread that long-polls its held chunks on a connection
+// of its own, so lanes of every source claim with fresh knowledge of what the peers hold
+// and never queue behind a poll.
 struct PullSource {
   std::unique_ptr<SourceSession> session;
   HeldState held;
@@ -97,7 +100,12 @@ class PullJob {
   struct Lane;
   void RunLane(Lane* lane);
   Status OpenStream(Lane* lane);
+  static std::shared_ptr<Transport> CurrentTransport(Source& src);
   void RunWatcher(size_t s);
+  Status CheckPeerLayout(SourceSession& session);
+  void IdleWait(uint64_t* epoch);
+  void OnFinished(bool complete);
+  void DropStream(Lane* lane);
   void FailLane(Lane* lane, const Status& st);
   void OnReadDone(Lane* lane, ChunkRead& read);
   void ReleaseInFlight(Lane* lane, const Status& cause);
@@ -107,11 +115,16 @@ class PullJob {
   Manifest manifest_;
   uint8_t* dst_;
   RelayTarget relay_;
+  // Fired when the pull fails or is cancelled (or a grace after it completed): ends
+  // whatever its threads still block on. polls_stop_ ends the watchers' long polls as
+  // soon as the pull finishes in any way.
+  Interrupt stop_;
+  Interrupt polls_stop_;
+  std::atomic<int64_t> completed_at_ns_{0};  // steady clock; 0 while not complete
   ChunkMap map_;
   std::vector<std::unique_ptr<Source>> sources_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::vector<std::thread> watchers_;
-  std::vector<bool> has_watcher_;
   std::atomic<uint64_t> bytes_done_{0}, requests_{0}, fetched_{0}, refetched_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;

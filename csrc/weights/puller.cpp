@@ -53,8 +53,8 @@ Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
   ForEachParallel(sources_.size(), [&](size_t i) {
     Probe& p = probes[i];
     Deadline cd = d.Min(Deadline::After(opts_.connect_timeout_s));
-    p.status = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.secret, opts_.pool, cd,
-                                   &p.session);
+    p.status = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.secret, opts_.pool, 0,
+                                   nullptr, cd, &p.session);
     if (p.status.ok() && self_server_id_ != 0 && p.session->peer().server_id == self_server_id_) {
       p.status = Status(Code::kInvalidArgument, "this process's own relay");
     }

@@ -1,7 +1,8 @@
 // RateLimiter: a token bucket that caps a server's egress in bytes per second, so weight
 // serving leaves the trainer's own traffic its share of the link (and so one machine can
 // emulate per-host link speeds). Senders reserve tokens and wait out any debt, so
-// concurrent senders are served in arrival order.
+// concurrent senders are served in arrival order; one that gives up (its deadline, its
+// receiver gone) gives its reservation back.
 #pragma once
 
 #include <chrono>
@@ -16,7 +17,7 @@ namespace rlboost {
 class RateLimiter : public Pacer {
  public:
   explicit RateLimiter(uint64_t bytes_per_s);
-  bool Acquire(size_t bytes) override;
+  Status Acquire(size_t bytes, Deadline d, const std::function<bool()>& gone) override;
   void Close();
 
  private:

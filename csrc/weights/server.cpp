@@ -1,6 +1,8 @@
 // WeightServer: accept loop, per-connection frame loop and request dispatch.
 #include "weights/server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,21 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace rlboost {
+namespace {
+
+std::string PeerHost(const Socket& s) {
+  struct sockaddr_storage addr;
+  socklen_t len = sizeof(addr);
+  char host[NI_MAXHOST] = "";
+  if (getpeername(s.fd(), reinterpret_cast<struct sockaddr*>(&addr), &len) != 0 ||
+      getnameinfo(reinterpret_cast<struct sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
+                  NI_NUMERICHOST) != 0) {
+    return "";
+  }
+  return host;
+}
+
+}  // namespace
 
 WeightServer::WeightServer(const ServerOptions& opts, std::shared_ptr<VersionStore> store)
     : opts_(opts), store_(std::move(store)), services_(MakeTransportServices(ServiceOptions{opts.host, opts.ucx_port})) {
@@ -24,6 +41,7 @@ Status WeightServer::Start(const ServerOptions& opts, std::shared_ptr<VersionSto
   s->self_.host_key = LocalHostKey();
   s->self_.pid = static_cast<uint32_t>(getpid());
   RLB_RETURN_IF_ERROR(ListenTcp(opts.host, opts.port, &s->listener_, &s->port_));
+  s->owner_pid_ = getpid();
   s->accept_thread_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   *out = std::move(s);
   return Status::Ok();
@@ -33,6 +51,7 @@ WeightServer::~WeightServer() { Close(); }
 
 void WeightServer::Close() {
   if (closing_.exchange(true)) return;  // the first caller does (or did) the work
+  if (getpid() != owner_pid_) return AbandonInForkedChild();
   listener_.Shutdown();
   if (accept_thread_.joinable()) accept_thread_.join();
   if (limiter_) limiter_->Close();
@@ -49,6 +68,19 @@ void WeightServer::Close() {
   listener_.Close();
 }
 
+void WeightServer::AbandonInForkedChild() {
+  // shutdown() would end the parent's connections too (the sockets are shared): close
+  // only this process's descriptors. Joining or destroying std::thread objects of threads
+  // this process does not have is undefined, and services and the pacer may own such
+  // threads or locked mutexes: they are deliberately leaked.
+  listener_.Close();
+  for (auto& c : conns_) c->socket.Close();
+  new std::list<std::unique_ptr<Conn>>(std::move(conns_));
+  new std::thread(std::move(accept_thread_));
+  for (auto& svc : services_) static_cast<void>(svc.release());
+  static_cast<void>(limiter_.release());
+}
+
 ServerStats WeightServer::stats() const {
   ServerStats s;
   s.bytes_sent = bytes_sent_;
@@ -57,6 +89,7 @@ ServerStats WeightServer::stats() const {
   s.connections_accepted = accepted_;
   s.connections_refused = refused_;
   s.connections_evicted = evicted_;
+  s.handshakes_dropped = dropped_;
   s.auth_failures = auth_failures_;
   s.protocol_errors = protocol_errors_;
   std::lock_guard<std::mutex> lock(mu_);
@@ -87,13 +120,12 @@ void WeightServer::AcceptLoop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     ReapLocked();
-    auto open = std::count_if(conns_.begin(), conns_.end(), [](const auto& c) { return !c->evicted; });
-    if (open >= opts_.max_connections && !EvictIdleLocked()) {
-      ++refused_;
-      continue;  // s closes here
-    }
-    ++accepted_;
     auto conn = std::make_unique<Conn>();
+    conn->peer_host = PeerHost(s);
+    conn->accepted_at = Deadline::Clock::now();
+    // Only authenticated connections count toward max_connections (see AdmitAuthenticated).
+    DropHandshakesLocked(conn->peer_host);
+    ++accepted_;
     conn->socket = std::move(s);
     Conn* raw = conn.get();
     conns_.push_back(std::move(conn));
@@ -102,16 +134,54 @@ void WeightServer::AcceptLoop() {
 }
 
 bool WeightServer::EvictIdleLocked() {
-  Conn* oldest = nullptr;
-  for (auto& c : conns_) {
-    if (c->idle && !c->evicted && !c->done && (oldest == nullptr || c->idle_since < oldest->idle_since)) {
-      oldest = c.get();
+  for (;;) {
+    Conn* oldest = nullptr;
+    for (auto& c : conns_) {
+      if (c->idle && !c->evicted && !c->done && (oldest == nullptr || c->idle_since < oldest->idle_since)) {
+        oldest = c.get();
+      }
+    }
+    if (oldest == nullptr) return false;
+    bool was_idle = true;
+    // It may have just woken for a request: then it is busy, not idle, and keeps serving.
+    if (!oldest->idle.compare_exchange_strong(was_idle, false)) continue;
+    oldest->evicted = true;
+    oldest->socket.Shutdown();  // its thread sees the end of stream and exits
+    ++evicted_;
+    return true;
+  }
+}
+
+void WeightServer::DropHandshakesLocked(const std::string& host) {
+  // Makes room for one more: the oldest unauthenticated connection (from `host` when
+  // that host is at its own cap) is closed.
+  for (bool per_host : {true, false}) {
+    int cap = per_host ? opts_.max_handshakes_per_host : opts_.max_handshakes;
+    Conn* oldest = nullptr;
+    int count = 0;
+    for (auto& c : conns_) {
+      if (c->authenticated || c->evicted || c->done || (per_host && c->peer_host != host)) continue;
+      ++count;
+      if (oldest == nullptr || c->accepted_at < oldest->accepted_at) oldest = c.get();
+    }
+    if (count >= cap && oldest != nullptr) {
+      oldest->evicted = true;
+      oldest->socket.Shutdown();  // its handshake fails at once
+      ++dropped_;
     }
   }
-  if (oldest == nullptr) return false;
-  oldest->evicted = true;
-  oldest->socket.Shutdown();  // its thread sees the end of stream and exits
-  ++evicted_;
+}
+
+bool WeightServer::AdmitAuthenticated(Conn* conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn->evicted) return false;
+  auto open = std::count_if(conns_.begin(), conns_.end(),
+                            [](const auto& c) { return c->authenticated && !c->evicted && !c->done; });
+  if (open >= opts_.max_connections && !EvictIdleLocked()) {
+    ++refused_;
+    return false;
+  }
+  conn->authenticated = true;
   return true;
 }
 
@@ -120,7 +190,7 @@ void WeightServer::Serve(Conn* conn) {
   try {
     Socket& s = conn->socket;
     Status st = ServerHandshake(s, opts_.secret, self_, Deadline::After(opts_.handshake_timeout_s));
-    if (st.ok()) st = ServeFrames(conn);
+    if (st.ok() && AdmitAuthenticated(conn)) st = ServeFrames(conn);
     if (st.code() == Code::kAuth) ++auth_failures_;
     if (st.code() == Code::kProtocol) ++protocol_errors_;
     if ((st.code() == Code::kAuth || st.code() == Code::kProtocol) && !closing_) {
@@ -141,7 +211,8 @@ Status WeightServer::ServeFrames(Conn* c) {
     c->idle_since = Deadline::Clock::now().time_since_epoch().count();
     c->idle = true;
     s.WaitReadable(Deadline::Never());  // idle connections may wait indefinitely
-    c->idle = false;
+    bool was_idle = true;
+    if (!c->idle.compare_exchange_strong(was_idle, false)) break;  // evicted meanwhile
     if (closing_ || c->evicted) break;
     FrameHeader h;
     Deadline frame_deadline = Deadline::After(opts_.frame_timeout_s);
@@ -224,7 +295,8 @@ Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, So
   RLB_RETURN_IF_ERROR(r.ExpectEnd());
   HeldState held;
   Deadline d = Deadline::After(opts_.send_timeout_s);
-  Status st = store_->Have(version, known, wait_ms, [this] { return closing_.load(); }, &held);
+  // A client that hangs up mid-poll (its pull ended) frees this thread within a poll slice.
+  Status st = store_->Have(version, known, wait_ms, [&] { return closing_.load() || s.HungUp(); }, &held);
   if (!st.ok()) return SendError(s, st, h.request_id, d);
   std::string reply;
   ByteWriter w(&reply);
@@ -232,8 +304,10 @@ Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, So
   w.U32(held.num_chunks);
   w.U32(held.held_count);
   w.U64(held.generation);
-  w.Raw(held.bitmap.data(), held.bitmap.size());
-  w.Raw(held.pending.data(), held.pending.size());
+  if (held.num_chunks > 0) {  // a version with no chunks: empty vectors have no data()
+    w.Raw(held.bitmap.data(), held.bitmap.size());
+    w.Raw(held.pending.data(), held.pending.size());
+  }
   return SendFrame(s, FrameType::kHave, 0, h.request_id, reply, d);
 }
 

@@ -8,11 +8,12 @@
 namespace rlboost {
 
 Status SourceSession::Open(const std::string& host, int port, const std::string& secret,
-                           std::shared_ptr<ConnectionPool> pool, Deadline d,
-                           std::unique_ptr<SourceSession>* out) {
+                           std::shared_ptr<ConnectionPool> pool, uint64_t server_id,
+                           Interrupt* interrupt, Deadline d, std::unique_ptr<SourceSession>* out) {
   std::unique_ptr<SourceSession> s(new SourceSession(host, port, secret, std::move(pool)));
+  s->interrupt_ = interrupt;
   Connection c;
-  RLB_RETURN_IF_ERROR(ConnectAuthenticated(s->pool_.get(), host, port, secret, 0, d, &c));
+  RLB_RETURN_IF_ERROR(ConnectAuthenticated(s->pool_.get(), host, port, secret, server_id, d, &c, interrupt));
   s->socket_ = std::move(c.socket);
   s->peer_ = c.peer;
   s->reused_ = c.reused;
@@ -24,36 +25,26 @@ SourceSession::~SourceSession() {
   if (pool_ != nullptr && !broken_) pool_->Give(host_, port_, std::move(socket_), peer_);
 }
 
-void SourceSession::Abort() {
-  std::lock_guard<std::mutex> lock(socket_mu_);
-  aborted_ = true;
-  broken_ = true;
-  socket_.Shutdown();
-}
-
 Status SourceSession::Call(FrameType request, const std::string& body, FrameType response,
                            FrameHeader* reply_header, std::string* reply, Deadline d) {
   std::lock_guard<std::mutex> lock(mu_);
   Status st = CallOnce(request, body, response, reply_header, reply, d);
   bool connection_lost = st.code() == Code::kPeerLost || st.code() == Code::kIo;
-  if (!connection_lost || !reused_ || proven_ || aborted_) return st;
+  if (!connection_lost || !reused_ || proven_ || (interrupt_ != nullptr && interrupt_->fired())) return st;
   // A kept connection the source closed while it was idle: connect afresh and ask again
   // (every control request is a read, or a lease the closed connection already ended).
   Connection c;
-  RLB_RETURN_IF_ERROR(ConnectAuthenticated(nullptr, host_, port_, secret_, 0, d, &c));
-  {
-    std::lock_guard<std::mutex> socket_lock(socket_mu_);
-    if (aborted_) return Status(Code::kClosed, "pull cancelled");
-    socket_ = std::move(c.socket);
-    peer_ = c.peer;
-    reused_ = false;
-    broken_ = false;
-  }
+  RLB_RETURN_IF_ERROR(ConnectAuthenticated(nullptr, host_, port_, secret_, 0, d, &c, interrupt_));
+  socket_ = std::move(c.socket);
+  peer_ = c.peer;
+  reused_ = false;
+  broken_ = false;
   return CallOnce(request, body, response, reply_header, reply, d);
 }
 
 Status SourceSession::CallOnce(FrameType request, const std::string& body, FrameType response,
                                FrameHeader* reply_header, std::string* reply, Deadline d) {
+  InterruptScope scope(interrupt_, socket_);
   uint64_t id = ++next_id_;
   FrameHeader h;
   Status st = SendFrame(socket_, request, 0, id, body, d);
@@ -123,6 +114,7 @@ Status SourceSession::FetchHave(int64_t version, uint64_t known, uint32_t wait_m
   }
   out->bitmap.resize(bytes);
   out->pending.resize(bytes);
+  if (bytes == 0) return Status::Ok();  // a version with no chunks: empty vectors have no data()
   RLB_RETURN_IF_ERROR(r.Raw(out->bitmap.data(), bytes));
   return r.Raw(out->pending.data(), bytes);
 }

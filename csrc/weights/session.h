@@ -1,7 +1,8 @@
 // SourceSession: the puller's authenticated control connection to one source. It asks
 // for manifests and held-chunk bitmaps and carries transports' control requests; bulk
 // bytes travel on the transport's own streams. With a ConnectionPool the connection is
-// taken from and given back to it, so consecutive pulls do not connect again.
+// taken from and given back to it, so consecutive pulls do not connect again. Calls are
+// serialized: a long poll (FetchHave with a wait) belongs on a session of its own.
 #pragma once
 
 #include <atomic>
@@ -19,10 +20,12 @@ namespace rlboost {
 
 class SourceSession : public SourceLink {
  public:
-  // pool may be null (then the connection closes with the session).
+  // pool may be null (then the connection closes with the session). server_id: the
+  // server this must reach (0: any); another one there (the source restarted) is kPeerLost.
+  // interrupt (may be null): see set_interrupt().
   static Status Open(const std::string& host, int port, const std::string& secret,
-                     std::shared_ptr<ConnectionPool> pool, Deadline d,
-                     std::unique_ptr<SourceSession>* out);
+                     std::shared_ptr<ConnectionPool> pool, uint64_t server_id, Interrupt* interrupt,
+                     Deadline d, std::unique_ptr<SourceSession>* out);
   // Gives a healthy connection back to the pool.
   ~SourceSession() override;
 
@@ -38,8 +41,9 @@ class SourceSession : public SourceLink {
   Status Call(FrameType request, const std::string& body, FrameType response,
               FrameHeader* reply_header, std::string* reply, Deadline d) override;
   Status Notify(FrameType request, const std::string& body, Deadline d) override;
-  // Unblocks a call in progress (used when a pull is cancelled); the connection is closed.
-  void Abort();
+  // Once `interrupt` fires, a call in progress ends at once and later calls fail; the
+  // connection is then closed instead of given back. Set before calls from other threads.
+  void set_interrupt(Interrupt* interrupt) { interrupt_ = interrupt; }
   // Closes the connection instead of giving it back (the source holds state on it).
   void Discard() { broken_ = true; }
 
@@ -53,14 +57,13 @@ class SourceSession : public SourceLink {
   std::string secret_;
   std::shared_ptr<ConnectionPool> pool_;
   PeerIdentity peer_;
-  std::mutex mu_;         // one call at a time
-  std::mutex socket_mu_;  // replacing socket_ vs. Abort() from another thread
+  std::mutex mu_;  // one call at a time
+  Interrupt* interrupt_ = nullptr;
   Socket socket_;
   uint64_t next_id_ = 0;
   bool reused_ = false;             // the connection came from the pool ...
   bool proven_ = false;             // ... and has answered a request since
-  std::atomic<bool> broken_{false};  // out of step, closed or aborted: never reused
-  std::atomic<bool> aborted_{false};
+  std::atomic<bool> broken_{false};  // out of step, closed or interrupted: never reused
 };
 
 }  // namespace rlboost

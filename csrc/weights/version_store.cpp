@@ -23,6 +23,8 @@ struct VersionStore::Entry {
 
 namespace {
 
+constexpr int kStopPollMs = 250;
+
 HeldState AllHeld(uint32_t n) {
   HeldState h;
   h.num_chunks = n;
@@ -255,13 +257,16 @@ Status VersionStore::EncodedManifest(int64_t version, std::string* out) const {
 Status VersionStore::Have(int64_t version, uint64_t known, uint32_t wait_ms,
                           const std::function<bool()>& stop, HeldState* out) {
   std::unique_lock<std::mutex> lock(sync_->mu);
-  auto until = Deadline::After(std::min<uint32_t>(wait_ms, 2000) / 1000.0).at();
+  auto until = Deadline::After(std::min(wait_ms, kMaxHaveWaitMs) / 1000.0).at();
   std::shared_ptr<Entry> e;
-  sync_->cv.wait_until(lock, until, [&] {
+  auto done = [&] {
     e = FindLocked(version);
     // A version not (yet) held is waited for too: a peer may register it any moment.
     return (e != nullptr && (e->held.generation > known || e->complete())) || stop();
-  });
+  };
+  while (!sync_->cv.wait_until(lock, std::min(until, Deadline::After(kStopPollMs / 1000.0).at()), done)) {
+    if (Deadline::Clock::now() >= until) break;
+  }
   if (e == nullptr) return Status(Code::kUnknownVersion, "version " + std::to_string(version) + " is not held here");
   *out = e->held;
   return Status::Ok();

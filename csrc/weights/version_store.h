@@ -20,6 +20,9 @@
 
 namespace rlboost {
 
+// The longest a Have() waits, whatever a client asks: a long poll holds a server thread.
+constexpr uint32_t kMaxHaveWaitMs = 60000;
+
 struct HeldState {
   uint32_t num_chunks = 0;
   uint32_t held_count = 0;
@@ -59,7 +62,9 @@ class VersionStore : public ServingBackend {
   std::vector<int64_t> Versions() const;
   Status EncodedManifest(int64_t version, std::string* out) const;  // -1 = latest
   // Held chunks of a version; waits up to wait_ms for a generation newer than `known`
-  // (or for the version to appear) before answering.
+  // (or for the version to appear) before answering, or until stop() says so: it is
+  // asked at every change and at least every kStopPollMs, so it may watch what nothing
+  // here signals (a client that hung up).
   Status Have(int64_t version, uint64_t known, uint32_t wait_ms, const std::function<bool()>& stop,
               HeldState* out);
   // Wakes Have() waiters so a closing server's threads return promptly.

@@ -14,6 +14,7 @@ from rlboost import env
 TRANSPORTS = ("auto", "tcp", "shm", "ucx")
 _MIN_CHUNK = 4096
 _MAX_CHUNK = 256 << 20
+_MAX_TIMEOUT_S = 3600.0  # longer deadlines are a mistake, not a need
 
 
 def _is_loopback(host: str) -> bool:
@@ -46,13 +47,17 @@ class TransferConfig:
 
     bind_host: str = "127.0.0.1"  # servers listen only here
     port: int = 0  # publisher port; 0 picks a free one
-    relay_port: int = 0  # port of a puller's relay server; 0 picks a free one
+    relay_port: int = 0  # port of a puller's relay server; 0 (ephemeral) lets several pullers share a host
     secret: bytes | None = None  # None: RLBOOST_SECRET, else empty (loopback only)
     transport: str = "auto"  # auto (same host: shm, else tcp) | tcp | shm | ucx
     streams: int = 4  # parallel streams (lanes) per source
     chunk_bytes: int = 8 << 20  # publisher's chunk size (one checksum each)
     max_in_flight: int = 2  # chunk requests outstanding per stream
     request_timeout_s: float = 60.0  # deadline of one chunk request
+    # How long a server keeps sending one response to a peer that does not read it (the
+    # memory stays pinned meanwhile); None: half of request_timeout_s, so a relay retiring
+    # a version (which waits request_timeout_s) outlasts such a peer.
+    send_timeout_s: float | None = None
     connect_timeout_s: float = 10.0
     reconnect_attempts: int = 2  # per stream, before a source is given up
     egress_bytes_per_s: int | None = None  # cap on what one server sends; None: no cap
@@ -60,9 +65,12 @@ class TransferConfig:
     alignment: int = 4096  # every tensor starts at a multiple of this
     relay: bool = True  # pullers re-serve what they hold
     commit_threads: int = 2  # parallel tasks checksumming a staged version (a thread per core at most)
-    max_connections: int = 256  # per server; when full, the longest idle one is closed
+    max_connections: int = 256  # authenticated ones per server; when full, the longest idle one is closed
+    max_handshakes: int = 128  # per server, still unauthenticated (a quarter per peer host); when full, the oldest is closed
+    handshake_timeout_s: float = 2.0  # a connection must authenticate within this
     keep_connections: bool = True  # pullers keep authenticated connections between pulls
     connection_idle_s: float = 60.0  # a kept connection unused this long is closed
+    relay_poll_s: float = 0.5  # longest wait of one long poll for news of a peer still pulling
 
     def __post_init__(self) -> None:
         if self.secret is None:
@@ -86,8 +94,14 @@ class TransferConfig:
             _MIN_CHUNK <= self.chunk_bytes <= _MAX_CHUNK,
             "chunk_bytes", f"[{_MIN_CHUNK}, {_MAX_CHUNK}]", self.chunk_bytes,
         )
-        _check(self.request_timeout_s > 0, "request_timeout_s", "> 0", self.request_timeout_s)
-        _check(self.connect_timeout_s > 0, "connect_timeout_s", "> 0", self.connect_timeout_s)
+        _check(0 < self.request_timeout_s <= _MAX_TIMEOUT_S, "request_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
+               self.request_timeout_s)
+        if self.send_timeout_s is None:
+            self.send_timeout_s = self.request_timeout_s / 2
+        _check(0 < self.send_timeout_s <= _MAX_TIMEOUT_S, "send_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
+               self.send_timeout_s)
+        _check(0 < self.connect_timeout_s <= _MAX_TIMEOUT_S, "connect_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
+               self.connect_timeout_s)
         _check(0 <= self.reconnect_attempts <= 100, "reconnect_attempts", "[0, 100]", self.reconnect_attempts)
         if self.egress_bytes_per_s is not None:
             _check(self.egress_bytes_per_s >= 1024, "egress_bytes_per_s", ">= 1024 or None", self.egress_bytes_per_s)
@@ -96,8 +110,11 @@ class TransferConfig:
         _check(power_of_two and self.alignment <= 1 << 20, "alignment", "a power of two <= 1 MiB", self.alignment)
         _check(1 <= self.commit_threads <= 64, "commit_threads", "[1, 64]", self.commit_threads)
         _check(1 <= self.max_connections <= 65536, "max_connections", "[1, 65536]", self.max_connections)
+        _check(1 <= self.max_handshakes <= 65536, "max_handshakes", "[1, 65536]", self.max_handshakes)
+        _check(0 < self.handshake_timeout_s <= 60, "handshake_timeout_s", "in (0, 60]", self.handshake_timeout_s)
         _check(isinstance(self.keep_connections, bool), "keep_connections", "True or False", self.keep_connections)
         _check(0 < self.connection_idle_s <= 86400, "connection_idle_s", "in (0, 86400]", self.connection_idle_s)
+        _check(0 < self.relay_poll_s <= 60, "relay_poll_s", "in (0, 60]", self.relay_poll_s)
 
 
 def _check(ok: bool, field: str, allowed: str, got: object) -> None:

@@ -32,6 +32,8 @@ class WeightPublisher(Closing):
         self._server = _C.WeightServer(
             self._store, c.bind_host, c.port, c.secret,
             egress_bytes_per_s=c.egress_bytes_per_s or 0, max_connections=c.max_connections,
+            handshake_timeout_s=c.handshake_timeout_s, max_handshakes=c.max_handshakes,
+            send_timeout_s=c.send_timeout_s,
         )
         self._staged: dict[int, tuple[Manifest, object]] = {}
         self._closed = False

@@ -35,13 +35,15 @@ class WeightPuller(Closing):
         self._closed = False
         self._relay_store = self._relay_server = None
         c = self.config
-        # One connection per stream plus the control one, for a few sources at once.
-        self._pool = _C.ConnectionPool(c.streams + 1, c.connection_idle_s) if c.keep_connections else None
+        # Per source: one connection per stream, the control one and a long-poll one.
+        self._pool = _C.ConnectionPool(c.streams + 2, c.connection_idle_s) if c.keep_connections else None
         if c.relay:
             self._relay_store = _C.VersionStore(c.versions_kept)
             self._relay_server = _C.WeightServer(
                 self._relay_store, c.bind_host, c.relay_port, c.secret,
                 egress_bytes_per_s=c.egress_bytes_per_s or 0, max_connections=c.max_connections,
+                handshake_timeout_s=c.handshake_timeout_s, max_handshakes=c.max_handshakes,
+                send_timeout_s=c.send_timeout_s,
             )
 
     # ---- sources -----------------------------------------------------------------
@@ -77,7 +79,7 @@ class WeightPuller(Closing):
         c = self.config
         native = _C.Puller(addrs, c.secret, c.transport, c.streams, c.max_in_flight,
                            c.request_timeout_s, c.connect_timeout_s, c.reconnect_attempts, self._self_id,
-                           pool=self._pool)
+                           pool=self._pool, relay_poll_s=c.relay_poll_s)
         plan = native.resolve(-1 if version is None else version, c.request_timeout_s)
         nm = plan.manifest
         manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.crcs)

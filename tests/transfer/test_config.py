@@ -10,7 +10,9 @@ from rlboost.transfer import TransferConfig
     ("chunk_bytes", 1 << 30), ("max_in_flight", 0), ("request_timeout_s", 0),
     ("egress_bytes_per_s", 10), ("versions_kept", 0), ("alignment", 100), ("port", 70000),
     ("reconnect_attempts", -1), ("secret", "not-bytes"), ("keep_connections", "yes"),
-    ("connection_idle_s", 0),
+    ("connection_idle_s", 0), ("relay_poll_s", 0), ("relay_poll_s", 61),
+    ("max_handshakes", 0), ("handshake_timeout_s", 0), ("handshake_timeout_s", 61),
+    ("request_timeout_s", 3601), ("send_timeout_s", 0), ("connect_timeout_s", 1e12), ("connect_timeout_s", float("nan")),
 ])
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

@@ -1,12 +1,14 @@
 """Relay: a process that holds a version (or part of it) serves it to others, so
 newcomers do not all drain the trainer's link."""
 
+import socket
 import struct
 
 import pytest
 import torch
 
 from rlboost import _C
+from rlboost.errors import TransferError
 from rlboost.transfer import WeightPublisher, WeightPuller
 
 from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes
@@ -81,3 +83,40 @@ def test_four_newcomers_share_the_trainer_link_through_relays():
         finally:
             for p in pullers:
                 p.close()
+
+
+def test_a_version_without_chunks_relays_and_reports_an_empty_bitmap(publisher):
+    publisher.publish(1, {"empty": torch.empty(0)})
+    cfg = make_config()
+    with WeightPuller(publisher.address, cfg) as first, \
+            WeightPuller([publisher.address, first.relay_address], cfg) as second:
+        assert first.pull(1)["empty"].numel() == 0
+        assert second.pull(1)["empty"].numel() == 0  # both sources' held bitmaps are empty
+
+
+def test_a_relay_port_already_taken_says_so_and_how_to_avoid_it(publisher):
+    cfg = make_config()
+    with WeightPuller(publisher.address, cfg) as first:
+        port = int(first.relay_address.rsplit(":", 1)[1])
+        with pytest.raises(TransferError, match=rf"{port}.*port 0 picks a free one"):
+            WeightPuller(publisher.address, make_config(relay_port=port))
+
+
+def test_a_peer_that_never_reads_its_chunk_does_not_keep_the_relay_from_its_next_version():
+    big = torch.randn(8 << 20)  # 32 MiB: far more than a socket buffer holds
+    cfg = make_config(request_timeout_s=2.0, chunk_bytes=16 << 20)
+    with WeightPublisher(cfg) as pub:
+        pub.publish(1, {"w": big})
+        pub.publish(2, {"w": big + 1})
+        with WeightPuller(pub.address, cfg) as relay:
+            v1 = relay.pull(1)
+            reader = connect(relay.relay_address)
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client_handshake(reader, SECRET)
+            reader.sendall(frame(W["chunk_request"], struct.pack("<qI", 1, 0), request_id=1))  # never read
+            try:
+                # Reusing v1's buffer retires version 1, which waits for the stuck send to
+                # end: the server gives up on it (send_timeout_s) before the retire does.
+                assert torch.equal(relay.pull(2, into=v1)["w"], big + 1)
+            finally:
+                reader.close()

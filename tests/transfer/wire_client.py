@@ -81,7 +81,12 @@ class HostileSourceForTests:
     "well_behaved" serves every request correctly, except that after
     `drop_open_connections_on_next_request()` each connection open at that moment is
     closed, unanswered, when its next request arrives (as a source that closed an idle
-    connection just as the client reused it).
+    connection just as the client reused it); "first_connection_only" serves its first
+    connection so, then accepts others and never answers them (a source that froze after
+    a puller resolved it); "pending_silent" says it does not hold the version (a peer that
+    has not started it) and never answers a held-chunk request (`have_requested` is set
+    when the first arrives); "stalls" answers its first four chunk requests and no later
+    one (a source that stalled mid-version).
     """
 
     def __init__(self, behavior: str, secret: bytes, payload: bytes):
@@ -94,6 +99,10 @@ class HostileSourceForTests:
         self._conns: list[socket.socket] = []
         self._doomed: set[socket.socket] = set()
         self._closing = False
+        self.have_requested = threading.Event()
+        self.holding = threading.Event()  # a connection is being held unanswered ...
+        self.hold_ended = threading.Event()  # ... and its client has closed one
+        self._chunks_answered = 0
         self._accept = threading.Thread(target=self._accept_loop, daemon=True)
         self._accept.start()
 
@@ -106,7 +115,9 @@ class HostileSourceForTests:
 
     def close(self) -> None:
         self._closing = True
+        self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop; close() alone would not
         self._listener.close()
+        self._accept.join(timeout=5)
         for c in self._conns:
             try:
                 c.shutdown(socket.SHUT_RDWR)
@@ -134,7 +145,19 @@ class HostileSourceForTests:
         finally:
             conn.close()
 
+    def _hold(self, conn: socket.socket) -> None:
+        """Reads and ignores whatever arrives until the client closes the connection."""
+        self.holding.set()
+        try:
+            while conn.recv(65536):
+                pass
+        except OSError:
+            pass
+        self.hold_ended.set()
+
     def _serve_frames(self, conn: socket.socket) -> None:
+        if self.behavior == "first_connection_only" and conn is not self._conns[0]:
+            return self._hold(conn)
         hello = recv_frame(conn)
         client_nonce = hello[W["header_bytes"]:]
         server_nonce = os.urandom(32)
@@ -165,8 +188,14 @@ class HostileSourceForTests:
                 conn.shutdown(socket.SHUT_RDWR)
                 return
             _, _, ftype, _, _, rid = HEADER.unpack(head[:24])
-            if ftype == W["manifest_request"]:
+            if ftype == W["manifest_request"] and self.behavior == "pending_silent":
+                unknown_version = struct.pack("<I", 3) + b"version not held here"
+                conn.sendall(frame(W["error"], unknown_version, request_id=rid))
+            elif ftype == W["manifest_request"]:
                 conn.sendall(frame(W["manifest"], manifest, request_id=rid))
+            elif ftype == W["have_request"] and self.behavior == "pending_silent":
+                self.have_requested.set()
+                return self._hold(conn)
             elif ftype == W["have_request"]:
                 n = len(crcs)
                 bits = bytes([0xFF] * (n // 8)) + (bytes([(1 << (n % 8)) - 1]) if n % 8 else b"")
@@ -176,7 +205,10 @@ class HostileSourceForTests:
                 version, index = struct.unpack("<qI", head[24:36])
                 data = self.payload[index * chunk:(index + 1) * chunk]
                 prefix = struct.pack("<qII", version, index, 0)
-                if self.behavior == "well_behaved":
+                if self.behavior == "stalls" and self._chunks_answered >= 4:
+                    return self._hold(conn)
+                self._chunks_answered += 1
+                if self.behavior in ("well_behaved", "first_connection_only", "stalls"):
                     conn.sendall(frame(W["chunk"], prefix + data, request_id=rid))
                 elif self.behavior == "wrong_chunk_length":
                     conn.sendall(frame(W["chunk"], prefix + data + b"extra", request_id=rid))

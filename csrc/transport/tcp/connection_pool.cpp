@@ -75,14 +75,18 @@ size_t ConnectionPool::idle() const {
 
 Status ConnectAuthenticated(ConnectionPool* pool, const std::string& host, int port,
                             const std::string& secret, uint64_t server_id, Deadline d,
-                            Connection* out) {
+                            Connection* out, Interrupt* interrupt) {
   if (pool != nullptr && pool->Take(host, port, server_id, &out->socket, &out->peer)) {
     out->reused = true;
     return Status::Ok();
   }
   out->reused = false;
-  RLB_RETURN_IF_ERROR(ConnectTcp(host, port, d, &out->socket));
-  RLB_RETURN_IF_ERROR(ClientHandshake(out->socket, secret, d, &out->peer));
+  RLB_RETURN_IF_ERROR(ConnectTcp(host, port, d, &out->socket, interrupt));
+  {
+    // A source that accepts but never answers would hold us here until the deadline.
+    InterruptScope scope(interrupt, out->socket);
+    RLB_RETURN_IF_ERROR(ClientHandshake(out->socket, secret, d, &out->peer));
+  }
   if (server_id != 0 && out->peer.server_id != server_id) {
     return Status(Code::kPeerLost, "the source at " + host + ":" + std::to_string(port) + " restarted");
   }

@@ -13,6 +13,7 @@
 
 #include "common/deadline.h"
 #include "transport/tcp/handshake.h"
+#include "transport/tcp/interrupt.h"
 #include "transport/tcp/socket.h"
 
 namespace rlboost {
@@ -47,7 +48,7 @@ class ConnectionPool {
 };
 
 // An authenticated connection to a source: taken from `pool` when one is idle (reused),
-// else connected and authenticated now.
+// else connected and authenticated now (`interrupt`, may be null, abandons that at once).
 struct Connection {
   Socket socket;
   PeerIdentity peer;
@@ -56,6 +57,6 @@ struct Connection {
 
 Status ConnectAuthenticated(ConnectionPool* pool, const std::string& host, int port,
                             const std::string& secret, uint64_t server_id, Deadline d,
-                            Connection* out);
+                            Connection* out, Interrupt* interrupt = nullptr);
 
 }  // namespace rlboost

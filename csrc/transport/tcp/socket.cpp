@@ -16,6 +16,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "transport/tcp/interrupt.h"
+
 namespace rlboost {
 namespace {
 
@@ -189,6 +191,11 @@ bool Socket::WaitReadable(Deadline d) {
   }
 }
 
+bool Socket::HungUp() const {
+  struct pollfd pfd = {fd_, POLLRDHUP, 0};
+  return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 void TuneForBulk(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -202,7 +209,7 @@ void TuneForBulk(int fd) {
   }
 }
 
-Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out) {
+Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out, Interrupt* interrupt) {
   struct addrinfo* res = nullptr;
   RLB_RETURN_IF_ERROR(ResolveOne(host, port, false, &res));
   Status last(Code::kPeerLost, "no address for " + host);
@@ -215,9 +222,13 @@ Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out) {
     int flags = fcntl(s.fd(), F_GETFL, 0);
     fcntl(s.fd(), F_SETFL, flags | O_NONBLOCK);
     int rc = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
+    int err = rc == 0 ? 0 : errno;
+    // Registered once the connect has begun: a shutdown before that would not abort it.
+    InterruptScope scope(interrupt, s);
+    if (rc != 0 && err == EINPROGRESS) {
       struct pollfd pfd = {s.fd(), POLLOUT, 0};
-      int ms = d.never() ? -1 : static_cast<int>(d.RemainingSeconds() * 1000.0);
+      // Clamped: a far deadline would overflow int, a passed one must not mean "forever".
+      int ms = d.never() ? -1 : static_cast<int>(std::clamp(d.RemainingSeconds() * 1000.0, 0.0, 1e9));
       int prc;
       do {
         prc = ::poll(&pfd, 1, ms);
@@ -226,15 +237,17 @@ Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out) {
         last = Status(Code::kTimeout, "connect to " + host + ":" + std::to_string(port) + " timed out");
         continue;
       }
-      int err = 0;
       socklen_t len = sizeof(err);
       getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
       rc = err == 0 ? 0 : -1;
-      errno = err;
+    }
+    if (interrupt != nullptr && interrupt->fired()) {
+      freeaddrinfo(res);
+      return Status(Code::kClosed, "connect to " + host + ":" + std::to_string(port) + " interrupted");
     }
     if (rc != 0) {
       last = Status(Code::kPeerLost, "connect to " + host + ":" + std::to_string(port) +
-                                         " failed: " + std::strerror(errno));
+                                         " failed: " + std::strerror(err));
       continue;
     }
     fcntl(s.fd(), F_SETFL, flags & ~O_NONBLOCK);
@@ -257,8 +270,10 @@ Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port
     int one = 1;
     setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(s.fd(), 128) != 0) {
+      int err = errno;
       last = Status(Code::kIo, "cannot listen on " + host + ":" + std::to_string(port) + ": " +
-                                   std::strerror(errno));
+                                   std::strerror(err) +
+                                   (err == EADDRINUSE ? " (another server holds this port; port 0 picks a free one)" : ""));
       continue;
     }
     struct sockaddr_storage ss;

@@ -13,6 +13,8 @@
 
 namespace rlboost {
 
+class Interrupt;
+
 class Socket {
  public:
   Socket() = default;
@@ -38,6 +40,8 @@ class Socket {
   Status RecvSome(void* data, size_t n, size_t* got, Deadline d);
   // Waits until the socket is readable (or closed); false when the deadline passed.
   bool WaitReadable(Deadline d);
+  // True when the peer has closed its side or the connection failed; never blocks.
+  bool HungUp() const;
 
  private:
   Status ApplyTimeout(int option, Deadline d);
@@ -47,7 +51,9 @@ class Socket {
   int fd_ = -1;
 };
 
-Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out);
+// interrupt (may be null): firing it abandons the connect at once (kClosed).
+Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out,
+                  Interrupt* interrupt = nullptr);
 // Binds only the given address (never a wildcard unless asked for one explicitly).
 Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port);
 // Blocks until a connection arrives or the listener is shut down (then kClosed).

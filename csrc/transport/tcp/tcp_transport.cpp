@@ -14,6 +14,9 @@ namespace {
 
 // Received bytes are checksummed in pieces this large, while they are still in L2.
 constexpr size_t kRecvPiece = 512u << 10;
+// Egress pacing granularity: small enough that an abandoned send stops costing tokens
+// quickly, large enough that pacing costs few syscalls.
+constexpr size_t kPacedPieceBytes = 256u << 10;
 
 std::string ChunkPrefix(int64_t version, uint32_t index) {
   std::string b;
@@ -132,7 +135,7 @@ class TcpTransport : public Transport {
     Connection c;
     RLB_RETURN_IF_ERROR(ConnectAuthenticated(opts.pool, link.host(), link.port(), link.secret(),
                                              link.peer().server_id,
-                                             Deadline::After(opts.connect_timeout_s), &c));
+                                             Deadline::After(opts.connect_timeout_s), &c, opts.interrupt));
     *out = std::make_unique<TcpChunkStream>(std::move(c), opts.pool, link.host(), link.port());
     return Status::Ok();
   }
@@ -153,16 +156,24 @@ Status SendChunkOverTcp(Socket& s, uint64_t request_id, int64_t version, uint32_
   h.request_id = request_id;
   uint8_t head[kFrameHeaderBytes];
   EncodeFrameHeader(h, head);
-  // The whole chunk's tokens are reserved at once: under a cap, chunks then finish one
-  // after another in request order instead of all crawling in parallel, so pullers get
-  // whole chunks early and can relay them to each other sooner.
-  if (pacer != nullptr && !pacer->Acquire(kFrameHeaderBytes + kChunkPrefixBytes + len)) {
-    return Status(Code::kClosed, "server closing");
-  }
   struct iovec iov[3] = {{head, kFrameHeaderBytes},
                          {&prefix[0], kChunkPrefixBytes},
                          {const_cast<uint8_t*>(lease.data), len}};
-  return s.SendV(iov, 3, d);
+  if (pacer == nullptr) return s.SendV(iov, 3, d);
+  // Paced piece by piece, each with the send's deadline, so a receiver that leaves (or a
+  // send that cannot finish in time) stops costing tokens after one piece.
+  auto gone = [&s] { return s.HungUp(); };
+  size_t sent = 0;
+  for (int first = 1; sent < len || first; first = 0) {
+    size_t piece = std::min<size_t>(len - sent, kPacedPieceBytes);
+    size_t head_bytes = first ? kFrameHeaderBytes + kChunkPrefixBytes : 0;
+    Status st = pacer->Acquire(head_bytes + piece, d, gone);
+    RLB_RETURN_IF_ERROR(st);
+    struct iovec out[3] = {iov[0], iov[1], {const_cast<uint8_t*>(lease.data) + sent, piece}};
+    RLB_RETURN_IF_ERROR(first ? s.SendV(out, 3, d) : s.SendV(&out[2], 1, d));
+    sent += piece;
+  }
+  return Status::Ok();
 }
 
 }  // namespace rlboost
