@@ -19,8 +19,8 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.launch import Cluster, plan_trace, ray_settings
 from rlboost.report import write_report
 from rlboost.rundir import RunDirectory
-from rlboost.runtime import (Phases, StepProgress, StopSignal, open_run, resume_weights, save_checkpoint,
-                             step_record)
+from rlboost.runtime import (Phases, StepProgress, StopSignal, checkpoint_state, open_run, resume_weights,
+                             save_checkpoint, step_record)
 from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.tasks.dataset import MathDatasetConfig, MathTask
 from rlboost.trainer.feed import TaskFeed
@@ -30,11 +30,13 @@ from rlboost.trainer.loop import train_streaming
 def train(config: RunConfig, *, resume: str | None = None) -> RunDirectory:
     """Run (or resume) a training run; returns its run directory."""
     run, first = open_run(config, resume)
+    state = checkpoint_state(run, first)
     start = prepare_checkpoint(config.model, config.task)  # built and cached once
     feed = task_feed(config.task, start)
     weights, optimizer_state = resume_weights(run, start, first)
     plan = plan_trace(config, config.run.steps - first + 1, step_s=1.0)  # sizes Ray's resources
     ledger = CostLedger(config.cost)
+    ledger.carry(state.get("ledger", {}))  # costs of the launches before this resume
     with StopSignal() as stop, RaySession(ray_settings(config, plan)):
         cluster = Cluster(config, run, ledger, weights=weights, reference=start,
                           optimizer_state=optimizer_state)

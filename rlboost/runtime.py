@@ -54,23 +54,33 @@ def read_run_config(path: str) -> RunConfig:
     return from_dict(RunConfig, RunDirectory(path).read_config())
 
 
+def checkpoint_state(run: RunDirectory, first_step: int) -> dict:
+    """The state.json of the checkpoint a resumed run starts from ({} for a new run); the
+    driver's random state is restored from it."""
+    if first_step == 1:
+        return {}
+    state = json.loads((run.checkpoint_dir(first_step - 1) / STATE_FILE).read_text())
+    random.setstate(_tuplify(state["python_rng"]))
+    return state
+
+
 def resume_weights(run: RunDirectory, start: Path, first_step: int) -> tuple[Path, str | None]:
     """(model directory, optimizer state file or None) to start the trainer from."""
     if first_step == 1:
         return start, None
     ckpt = run.checkpoint_dir(first_step - 1)
-    state = json.loads((ckpt / STATE_FILE).read_text())
-    random.setstate(_tuplify(state["python_rng"]))
     return ckpt / MODEL_DIR, str(ckpt / OPTIMIZER_FILE)
 
 
 def save_checkpoint(cluster: Any, run: RunDirectory, step: int, tokenizer_dir: Path) -> None:
-    """Model, optimizer, step and RNG state; the COMPLETE marker is written last."""
+    """Model, optimizer, step, RNG state and the cost ledger's totals (so a resumed run's
+    costs continue from here); the COMPLETE marker is written last."""
     ckpt = run.checkpoint_dir(step)
     ckpt.mkdir(parents=True, exist_ok=True)
     cluster.save_checkpoint(ckpt, tokenizer_dir)
-    state = {"step": step, "weight_version": step + 1, "elapsed_s": run.elapsed(),
-             "python_rng": random.getstate()}
+    now = run.elapsed()
+    state = {"step": step, "weight_version": step + 1, "elapsed_s": now,
+             "python_rng": random.getstate(), "ledger": cluster.ledger.totals(at_s=now)}
     (ckpt / STATE_FILE).write_text(json.dumps(state))
     (ckpt / "COMPLETE").write_text("")
 

@@ -82,6 +82,9 @@ def test_short_run_survives_both_preemptions_and_resumes(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert metrics[-1]["weight_version"] == 4 and metrics[-1]["sample_versions"] == [4]
     assert metrics[-1]["samples_unique"] == SAMPLES_PER_STEP
+    # costs continue from the checkpoint: the resumed step adds to what steps 1-3 cost
+    assert metrics[-1]["cost_usd"] > metrics[2]["cost_usd"]
+    assert metrics[-1]["tokens_billed"] == sum(m["total_tokens"] for m in metrics)
     assert (run / "checkpoints" / "step_000004" / "COMPLETE").is_file()
 
 
