@@ -149,7 +149,6 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
     phase["wait"] = outcome.wait_s  # trainer idle, waiting for groups still being generated
     phase["train"] = max(0.0, phase.get("train", 0.0) - outcome.wait_s)
     cost = ledger.summary(at_s=elapsed_s)
-    reserved_only = (cost.reserved_s + cost.preemptible_s) / 3600.0 * ledger.config.reserved_usd_per_hour
     rec.update({
         "step": step, "reward_mean": outcome.reward_mean, "reward_std": _std(outcome.rewards),
         "tokens_per_s": rollout.total_tokens / rollout.rollout_time_s if rollout.rollout_time_s > 0 else 0.0,
@@ -162,7 +161,7 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
         "microbatches": outcome.microbatches,
         "response_tokens": outcome.denominator, **outcome.train,
         "step_wall_s": phases.total, "elapsed_s": elapsed_s,
-        "cost_usd": cost.total_usd, "reserved_only_usd": reserved_only, "tokens_billed": cost.tokens,
+        "cost_usd": cost.total_usd, "reserved_usd": cost.reserved_usd, "tokens_billed": cost.tokens,
     })
     rec.update({f"phase_{k}_s": v for k, v in phase.items()})
     rec.update(example)
