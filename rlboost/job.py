@@ -43,6 +43,10 @@ def train(config: RunConfig, *, resume: str | None = None) -> RunDirectory:
         progress = StepProgress(first, config.run.steps, config.run.progress)
         try:
             cluster.begin(version=first)
+            if state.get("trace"):  # resumed: the trace goes on from where the checkpoint left it
+                saved = state["trace"]
+                cluster.replay_trace(plan_trace(config, 0, 0.0, duration_s=saved["duration_s"]),
+                                     offset_s=saved["offset_s"])
             for step in range(first, config.run.steps + 1):
                 record = train_step(cluster, feed, step, config)
                 run.append_metrics(record)

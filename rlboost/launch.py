@@ -37,11 +37,12 @@ class TracePlan:
     duration_s: float
 
 
-def plan_trace(config: RunConfig, steps: int, step_s: float) -> TracePlan:
+def plan_trace(config: RunConfig, steps: int, step_s: float, duration_s: float | None = None) -> TracePlan:
     """The trace compressed to trace_fraction of `steps` steps of step_s seconds (unless
-    cluster.trace_duration_s fixes its length), so its preemptions fall inside the run."""
+    cluster.trace_duration_s, or duration_s (the plan of the launch a run resumes), fixes
+    its length), so its preemptions fall inside the run."""
     c = config.cluster
-    duration = c.trace_duration_s or max(1.0, step_s * max(steps, 1) * c.trace_fraction)
+    duration = duration_s or c.trace_duration_s or max(1.0, step_s * max(steps, 1) * c.trace_fraction)
     trace = named_trace(c.trace, max_count=c.max_preemptible, seed=c.seed)
     if trace is None:
         return TracePlan((), duration)
@@ -65,6 +66,7 @@ class Cluster:
                  reference: Path, optimizer_state: str | None):
         self.config, self.run, self.ledger = config, run, ledger
         self.replay: TraceReplay | None = None
+        self.trace_plan: TracePlan | None = None
         self.controller = self.trainer = self.fleet = None
         self.injections: dict[int, list[str]] = {}
         for item in config.cluster.inject:
@@ -100,9 +102,17 @@ class Cluster:
         self.publish(version)
         self.fleet.wait_version(version, "reserved", READY_TIMEOUT_S)
 
-    def replay_trace(self, plan: TracePlan) -> None:
+    def replay_trace(self, plan: TracePlan, offset_s: float = 0.0) -> None:
+        """Replay the plan's events from offset_s seconds into it."""
+        self.trace_plan = plan
         self.replay = TraceReplay(self.fleet, plan.events,
-                                  busy_wait_s=self.config.cluster.preempt_busy_wait_s).start()
+                                  busy_wait_s=self.config.cluster.preempt_busy_wait_s).start(offset_s)
+
+    def trace_position(self) -> dict | None:
+        """Where the replay stands, for a checkpoint: {"duration_s", "offset_s"}."""
+        if self.replay is None or self.trace_plan is None:
+            return None
+        return {"duration_s": self.trace_plan.duration_s, "offset_s": self.replay.position_s}
 
     def wait_for_weights(self, version: int) -> None:
         self.fleet.wait_version(version, "reserved", self.config.rollout.pull_timeout_s)

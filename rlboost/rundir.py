@@ -60,9 +60,11 @@ class RunDirectory:
         """Seconds on the run's clock (events' t; continues across resumes)."""
         return time.monotonic() - self._t0
 
-    def continue_clock(self) -> None:
-        """Resume the run's clock after the last recorded event, so times keep increasing."""
-        last = max((float(e.get("t", 0.0)) for e in self.events()), default=0.0)
+    def continue_clock(self, at_least_s: float = 0.0) -> None:
+        """Resume the run's clock after the last recorded event (and at least at_least_s,
+        a checkpoint's time), so times keep increasing."""
+        last = max((float(e.get("t", 0.0)) for e in self.events()), default=at_least_s)
+        last = max(last, at_least_s)
         last = max([last] + [float(m.get("elapsed_s", 0.0)) for m in self.metrics()])
         self._t0 = time.monotonic() - last
 
@@ -76,6 +78,13 @@ class RunDirectory:
         """Drop metric lines after `last_step` (used when resuming from a checkpoint)."""
         kept = [m for m in self.metrics() if m.get("step", -1) <= last_step]
         _atomic_write(self.path / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in kept))
+
+    def truncate_events(self, after_s: float) -> None:
+        """Drop events recorded after `after_s` on the run's clock (resuming from a
+        checkpoint taken then: the steps after it are redone, their preemptions too)."""
+        kept = [e for e in self.events() if float(e.get("t", 0.0)) <= after_s]
+        with self._lock:
+            _atomic_write(self.path / EVENTS_FILE, "".join(json.dumps(e) + "\n" for e in kept))
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> Path:

@@ -40,9 +40,11 @@ def open_run(config: RunConfig, resume: str | None) -> tuple[RunDirectory, int]:
     latest = run.latest_checkpoint()
     if latest is None:
         raise FileNotFoundError(f"{resume} has no complete checkpoint to resume from")
-    step, _ = latest
-    run.truncate_metrics(step)
-    run.continue_clock()
+    step, ckpt = latest
+    saved = json.loads((ckpt / STATE_FILE).read_text())
+    run.truncate_metrics(step)  # what came after the checkpoint is redone
+    run.truncate_events(float(saved["elapsed_s"]))
+    run.continue_clock(float(saved["elapsed_s"]))
     run.write_config(to_dict(config))
     return run, step + 1
 
@@ -73,14 +75,15 @@ def resume_weights(run: RunDirectory, start: Path, first_step: int) -> tuple[Pat
 
 
 def save_checkpoint(cluster: Any, run: RunDirectory, step: int, tokenizer_dir: Path) -> None:
-    """Model, optimizer, step, RNG state and the cost ledger's totals (so a resumed run's
-    costs continue from here); the COMPLETE marker is written last."""
+    """Model, optimizer, step, RNG state, the cost ledger's totals and the trace's position
+    (so a resumed run's costs and preemptions continue from here); the COMPLETE marker is
+    written last."""
     ckpt = run.checkpoint_dir(step)
     ckpt.mkdir(parents=True, exist_ok=True)
     cluster.save_checkpoint(ckpt, tokenizer_dir)
     now = run.elapsed()
-    state = {"step": step, "weight_version": step + 1, "elapsed_s": now,
-             "python_rng": random.getstate(), "ledger": cluster.ledger.totals(at_s=now)}
+    state = {"step": step, "weight_version": step + 1, "elapsed_s": now, "python_rng": random.getstate(),
+             "ledger": cluster.ledger.totals(at_s=now), "trace": cluster.trace_position()}
     (ckpt / STATE_FILE).write_text(json.dumps(state))
     (ckpt / "COMPLETE").write_text("")
 

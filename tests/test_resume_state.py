@@ -8,15 +8,19 @@ import random
 
 from rlboost.cluster.cost import CostConfig, CostLedger
 from rlboost.rundir import RunDirectory
-from rlboost.runtime import STATE_FILE, checkpoint_state, save_checkpoint
+from rlboost.recipes.config import RunConfig
+from rlboost.runtime import STATE_FILE, checkpoint_state, open_run, save_checkpoint
 
 
 class FakeClusterForTests:
     """What save_checkpoint needs of a Cluster: a ledger and a trainer that writes files."""
 
-    def __init__(self, ledger: CostLedger, replay=None):
-        self.ledger, self.replay = ledger, replay
+    def __init__(self, ledger: CostLedger, trace: dict | None = None):
+        self.ledger, self.trace = ledger, trace
         self.saved_into = []
+
+    def trace_position(self) -> dict | None:
+        return self.trace
 
     def save_checkpoint(self, directory, tokenizer_dir) -> None:
         self.saved_into.append(directory)
@@ -58,3 +62,22 @@ def test_checkpoint_state_restores_the_driver_random_state(tmp_path):
     assert random.random() == expected and state["step"] == 1
     assert json.loads((run.checkpoint_dir(1) / STATE_FILE).read_text())["weight_version"] == 2
     assert checkpoint_state(run, 1) == {}
+
+
+def test_resume_keeps_the_trace_position_and_drops_what_came_after_the_checkpoint(tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    run.append_event("join", instance="spot-0", up=1)
+    for step in (1, 2):
+        run.append_metrics({"step": step, "elapsed_s": run.elapsed()})
+    run._t0 -= 10.0
+    save_checkpoint(FakeClusterForTests(CostLedger(), {"duration_s": 30.0, "offset_s": 7.5}), run, 2, tmp_path)
+    run._t0 -= 10.0  # a step that never reached a checkpoint, and its preemption
+    run.append_metrics({"step": 3, "elapsed_s": run.elapsed()})
+    run.append_event("death", instance="spot-0", up=0)
+
+    resumed, first = open_run(RunConfig(), str(run.path))
+    assert first == 3
+    assert [m["step"] for m in resumed.metrics()] == [1, 2]
+    assert [e["kind"] for e in resumed.events()] == ["join"]
+    assert checkpoint_state(resumed, first)["trace"] == {"duration_s": 30.0, "offset_s": 7.5}
+    assert 10.0 <= resumed.elapsed() < 20.0  # the clock goes on from the checkpoint
