@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -90,6 +91,29 @@ class RunDirectory:
     def checkpoint_dir(self, step: int) -> Path:
         return self.path / "checkpoints" / f"step_{step:06d}"
 
+    def staging_dir(self, step: int) -> Path:
+        """An empty folder to write checkpoint `step` into before commit_checkpoint(step)."""
+        staging = self.path / "checkpoints" / f".step_{step:06d}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)  # a leftover of an interrupted save
+        staging.mkdir(parents=True)
+        return staging
+
+    def commit_checkpoint(self, step: int) -> Path:
+        """Flush the staged checkpoint to disk and rename it into place in one step, so a
+        crash leaves either the previous state or a whole checkpoint."""
+        staging, final = self.path / "checkpoints" / f".step_{step:06d}.tmp", self.checkpoint_dir(step)
+        _fsync_tree(staging)
+        if final.exists():  # an earlier save of this step: replaced whole, never merged
+            old = final.with_name(f".{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(staging, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+        _fsync_dir(final.parent)
+        return final
+
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         """The newest complete checkpoint (one whose COMPLETE marker exists)."""
         found = []
@@ -120,6 +144,23 @@ def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             line = line.strip()
             if line:
                 yield json.loads(line)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file under root, then every folder (deepest first)."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(folder))
 
 
 def _atomic_write(path: Path, text: str) -> None:

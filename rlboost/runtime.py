@@ -74,18 +74,19 @@ def resume_weights(run: RunDirectory, start: Path, first_step: int) -> tuple[Pat
     return ckpt / MODEL_DIR, str(ckpt / OPTIMIZER_FILE)
 
 
-def save_checkpoint(cluster: Any, run: RunDirectory, step: int, tokenizer_dir: Path) -> None:
+def save_checkpoint(cluster: Any, run: RunDirectory, step: int, tokenizer_dir: Path) -> Path:
     """Model, optimizer, step, RNG state, the cost ledger's totals and the trace's position
-    (so a resumed run's costs and preemptions continue from here); the COMPLETE marker is
-    written last."""
-    ckpt = run.checkpoint_dir(step)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    cluster.save_checkpoint(ckpt, tokenizer_dir)
+    (so a resumed run's costs and preemptions continue from here). Written into a staging
+    folder, flushed to disk, marked COMPLETE and renamed into place: a crash at any point
+    leaves no half checkpoint under the name a resume reads."""
+    staging = run.staging_dir(step)
+    cluster.save_checkpoint(staging, tokenizer_dir)
     now = run.elapsed()
     state = {"step": step, "weight_version": step + 1, "elapsed_s": now, "python_rng": random.getstate(),
              "ledger": cluster.ledger.totals(at_s=now), "trace": cluster.trace_position()}
-    (ckpt / STATE_FILE).write_text(json.dumps(state))
-    (ckpt / "COMPLETE").write_text("")
+    (staging / STATE_FILE).write_text(json.dumps(state))
+    (staging / "COMPLETE").write_text("")
+    return run.commit_checkpoint(step)
 
 
 def _tuplify(value: Any) -> Any:

@@ -81,3 +81,28 @@ def test_resume_keeps_the_trace_position_and_drops_what_came_after_the_checkpoin
     assert [e["kind"] for e in resumed.events()] == ["join"]
     assert checkpoint_state(resumed, first)["trace"] == {"duration_s": 30.0, "offset_s": 7.5}
     assert 10.0 <= resumed.elapsed() < 20.0  # the clock goes on from the checkpoint
+
+
+class CrashingClusterForTests(FakeClusterForTests):
+    """A trainer that dies half way through writing its files."""
+
+    def save_checkpoint(self, directory, tokenizer_dir) -> None:
+        (directory / "optimizer.pt").write_bytes(b"half")
+        raise RuntimeError("rank 0 died")
+
+
+def test_a_save_that_dies_half_way_leaves_no_checkpoint_to_resume_from(tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    save_checkpoint(FakeClusterForTests(CostLedger()), run, 1, tmp_path)
+    try:
+        save_checkpoint(CrashingClusterForTests(CostLedger()), run, 2, tmp_path)
+    except RuntimeError:
+        pass
+    assert not run.checkpoint_dir(2).exists()
+    step, path = run.latest_checkpoint()
+    assert step == 1 and (path / "model" / "model.safetensors").read_bytes() == b"weights"
+
+    save_checkpoint(FakeClusterForTests(CostLedger()), run, 2, tmp_path)  # the step saved again
+    assert run.latest_checkpoint()[0] == 2
+    assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    assert (run.checkpoint_dir(2) / "optimizer.pt").read_bytes() == b"adam"
