@@ -94,7 +94,10 @@ class Cluster:
         for i in range(config.cluster.initial_preemptible):
             self.fleet.join(f"spot-s{i}", "preemptible")
         self.fleet.start()
-        init = f"file://{run.path.resolve()}/.rendezvous-{time.time_ns()}" if t.rendezvous == "file" else None
+        init = None
+        if t.rendezvous == "file":  # a folder every rank sees: the run directory on one machine
+            folder = Path(t.rendezvous_dir).expanduser() if t.rendezvous_dir else run.path
+            init = f"file://{folder.resolve()}/.rendezvous-{time.time_ns()}"
         self.trainer.setup(init, optimizer_state)
 
     def begin(self, version: int) -> None:

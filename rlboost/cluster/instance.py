@@ -31,7 +31,7 @@ from rlboost.models import ModelConfig, empty_model
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.rollout.endpoint import MigratingEngine
 from rlboost.rollout.sglang_engine import SGLangEngine, SGLangEngineConfig
-from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.config import WILDCARD_HOSTS, TransferConfig
 from rlboost.transfer.puller import WeightPuller
 
 SPEC_FORMAT_VERSION = 1
@@ -99,8 +99,9 @@ class RolloutInstance:
         torch.set_num_threads(spec.torch_threads)  # engines share a few cores with the trainer
         self.spec = spec
         self.controller = controller
-        self.engine = MigratingEngine(_build_engine(spec), spec.transfer)
-        self.puller = WeightPuller(list(spec.sources), spec.transfer)
+        transfer = on_this_node(spec.transfer)
+        self.engine = MigratingEngine(_build_engine(spec), transfer)
+        self.puller = WeightPuller(list(spec.sources), transfer)
         self._peers: tuple[str, ...] = ()
         self._pulls: list[PullRecord] = []
         self._held = None  # the last pulled version: its buffer is reused and relayed
@@ -263,6 +264,14 @@ class RolloutInstance:
             self._pulls.append(PullRecord(instance_id=self.spec.instance_id, version=version, pull_s=t1 - t0,
                                           load_s=t2 - t1, nbytes=pulled.manifest.total_bytes,
                                           peer_bytes=peer_bytes))
+
+
+def on_this_node(transfer: TransferConfig) -> TransferConfig:
+    """Servers bound to a wildcard host advertise this Ray node's address, unless the config
+    names one: peers on other nodes dial it."""
+    if transfer.advertise_host is None and transfer.bind_host in WILDCARD_HOSTS and ray.is_initialized():
+        return dataclasses.replace(transfer, advertise_host=ray.util.get_node_ip_address())
+    return transfer
 
 
 def _build_engine(spec: InstanceSpec):

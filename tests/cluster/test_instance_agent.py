@@ -143,3 +143,14 @@ def test_heartbeats_go_on_while_a_frozen_peer_blocks_the_pull(ray_cluster, tmp_p
     finally:
         frozen.close()
         ray.kill(inst)
+
+
+def test_an_instance_bound_to_every_interface_advertises_its_node_address(ray_cluster, tmp_path):
+    desk = LeaseDeskForTests.remote(0, 3600.0)  # version 0: nothing to pull
+    spec = _spec(tmp_path, ["127.0.0.1:9"], TransferConfig(bind_host="0.0.0.0", secret=b"s"))
+    inst = ray.remote(RolloutInstance).options(**actor_options("preemptible")).remote(spec, desk)
+    try:
+        relay = ray.get(inst.ready.remote(), timeout=60)
+        assert relay.rpartition(":")[0] == ray.util.get_node_ip_address()  # the Ray node, not 0.0.0.0
+    finally:
+        ray.kill(inst)
