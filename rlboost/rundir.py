@@ -33,13 +33,18 @@ class RunDirectory:
 
     @classmethod
     def create(cls, root: str | os.PathLike[str], name: str) -> RunDirectory:
+        """A new directory `name-YYYYmmdd-HHMMSS[-N]` under root. The folder is created
+        exclusively, so runs started in the same second never share one."""
+        Path(root).mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = Path(root) / f"{name}-{stamp}"
-        suffix = 1
-        while path.exists():
-            suffix += 1
-            path = Path(root) / f"{name}-{stamp}-{suffix}"
-        return cls(path)
+        for suffix in range(1, 10_000):
+            path = Path(root) / (f"{name}-{stamp}" if suffix == 1 else f"{name}-{stamp}-{suffix}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return cls(path)
+        raise FileExistsError(f"no free run directory name for {name}-{stamp} under {root}")
 
     # -- config ------------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
