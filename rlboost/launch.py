@@ -67,6 +67,7 @@ class Cluster:
         self.config, self.run, self.ledger = config, run, ledger
         self.replay: TraceReplay | None = None
         self.trace_plan: TracePlan | None = None
+        self.rendezvous: Path | None = None  # the file rendezvous, removed at close
         self.controller = self.trainer = self.fleet = None
         self.injections: dict[int, list[str]] = {}
         for item in config.cluster.inject:
@@ -97,7 +98,8 @@ class Cluster:
         init = None
         if t.rendezvous == "file":  # a folder every rank sees: the run directory on one machine
             folder = Path(t.rendezvous_dir).expanduser() if t.rendezvous_dir else run.path
-            init = f"file://{folder.resolve()}/.rendezvous-{time.time_ns()}"
+            self.rendezvous = folder.resolve() / f".rendezvous-{time.time_ns()}"
+            init = f"file://{self.rendezvous}"
         self.trainer.setup(init, optimizer_state)
 
     def begin(self, version: int) -> None:
@@ -186,6 +188,8 @@ class Cluster:
             ray.kill(self.controller)
         if self.trainer is not None:
             self.trainer.close()
+        if self.rendezvous is not None:  # the ranks have left their process group
+            self.rendezvous.unlink(missing_ok=True)
         if "reserved-cluster" in self.ledger.running():
             self.ledger.stop("reserved-cluster", at_s=self.run.elapsed())
 

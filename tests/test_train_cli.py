@@ -86,6 +86,7 @@ def test_short_run_survives_both_preemptions_and_resumes(tmp_path):
     assert metrics[-1]["cost_usd"] > metrics[2]["cost_usd"]
     assert metrics[-1]["tokens_billed"] == sum(m["total_tokens"] for m in metrics)
     assert (run / "checkpoints" / "step_000004" / "COMPLETE").is_file()
+    assert not list(run.glob(".rendezvous-*"))  # each launch removes its rendezvous file
 
 
 def test_preemptions_change_nothing_the_trainer_sees(tmp_path):
