@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
+
 from rlboost import env
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.instance import PullRecord
@@ -35,6 +37,8 @@ def open_run(config: RunConfig, resume: str | None) -> tuple[RunDirectory, int]:
     if resume is None:
         run = RunDirectory.create(env.run_root(), config.run.name)
         run.write_config(to_dict(config))
+        random.seed(config.run.seed)
+        torch.manual_seed(config.run.seed)
         return run, 1
     run = RunDirectory(resume)
     latest = run.latest_checkpoint()

@@ -106,3 +106,16 @@ def test_a_save_that_dies_half_way_leaves_no_checkpoint_to_resume_from(tmp_path)
     assert run.latest_checkpoint()[0] == 2
     assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     assert (run.checkpoint_dir(2) / "optimizer.pt").read_bytes() == b"adam"
+
+
+def test_run_seed_seeds_the_driver(tmp_path, monkeypatch):
+    import torch
+
+    from rlboost.recipes.overrides import apply_overrides
+
+    monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path / "runs"))
+    draws = []
+    for seed in (5, 5, 6):
+        open_run(apply_overrides(RunConfig(), [f"run.seed={seed}"]), None)
+        draws.append((random.random(), float(torch.rand(1))))
+    assert draws[0] == draws[1] and draws[0] != draws[2]

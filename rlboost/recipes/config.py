@@ -264,7 +264,12 @@ def parse_injection(item: str) -> tuple[str, int]:
 
 @dataclass(kw_only=True, slots=True)
 class RunSection:
-    """The run as a whole: its length, seed, checkpoints and display."""
+    """The run as a whole: its length, seed, checkpoints and display.
+
+    seed seeds the driver's `random` and torch generators when the run starts (a resumed
+    run restores them from its checkpoint); task.seed, cluster.seed and model.seed seed
+    the prompts, the trace's preemptions and the tiny model.
+    """
 
     name: str = "run"
     steps: int = 30
@@ -303,6 +308,9 @@ class RunConfig:
         if self.rollout.capacity > self.rollout.engine.max_batch_size:
             raise ValueError(f"rollout.capacity ({self.rollout.capacity}) must be <= "
                              f"rollout.engine.max_batch_size ({self.rollout.engine.max_batch_size})")
+        for item in self.cluster.inject:
+            _, step = parse_injection(item)
+            _require(step <= self.run.steps, "cluster.inject", f"steps within run.steps={self.run.steps}", item)
         if self.cluster.address:
             check_multi_node(self)
         if self.controller.registry.max_staleness != 0:

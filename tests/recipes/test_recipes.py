@@ -62,6 +62,7 @@ def test_unknown_recipe_names_the_known_ones():
     ("cluster.sudden_fraction=1.5", "cluster.sudden_fraction"),
     ("cluster.initial_preemptible=9", "cluster.initial_preemptible"),
     ("cluster.inject=later@2", "cluster.inject"),
+    ("cluster.inject=kill@61", "cluster.inject"),  # tiny_cpu runs 60 steps
     ("model.source=hub", "model.source"),
     ("rollout.capacity=999", "rollout.capacity"),
     ("controller.registry.max_staleness=1", "max_staleness"),
