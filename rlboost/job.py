@@ -19,8 +19,8 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.launch import Cluster, plan_trace, ray_settings
 from rlboost.report import write_report
 from rlboost.rundir import RunDirectory
-from rlboost.runtime import (Phases, StepProgress, StopSignal, open_run, resume_weights, save_checkpoint,
-                             step_record)
+from rlboost.runtime import (Phases, StepProgress, StopSignal, checkpoint_state, open_run, resume_weights,
+                             save_checkpoint, step_record)
 from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.tasks.dataset import MathDatasetConfig, MathTask
 from rlboost.trainer.feed import TaskFeed
@@ -30,17 +30,23 @@ from rlboost.trainer.loop import train_streaming
 def train(config: RunConfig, *, resume: str | None = None) -> RunDirectory:
     """Run (or resume) a training run; returns its run directory."""
     run, first = open_run(config, resume)
+    state = checkpoint_state(run, first)
     start = prepare_checkpoint(config.model, config.task)  # built and cached once
     feed = task_feed(config.task, start)
     weights, optimizer_state = resume_weights(run, start, first)
     plan = plan_trace(config, config.run.steps - first + 1, step_s=1.0)  # sizes Ray's resources
     ledger = CostLedger(config.cost)
+    ledger.carry(state.get("ledger", {}))  # costs of the launches before this resume
     with StopSignal() as stop, RaySession(ray_settings(config, plan)):
         cluster = Cluster(config, run, ledger, weights=weights, reference=start,
                           optimizer_state=optimizer_state)
         progress = StepProgress(first, config.run.steps, config.run.progress)
         try:
             cluster.begin(version=first)
+            if state.get("trace"):  # resumed: the trace goes on from where the checkpoint left it
+                saved = state["trace"]
+                cluster.replay_trace(plan_trace(config, 0, 0.0, duration_s=saved["duration_s"]),
+                                     offset_s=saved["offset_s"])
             for step in range(first, config.run.steps + 1):
                 record = train_step(cluster, feed, step, config)
                 run.append_metrics(record)

@@ -37,11 +37,12 @@ class TracePlan:
     duration_s: float
 
 
-def plan_trace(config: RunConfig, steps: int, step_s: float) -> TracePlan:
+def plan_trace(config: RunConfig, steps: int, step_s: float, duration_s: float | None = None) -> TracePlan:
     """The trace compressed to trace_fraction of `steps` steps of step_s seconds (unless
-    cluster.trace_duration_s fixes its length), so its preemptions fall inside the run."""
+    cluster.trace_duration_s, or duration_s (the plan of the launch a run resumes), fixes
+    its length), so its preemptions fall inside the run."""
     c = config.cluster
-    duration = c.trace_duration_s or max(1.0, step_s * max(steps, 1) * c.trace_fraction)
+    duration = duration_s or c.trace_duration_s or max(1.0, step_s * max(steps, 1) * c.trace_fraction)
     trace = named_trace(c.trace, max_count=c.max_preemptible, seed=c.seed)
     if trace is None:
         return TracePlan((), duration)
@@ -65,6 +66,8 @@ class Cluster:
                  reference: Path, optimizer_state: str | None):
         self.config, self.run, self.ledger = config, run, ledger
         self.replay: TraceReplay | None = None
+        self.trace_plan: TracePlan | None = None
+        self.rendezvous: Path | None = None  # the file rendezvous, removed at close
         self.controller = self.trainer = self.fleet = None
         self.injections: dict[int, list[str]] = {}
         for item in config.cluster.inject:
@@ -92,7 +95,11 @@ class Cluster:
         for i in range(config.cluster.initial_preemptible):
             self.fleet.join(f"spot-s{i}", "preemptible")
         self.fleet.start()
-        init = f"file://{run.path.resolve()}/.rendezvous-{time.time_ns()}" if t.rendezvous == "file" else None
+        init = None
+        if t.rendezvous == "file":  # a folder every rank sees: the run directory on one machine
+            folder = Path(t.rendezvous_dir).expanduser() if t.rendezvous_dir else run.path
+            self.rendezvous = folder.resolve() / f".rendezvous-{time.time_ns()}"
+            init = f"file://{self.rendezvous}"
         self.trainer.setup(init, optimizer_state)
 
     def begin(self, version: int) -> None:
@@ -100,9 +107,17 @@ class Cluster:
         self.publish(version)
         self.fleet.wait_version(version, "reserved", READY_TIMEOUT_S)
 
-    def replay_trace(self, plan: TracePlan) -> None:
+    def replay_trace(self, plan: TracePlan, offset_s: float = 0.0) -> None:
+        """Replay the plan's events from offset_s seconds into it."""
+        self.trace_plan = plan
         self.replay = TraceReplay(self.fleet, plan.events,
-                                  busy_wait_s=self.config.cluster.preempt_busy_wait_s).start()
+                                  busy_wait_s=self.config.cluster.preempt_busy_wait_s).start(offset_s)
+
+    def trace_position(self) -> dict | None:
+        """Where the replay stands, for a checkpoint: {"duration_s", "offset_s"}."""
+        if self.replay is None or self.trace_plan is None:
+            return None
+        return {"duration_s": self.trace_plan.duration_s, "offset_s": self.replay.position_s}
 
     def wait_for_weights(self, version: int) -> None:
         self.fleet.wait_version(version, "reserved", self.config.rollout.pull_timeout_s)
@@ -173,6 +188,8 @@ class Cluster:
             ray.kill(self.controller)
         if self.trainer is not None:
             self.trainer.close()
+        if self.rendezvous is not None:  # the ranks have left their process group
+            self.rendezvous.unlink(missing_ok=True)
         if "reserved-cluster" in self.ledger.running():
             self.ledger.stop("reserved-cluster", at_s=self.run.elapsed())
 

@@ -21,8 +21,11 @@ class RunSummary:
     0
 
     Cost: instance time of the reserved cluster and of each preemptible instance, billed
-    at the configured prices; reserved_only_usd bills the same instance time at the
-    reserved price.
+    at the configured prices. reserved_only_usd is an estimate, not a measurement: what the
+    reserved instances alone would cost to generate the same tokens at the rate the
+    reserved engines were measured at during their local windows (the rest of each step
+    unchanged); 0 when the run holds too little to estimate it. bench/cost_efficiency.py
+    measures both runs instead.
     """
 
     steps: int
@@ -66,8 +69,10 @@ class RunSummary:
             ("rollout tokens/s", f"{self.tokens_per_s:,.1f}"),
             ("wall time of the steps", f"{self.wall_s:,.1f} s"),
             ("tokens per dollar", f"{self.tokens_per_usd:,.0f}"),
-            ("tokens per dollar, reserved only", f"{self.reserved_only_tokens_per_usd:,.0f} "
-                                                  f"({gain:+.0%} with preemptible instances)"),
+            ("tokens per dollar, reserved only (estimate: the same tokens at the reserved "
+             "engines' measured rate)", f"{self.reserved_only_tokens_per_usd:,.0f} "
+                                        f"({gain:+.0%} with preemptible instances)"
+             if self.reserved_only_usd > 0 else "not enough data to estimate"),
             ("preemptions survived", f"{self.notices + self.sudden} ({self.notices} with notice, "
                                      f"{self.sudden} sudden)"),
             ("samples lost", f"{self.samples_lost}"),
@@ -94,7 +99,7 @@ def summarize(run: RunDirectory) -> RunSummary:
         last_reward=float(last.get("reward_mean", float("nan"))),
         tokens=tokens, tokens_per_s=tokens / rollout_s if rollout_s > 0 else 0.0,
         wall_s=sum(float(m.get("step_wall_s", 0.0)) for m in metrics),
-        usd=float(last.get("cost_usd", 0.0)), reserved_only_usd=float(last.get("reserved_only_usd", 0.0)),
+        usd=float(last.get("cost_usd", 0.0)), reserved_only_usd=reserved_only_estimate(metrics),
         notices=sum(1 for e in events if e["kind"] == "notice"),
         sudden=sum(1 for e in events if e["kind"] == "death"),
         samples_expected=sum(int(m.get("samples", 0)) for m in metrics),
@@ -103,6 +108,25 @@ def summarize(run: RunDirectory) -> RunSummary:
                                for m in metrics),
         migrations=sum(int(m.get("migrations", 0)) for m in metrics),
         resumes=sum(int(m.get("resumes", 0)) for m in metrics))
+
+
+def reserved_only_estimate(metrics: list[dict]) -> float:
+    """Dollars the reserved instances alone would need for the run's tokens: each step's
+    rollout and trainer wait replaced by its tokens at the reserved engines' measured rate
+    (reserved tokens per second of local window), billed at the run's reserved $/s."""
+    last = metrics[-1]
+    reserved_usd, elapsed = float(last.get("reserved_usd", 0.0)), float(last.get("elapsed_s", 0.0))
+    reserved_tokens = sum(n for m in metrics for iid, n in m.get("tokens_per_instance", {}).items()
+                          if iid.startswith("reserved-"))
+    window_s = sum(float(m.get("window_s", 0.0)) for m in metrics)
+    if reserved_usd <= 0 or elapsed <= 0 or reserved_tokens <= 0 or window_s <= 0:
+        return 0.0
+    rate = reserved_tokens / window_s
+    tokens = sum(int(m.get("total_tokens", 0)) for m in metrics)
+    wall = sum(float(m.get("step_wall_s", 0.0)) for m in metrics)
+    rest = sum(float(m.get(k, 0.0)) for m in metrics for k in ("phase_rollout_s", "phase_wait_s"))
+    extra_s = (wall - rest + tokens / rate) - wall  # how much longer (or shorter) the steps would take
+    return max(0.0, reserved_usd + reserved_usd / elapsed * extra_s)
 
 
 def write_report(run: RunDirectory, *, echo: bool = True) -> RunSummary:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -32,13 +33,18 @@ class RunDirectory:
 
     @classmethod
     def create(cls, root: str | os.PathLike[str], name: str) -> RunDirectory:
+        """A new directory `name-YYYYmmdd-HHMMSS[-N]` under root. The folder is created
+        exclusively, so runs started in the same second never share one."""
+        Path(root).mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = Path(root) / f"{name}-{stamp}"
-        suffix = 1
-        while path.exists():
-            suffix += 1
-            path = Path(root) / f"{name}-{stamp}-{suffix}"
-        return cls(path)
+        for suffix in range(1, 10_000):
+            path = Path(root) / (f"{name}-{stamp}" if suffix == 1 else f"{name}-{stamp}-{suffix}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return cls(path)
+        raise FileExistsError(f"no free run directory name for {name}-{stamp} under {root}")
 
     # -- config ------------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
@@ -60,9 +66,11 @@ class RunDirectory:
         """Seconds on the run's clock (events' t; continues across resumes)."""
         return time.monotonic() - self._t0
 
-    def continue_clock(self) -> None:
-        """Resume the run's clock after the last recorded event, so times keep increasing."""
-        last = max((float(e.get("t", 0.0)) for e in self.events()), default=0.0)
+    def continue_clock(self, at_least_s: float = 0.0) -> None:
+        """Resume the run's clock after the last recorded event (and at least at_least_s,
+        a checkpoint's time), so times keep increasing."""
+        last = max((float(e.get("t", 0.0)) for e in self.events()), default=at_least_s)
+        last = max(last, at_least_s)
         last = max([last] + [float(m.get("elapsed_s", 0.0)) for m in self.metrics()])
         self._t0 = time.monotonic() - last
 
@@ -77,9 +85,39 @@ class RunDirectory:
         kept = [m for m in self.metrics() if m.get("step", -1) <= last_step]
         _atomic_write(self.path / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in kept))
 
+    def truncate_events(self, after_s: float) -> None:
+        """Drop events recorded after `after_s` on the run's clock (resuming from a
+        checkpoint taken then: the steps after it are redone, their preemptions too)."""
+        kept = [e for e in self.events() if float(e.get("t", 0.0)) <= after_s]
+        with self._lock:
+            _atomic_write(self.path / EVENTS_FILE, "".join(json.dumps(e) + "\n" for e in kept))
+
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> Path:
         return self.path / "checkpoints" / f"step_{step:06d}"
+
+    def staging_dir(self, step: int) -> Path:
+        """An empty folder to write checkpoint `step` into before commit_checkpoint(step)."""
+        staging = self.path / "checkpoints" / f".step_{step:06d}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)  # a leftover of an interrupted save
+        staging.mkdir(parents=True)
+        return staging
+
+    def commit_checkpoint(self, step: int) -> Path:
+        """Flush the staged checkpoint to disk and rename it into place in one step, so a
+        crash leaves either the previous state or a whole checkpoint."""
+        staging, final = self.path / "checkpoints" / f".step_{step:06d}.tmp", self.checkpoint_dir(step)
+        _fsync_tree(staging)
+        if final.exists():  # an earlier save of this step: replaced whole, never merged
+            old = final.with_name(f".{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(staging, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+        _fsync_dir(final.parent)
+        return final
 
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         """The newest complete checkpoint (one whose COMPLETE marker exists)."""
@@ -111,6 +149,23 @@ def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             line = line.strip()
             if line:
                 yield json.loads(line)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file under root, then every folder (deepest first)."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(folder))
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
+
 from rlboost import env
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.instance import PullRecord
@@ -35,14 +37,18 @@ def open_run(config: RunConfig, resume: str | None) -> tuple[RunDirectory, int]:
     if resume is None:
         run = RunDirectory.create(env.run_root(), config.run.name)
         run.write_config(to_dict(config))
+        random.seed(config.run.seed)
+        torch.manual_seed(config.run.seed)
         return run, 1
     run = RunDirectory(resume)
     latest = run.latest_checkpoint()
     if latest is None:
         raise FileNotFoundError(f"{resume} has no complete checkpoint to resume from")
-    step, _ = latest
-    run.truncate_metrics(step)
-    run.continue_clock()
+    step, ckpt = latest
+    saved = json.loads((ckpt / STATE_FILE).read_text())
+    run.truncate_metrics(step)  # what came after the checkpoint is redone
+    run.truncate_events(float(saved["elapsed_s"]))
+    run.continue_clock(float(saved["elapsed_s"]))
     run.write_config(to_dict(config))
     return run, step + 1
 
@@ -54,25 +60,37 @@ def read_run_config(path: str) -> RunConfig:
     return from_dict(RunConfig, RunDirectory(path).read_config())
 
 
+def checkpoint_state(run: RunDirectory, first_step: int) -> dict:
+    """The state.json of the checkpoint a resumed run starts from ({} for a new run); the
+    driver's random state is restored from it."""
+    if first_step == 1:
+        return {}
+    state = json.loads((run.checkpoint_dir(first_step - 1) / STATE_FILE).read_text())
+    random.setstate(_tuplify(state["python_rng"]))
+    return state
+
+
 def resume_weights(run: RunDirectory, start: Path, first_step: int) -> tuple[Path, str | None]:
     """(model directory, optimizer state file or None) to start the trainer from."""
     if first_step == 1:
         return start, None
     ckpt = run.checkpoint_dir(first_step - 1)
-    state = json.loads((ckpt / STATE_FILE).read_text())
-    random.setstate(_tuplify(state["python_rng"]))
     return ckpt / MODEL_DIR, str(ckpt / OPTIMIZER_FILE)
 
 
-def save_checkpoint(cluster: Any, run: RunDirectory, step: int, tokenizer_dir: Path) -> None:
-    """Model, optimizer, step and RNG state; the COMPLETE marker is written last."""
-    ckpt = run.checkpoint_dir(step)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    cluster.save_checkpoint(ckpt, tokenizer_dir)
-    state = {"step": step, "weight_version": step + 1, "elapsed_s": run.elapsed(),
-             "python_rng": random.getstate()}
-    (ckpt / STATE_FILE).write_text(json.dumps(state))
-    (ckpt / "COMPLETE").write_text("")
+def save_checkpoint(cluster: Any, run: RunDirectory, step: int, tokenizer_dir: Path) -> Path:
+    """Model, optimizer, step, RNG state, the cost ledger's totals and the trace's position
+    (so a resumed run's costs and preemptions continue from here). Written into a staging
+    folder, flushed to disk, marked COMPLETE and renamed into place: a crash at any point
+    leaves no half checkpoint under the name a resume reads."""
+    staging = run.staging_dir(step)
+    cluster.save_checkpoint(staging, tokenizer_dir)
+    now = run.elapsed()
+    state = {"step": step, "weight_version": step + 1, "elapsed_s": now, "python_rng": random.getstate(),
+             "ledger": cluster.ledger.totals(at_s=now), "trace": cluster.trace_position()}
+    (staging / STATE_FILE).write_text(json.dumps(state))
+    (staging / "COMPLETE").write_text("")
+    return run.commit_checkpoint(step)
 
 
 def _tuplify(value: Any) -> Any:
@@ -139,7 +157,6 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
     phase["wait"] = outcome.wait_s  # trainer idle, waiting for groups still being generated
     phase["train"] = max(0.0, phase.get("train", 0.0) - outcome.wait_s)
     cost = ledger.summary(at_s=elapsed_s)
-    reserved_only = (cost.reserved_s + cost.preemptible_s) / 3600.0 * ledger.config.reserved_usd_per_hour
     rec.update({
         "step": step, "reward_mean": outcome.reward_mean, "reward_std": _std(outcome.rewards),
         "tokens_per_s": rollout.total_tokens / rollout.rollout_time_s if rollout.rollout_time_s > 0 else 0.0,
@@ -152,7 +169,7 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
         "microbatches": outcome.microbatches,
         "response_tokens": outcome.denominator, **outcome.train,
         "step_wall_s": phases.total, "elapsed_s": elapsed_s,
-        "cost_usd": cost.total_usd, "reserved_only_usd": reserved_only, "tokens_billed": cost.tokens,
+        "cost_usd": cost.total_usd, "reserved_usd": cost.reserved_usd, "tokens_billed": cost.tokens,
     })
     rec.update({f"phase_{k}_s": v for k, v in phase.items()})
     rec.update(example)

@@ -82,14 +82,18 @@ def test_short_run_survives_both_preemptions_and_resumes(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert metrics[-1]["weight_version"] == 4 and metrics[-1]["sample_versions"] == [4]
     assert metrics[-1]["samples_unique"] == SAMPLES_PER_STEP
+    # costs continue from the checkpoint: the resumed step adds to what steps 1-3 cost
+    assert metrics[-1]["cost_usd"] > metrics[2]["cost_usd"]
+    assert metrics[-1]["tokens_billed"] == sum(m["total_tokens"] for m in metrics)
     assert (run / "checkpoints" / "step_000004" / "COMPLETE").is_file()
+    assert not list(run.glob(".rendezvous-*"))  # each launch removes its rendezvous file
 
 
 def test_preemptions_change_nothing_the_trainer_sees(tmp_path):
     """Sampling depends only on (seed, sample, position) and resumed samples continue from
     their last token, so a run with both preemptions trains on exactly what a run without
     them does: the same rewards step by step."""
-    calm = [a.replace("notice@2,kill@3", "kill@99") for a in SHORT]  # 99: never reached
+    calm = [a.replace("notice@2,kill@3", "") for a in SHORT]  # no preemption
     preempted = _jsonl(_train(tmp_path / "a", *SHORT) / "metrics.jsonl")
     undisturbed = _jsonl(_train(tmp_path / "b", *calm) / "metrics.jsonl")
     assert [m["reward_mean"] for m in preempted] == [m["reward_mean"] for m in undisturbed]

@@ -7,14 +7,16 @@ from rlboost.report import summarize
 from rlboost.rundir import RunDirectory
 
 
-def _run(tmp_path, *, trained_last: int = 16) -> RunDirectory:
+def _run(tmp_path, *, trained_last: int = 16, spot_tokens: int = 20, window_s: float = 0.2) -> RunDirectory:
     run = RunDirectory(tmp_path / "run")
     for step, trained in ((1, 16), (2, 16), (3, trained_last)):
         run.append_metrics({"step": step, "reward_mean": 0.2 * step, "tokens_per_s": 100.0, "samples": 16,
                             "samples_trained": trained, "samples_unique": min(trained, 16),
-                            "total_tokens": 50, "rollout_time_s": 0.5, "step_wall_s": 1.0,
-                            "migrations": step - 1, "resumes": 3 if step == 2 else 0,
-                            "cost_usd": 0.01 * step, "reserved_only_usd": 0.02 * step, "phase_train_s": 0.4})
+                            "total_tokens": 30 + spot_tokens, "rollout_time_s": 0.5, "step_wall_s": 1.0,
+                            "tokens_per_instance": {"reserved-0": 30, "spot-0": spot_tokens},
+                            "window_s": window_s, "phase_rollout_s": 0.4, "phase_wait_s": 0.1,
+                            "migrations": step - 1, "resumes": 3 if step == 2 else 0, "elapsed_s": 10.0 * step,
+                            "cost_usd": 0.01 * step, "reserved_usd": 0.008 * step, "phase_train_s": 0.4})
     for kind, up in (("join", 1), ("active", 1), ("notice", 1), ("gone", 0), ("join", 1), ("death", 0)):
         run.append_event(kind, instance="spot-0", up=up)
     return run
@@ -24,9 +26,22 @@ def test_summary_counts_rewards_tokens_cost_and_preemptions(tmp_path):
     s = summarize(_run(tmp_path))
     assert (s.first_step, s.last_step, s.first_reward, s.last_reward) == (1, 3, 0.2, 0.6000000000000001)
     assert s.tokens == 150 and s.tokens_per_s == 100.0
-    assert s.tokens_per_usd == 150 / 0.03 and s.reserved_only_tokens_per_usd == 150 / 0.06
+    # reserved engines: 90 tokens in 0.6 s of window, so 150 tokens alone take 1.0 s where
+    # rollout and waits took 1.5 s; $0.024 of reserved time over 30 s, 0.5 s less of it
+    assert s.tokens_per_usd == 150 / 0.03
+    assert abs(s.reserved_only_usd - (0.024 - 0.024 / 30 * 0.5)) < 1e-12
     assert (s.notices, s.sudden, s.migrations, s.resumes) == (1, 1, 3, 3)
     assert s.samples_lost == 0 and s.samples_duplicated == 0
+
+
+def test_idle_preemptible_instances_show_no_gain(tmp_path):
+    """Instances that were up but generated nothing only cost money: the reserved-only
+    estimate is what the reserved instances cost, below the run's cost."""
+    s = summarize(_run(tmp_path, spot_tokens=0, window_s=0.5))
+    assert abs(s.reserved_only_usd - 0.024) < 1e-12
+    assert s.tokens_per_usd < s.reserved_only_tokens_per_usd
+    assert "-" in dict(s.rows())["tokens per dollar, reserved only (estimate: the same tokens at the "
+                                 "reserved engines' measured rate)"]
 
 
 def test_lost_and_duplicated_samples_show(tmp_path):

@@ -101,6 +101,25 @@ class CostLedger:
         with self._lock:
             self._tokens += n
 
+    def carry(self, totals: dict) -> None:
+        """Add the totals() of a run's earlier launches (a resumed run keeps its costs)."""
+        seconds, tokens = totals.get("seconds", {}), int(totals.get("tokens", 0))
+        if set(seconds) - set(KINDS) or any(float(v) < 0 for v in seconds.values()) or tokens < 0:
+            raise ValueError(f"totals must hold seconds per kind in {KINDS} and tokens, all >= 0, got {totals!r}")
+        with self._lock:
+            for kind, value in seconds.items():
+                self._closed_s[kind] += float(value)
+            self._tokens += tokens
+
+    def totals(self, *, at_s: float) -> dict:
+        """Ledger seconds per kind (running instances counted up to at_s) and tokens, as a
+        JSON-ready dict that carry() takes back."""
+        with self._lock:
+            seconds = dict(self._closed_s)
+            for kind, since in self._running.values():
+                seconds[kind] += max(0.0, at_s - since)
+            return {"seconds": seconds, "tokens": self._tokens}
+
     def running(self) -> dict[str, str]:
         """Instance id -> kind of every instance billing now."""
         with self._lock:
@@ -108,11 +127,8 @@ class CostLedger:
 
     def summary(self, *, at_s: float) -> CostSummary:
         """Totals up to at_s, counting running instances up to that moment."""
-        with self._lock:
-            seconds = dict(self._closed_s)
-            for kind, since in self._running.values():
-                seconds[kind] += max(0.0, at_s - since)
-            tokens = self._tokens
+        totals = self.totals(at_s=at_s)
+        seconds, tokens = totals["seconds"], totals["tokens"]
         scale = self.config.time_scale
         billed = {kind: s * scale for kind, s in seconds.items()}
         usd = {kind: billed[kind] / 3600.0 * self.config.usd_per_hour(kind) for kind in KINDS}

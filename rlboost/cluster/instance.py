@@ -1,16 +1,16 @@
-"""RolloutInstance: one rollout instance as a Ray actor (an engine + WeightPuller + an
-agent thread).
+"""RolloutInstance: one rollout instance as a Ray actor (an engine, a WeightPuller, a
+heartbeat thread and a pull thread).
 
 The engine is the embedded torch engine, or SGLang when the spec carries an
 SGLangEngineConfig. The controller reaches it through the actor's RolloutEngine methods
 and the handoff methods of MigratingEngine, so samples move engine to engine with their
 KV pages (the controller sees only tickets and token states) when the engine can export
-them. The agent
-registers the instance, heartbeats, and whenever the lease names another weight version
-pulls it (from the trainer's publisher and from peers that already hold it), loads it
-into the engine and reports it, heartbeating all the while. The puller's relay serves
-what the instance holds to its peers. An instance starts with no weights loaded (version
-0), so it always pulls before its first sample.
+them. One thread registers the instance and heartbeats; another, whenever the lease names
+another weight version, pulls it (from the trainer's publisher and from peers that
+already hold it), loads it into the engine and has it reported: a pull that blocks never
+delays a heartbeat. The puller's relay serves what the instance holds to its peers. An
+instance starts with no weights loaded (version 0), so it always pulls before its first
+sample.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from rlboost.models import ModelConfig, empty_model
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.rollout.endpoint import MigratingEngine
 from rlboost.rollout.sglang_engine import SGLangEngine, SGLangEngineConfig
-from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.config import WILDCARD_HOSTS, TransferConfig
 from rlboost.transfer.puller import WeightPuller
 
 SPEC_FORMAT_VERSION = 1
@@ -99,16 +99,24 @@ class RolloutInstance:
         torch.set_num_threads(spec.torch_threads)  # engines share a few cores with the trainer
         self.spec = spec
         self.controller = controller
-        self.engine = MigratingEngine(_build_engine(spec), spec.transfer)
-        self.puller = WeightPuller(list(spec.sources), spec.transfer)
+        transfer = on_this_node(spec.transfer)
+        self.engine = MigratingEngine(_build_engine(spec), transfer)
+        self.puller = WeightPuller(list(spec.sources), transfer)
         self._peers: tuple[str, ...] = ()
         self._pulls: list[PullRecord] = []
         self._held = None  # the last pulled version: its buffer is reused and relayed
         self._loading = threading.Lock()  # a version loads and is recorded as one step
+        self._errors: list[str] = []
+        self._loaded = 0  # the version the engine holds, as the heartbeats report it
+        self._lease = None  # the controller's latest answer
+        self._lease_cond = threading.Condition()
         self._stop = threading.Event()
         self._nudged = threading.Event()
-        self._agent = threading.Thread(target=self._run_agent, name=f"agent-{spec.instance_id}", daemon=True)
-        self._agent.start()
+        self._threads = [
+            threading.Thread(target=self._run_heartbeats, name=f"beat-{spec.instance_id}", daemon=True),
+            threading.Thread(target=self._run_pulls, name=f"pull-{spec.instance_id}", daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
     # -- the RolloutEngine protocol, for the controller ---------------------------------------
 
@@ -150,8 +158,7 @@ class RolloutInstance:
     def close(self) -> None:
         """The controller let the instance go (drained or shutting down): stop generating.
         The relay keeps serving what it holds until the process ends."""
-        self._stop.set()
-        self._nudged.set()
+        self._halt()
         self.engine.close()
 
     # -- management, for the fleet ------------------------------------------------------------
@@ -174,62 +181,97 @@ class RolloutInstance:
         """Heartbeat now rather than at the next beat (a new version was just published)."""
         self._nudged.set()
 
+    def pull_errors(self) -> list[str]:
+        """The errors of failed pulls so far (each one is retried at the next heartbeat)."""
+        with self._loading:
+            return list(self._errors)
+
     # -- agent --------------------------------------------------------------------------------
 
-    def _run_agent(self) -> None:
+    def _run_heartbeats(self) -> None:
+        """Registers, then renews the lease every half interval (or at once when nudged)
+        from its own thread, so a pull that blocks (a frozen peer, a slow relay
+        registration) never silences the instance."""
         try:
-            self._agent_loop()
+            me = ray.get_runtime_context().current_actor
+            exports_kv = getattr(self.engine.engine, "exports_kv", True)
+            info = InstanceInfo(instance_id=self.spec.instance_id, kind=self.spec.kind,
+                                capacity=self.spec.capacity, address=self.puller.relay_address or "",
+                                max_model_len=self.engine.max_model_len,
+                                kv_layout=self.engine.kv_layout if exports_kv else None)
+            ray.get(self.controller.register.remote(info, me))
+            while not self._stop.is_set():
+                self._nudged.clear()  # before the beat: a nudge during it brings the next one
+                lease = ray.get(self.controller.heartbeat.remote(self.spec.instance_id, self._loaded))
+                with self._lease_cond:
+                    self._lease = lease
+                    self._lease_cond.notify_all()
+                self._nudged.wait(lease.renew_within_s / 2)
         except Exception as exc:  # the controller no longer knows us, or it is gone: stop
-            log.info("instance %s agent stops: %r", self.spec.instance_id, exc)
+            log.info("instance %s stops heartbeating: %r", self.spec.instance_id, exc)
         finally:
-            self._stop.set()
+            self._halt()
 
-    def _agent_loop(self) -> None:
-        me = ray.get_runtime_context().current_actor
-        exports_kv = getattr(self.engine.engine, "exports_kv", True)
-        info = InstanceInfo(instance_id=self.spec.instance_id, kind=self.spec.kind,
-                            capacity=self.spec.capacity, address=self.puller.relay_address or "",
-                            max_model_len=self.engine.max_model_len,
-                            kv_layout=self.engine.kv_layout if exports_kv else None)
-        lease = ray.get(self.controller.register.remote(info, me))
-        loaded = 0
-        while not self._stop.is_set():
-            lease = ray.get(self.controller.heartbeat.remote(self.spec.instance_id, loaded))
-            if lease.weight_version != loaded and lease.state in ("joining", "pulling", "active"):
-                try:
-                    loaded = self._pull_and_load(lease.weight_version, loaded, lease.renew_within_s)
+    def _run_pulls(self) -> None:
+        """Pulls and loads whatever version the latest lease names; a failed pull is tried
+        again after the next heartbeat, not at once."""
+        try:
+            seen = None
+            while not self._stop.is_set():
+                with self._lease_cond:
+                    self._lease_cond.wait_for(lambda: self._stop.is_set() or self._lease is not seen)
+                    lease = seen = self._lease
+                if self._stop.is_set() or lease.weight_version == self._loaded \
+                        or lease.state not in ("joining", "pulling", "active"):
                     continue
-                except RlboostError as exc:  # e.g. a lost source: retried at the next beat
+                try:
+                    self._pull_and_load(lease.weight_version)
+                    self._nudged.set()  # report the new version now
+                except RlboostError as exc:  # e.g. a lost source
                     log.warning("instance %s: pull of version %d failed: %r", self.spec.instance_id,
                                 lease.weight_version, exc)
-            self._nudged.wait(lease.renew_within_s / 2)
-            self._nudged.clear()
+                    with self._loading:
+                        self._errors.append(f"version {lease.weight_version}: {exc!r}")
+        except Exception as exc:  # a broken engine: stop, so the controller drops the instance
+            log.error("instance %s stops pulling: %r", self.spec.instance_id, exc)
+        finally:
+            self._halt()
 
-    def _pull_and_load(self, version: int, loaded: int, beat_s: float) -> int:
+    def _halt(self) -> None:
+        self._stop.set()
+        self._nudged.set()
+        with self._lease_cond:
+            self._lease_cond.notify_all()
+
+    def _pull_and_load(self, version: int) -> None:
         t0 = time.perf_counter()
         handle = self.puller.prepare(version, into=self._held,
                                      sources=[*self.spec.sources, *self._peers]).start()
-        while True:
-            try:
-                pulled = handle.wait(timeout=beat_s / 2)
-                break
-            except TransferTimeout:  # keep the lease alive while bytes move
-                if self._stop.is_set() or time.perf_counter() - t0 > self.spec.pull_timeout_s:
-                    handle.cancel()
-                    raise
-                ray.get(self.controller.heartbeat.remote(self.spec.instance_id, loaded))
+        while not handle.poll(timeout=0.5):  # "not done yet", as opposed to a failed pull
+            if self._stop.is_set() or time.perf_counter() - t0 > self.spec.pull_timeout_s:
+                handle.cancel()
+                raise TransferTimeout(f"pull of version {version} not done after "
+                                      f"{time.perf_counter() - t0:.0f} s")
+        pulled = handle.wait()  # the pull has ended: its weights, or its own error at once
         t1 = time.perf_counter()
         with self._loading:
             self.engine.load_weights(pulled, version)
             t2 = time.perf_counter()
             self._held = pulled
+            self._loaded = version
             own = set(self.spec.sources)
             peer_bytes = sum(s["bytes"] for s in pulled.stats.get("sources", []) if s["address"] not in own)
             self._pulls.append(PullRecord(instance_id=self.spec.instance_id, version=version, pull_s=t1 - t0,
                                           load_s=t2 - t1, nbytes=pulled.manifest.total_bytes,
                                           peer_bytes=peer_bytes))
-        ray.get(self.controller.heartbeat.remote(self.spec.instance_id, version))
-        return version
+
+
+def on_this_node(transfer: TransferConfig) -> TransferConfig:
+    """Servers bound to a wildcard host advertise this Ray node's address, unless the config
+    names one: peers on other nodes dial it."""
+    if transfer.advertise_host is None and transfer.bind_host in WILDCARD_HOSTS and ray.is_initialized():
+        return dataclasses.replace(transfer, advertise_host=ray.util.get_node_ip_address())
+    return transfer
 
 
 def _build_engine(spec: InstanceSpec):

@@ -5,6 +5,7 @@ join / notice / kill events, which a thread applies at their times.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Callable
@@ -57,14 +58,40 @@ class TraceReplay:
         self.applied = 0
         self.error: BaseException | None = None
 
-    def start(self) -> TraceReplay:
-        self._start = self.clock()
+    def start(self, offset_s: float = 0.0) -> TraceReplay:
+        """Replay from offset_s seconds into the trace (a resumed run continues where its
+        checkpoint left the trace): instances up at that moment join at once, earlier
+        events are skipped."""
+        if offset_s < 0:
+            raise ValueError(f"offset_s must be >= 0, got {offset_s}")
+        self._start = self.clock() - offset_s
+        self._due = self._from(offset_s)
         self._thread.start()
         return self
 
+    @property
+    def position_s(self) -> float:
+        """Seconds into the trace (0 before start)."""
+        return max(0.0, self.clock() - self._start) if hasattr(self, "_start") else 0.0
+
+    def _from(self, offset_s: float) -> list[InstanceEvent]:
+        """The events to apply when replaying from offset_s, joins of instances up then first."""
+        up: dict[str, InstanceEvent] = {}
+        for ev in self.events:
+            if ev.time_s >= offset_s:
+                break
+            if ev.kind == "join":
+                up[ev.instance_id] = ev
+            else:
+                up.pop(ev.instance_id, None)
+        later = [ev for ev in self.events if ev.time_s >= offset_s]
+        joined = set(up) | {ev.instance_id for ev in later if ev.kind == "join"}
+        now = [dataclasses.replace(ev, time_s=offset_s) for ev in up.values()]
+        return now + [ev for ev in later if ev.instance_id in joined]
+
     def _run(self) -> None:
         try:
-            for ev in self.events:
+            for ev in self._due:
                 if self._stop.wait(max(0.0, self._start + ev.time_s - self.clock())):
                     return
                 self.apply(ev)

@@ -49,28 +49,42 @@ class RaySession:
 
     def __enter__(self) -> RaySession:
         if ray.is_initialized():
-            have = ray.cluster_resources()
-            missing = [r for r in ("reserved", "preemptible") if have.get(r, 0) <= 0]
-            if missing:
-                raise RuntimeError(f"the running Ray cluster offers no {' or '.join(missing)} resource; "
-                                   "start it with resources={'reserved': N, 'preemptible': M}")
+            check_resources(ray.cluster_resources(), self.settings)
             return self
         s = self.settings
         address = s.address or env.ray_address()
         if address:
             ray.init(address=address, log_to_driver=False)
+            self._owned = True
+            try:  # a cluster without the run's resources would leave its actors pending forever
+                check_resources(ray.cluster_resources(), s)
+            except BaseException:
+                self.__exit__()
+                raise
         else:
             env.apply_ray_defaults()
             ray.init(num_cpus=s.num_cpus, resources={"reserved": s.reserved, "preemptible": s.preemptible},
                      object_store_memory=s.object_store_mb << 20, include_dashboard=False,
                      log_to_driver=False)
-        self._owned = True
+            self._owned = True
         return self
 
     def __exit__(self, *exc) -> None:
         if self._owned:
             ray.shutdown()
             self._owned = False
+
+
+def check_resources(have: dict, settings: RaySettings) -> None:
+    """RuntimeError, saying what to start the cluster with, unless it offers `reserved`
+    units for every trainer rank and reserved engine and some `preemptible` units."""
+    reserved, preemptible = have.get("reserved", 0), have.get("preemptible", 0)
+    if reserved < settings.reserved or preemptible <= 0:
+        raise RuntimeError(
+            f"the Ray cluster offers reserved={reserved:g} and preemptible={preemptible:g} units; this run "
+            f"needs reserved >= {settings.reserved} (trainer ranks + reserved engines) and preemptible >= 1. "
+            f"Start its nodes with e.g. `ray start --resources='{{\"reserved\": {settings.reserved}}}'` on "
+            "reserved nodes and `--resources='{\"preemptible\": 1}'` on each preemptible one")
 
 
 def actor_options(kind: str, *, cpus: float = 0.0, gpus: float = 0.0, **extra) -> dict:

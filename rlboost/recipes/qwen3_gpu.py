@@ -6,7 +6,9 @@ trace. Give the checkpoint and the dataset on the command line:
     rlboost train --recipe qwen3_gpu --set model.path=/models/Qwen3-1.7B \\
         --set task.math_path=/data/gsm8k/train.parquet
 
-The embedded engine stands in for SGLang here; one GPU per rank and per engine.
+The embedded engine stands in for SGLang here; one GPU per rank and per engine. Weight
+servers listen on every interface, so RLBOOST_SECRET must be set (the recipe refuses to
+build without it).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def qwen3_gpu() -> RunConfig:
                                                            block_size=16, max_batch_size=256,
                                                            max_prefill_tokens=8192, stream_interval=16),
                                capacity=256, instance_cpus=1.0, instance_gpus=1.0),
-        transfer=TransferConfig(streams=8, chunk_bytes=32 << 20),
+        # every node's weight servers listen on all interfaces (peers dial each node's own
+        # address), so a shared secret is required: set RLBOOST_SECRET
+        transfer=TransferConfig(bind_host="0.0.0.0", streams=8, chunk_bytes=32 << 20),
         cluster=ClusterSection(reserved_instances=4, max_preemptible=4, trace="sample",
                                notice_s=30.0, sudden_fraction=0.5),
         run=RunSection(name="qwen3_gpu", steps=200, checkpoint_every=20),

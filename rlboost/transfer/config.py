@@ -7,6 +7,7 @@ The shared secret and the transport override may come from the environment
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass
 
 from rlboost import env
@@ -38,6 +39,32 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::")
+
+
+def advertised_host(config: "TransferConfig", bound_host: str) -> str:
+    """The host a server tells peers to connect to: config.advertise_host, else the host
+    it bound, unless that is a wildcard (0.0.0.0, ::), which peers cannot dial: then this
+    machine's outgoing address."""
+    if config.advertise_host:
+        return config.advertise_host
+    return this_host_address() if bound_host in WILDCARD_HOSTS else bound_host
+
+
+def this_host_address() -> str:
+    """The address of the interface this machine routes outward through (no packet is
+    sent: a UDP connect only picks the route), else its host name's address."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never reached, only routed
+            return s.getsockname()[0]
+    except OSError:
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+
+
 @dataclass(kw_only=True, slots=True)
 class TransferConfig:
     """How weights are served and pulled.
@@ -46,6 +73,7 @@ class TransferConfig:
     """
 
     bind_host: str = "127.0.0.1"  # servers listen only here
+    advertise_host: str | None = None  # host peers dial; None: bind_host, or this machine's address for 0.0.0.0/::
     port: int = 0  # publisher port; 0 picks a free one
     relay_port: int = 0  # port of a puller's relay server; 0 (ephemeral) lets several pullers share a host
     secret: bytes | None = None  # None: RLBOOST_SECRET, else empty (loopback only)
@@ -81,6 +109,8 @@ class TransferConfig:
             self.transport = env.transport()
         _check(self.transport in TRANSPORTS, "transport", f"one of {TRANSPORTS}", self.transport)
         _check(bool(self.bind_host), "bind_host", "a host name or address", self.bind_host)
+        _check(self.advertise_host is None or (bool(self.advertise_host) and self.advertise_host not in WILDCARD_HOSTS),
+               "advertise_host", "None or a host peers can dial (not 0.0.0.0 or ::)", self.advertise_host)
         if not self.secret and not _is_loopback(self.bind_host):
             raise ValueError(
                 f"secret: required when bind_host ({self.bind_host}) is not a loopback address; "

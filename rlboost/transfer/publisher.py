@@ -13,7 +13,7 @@ from rlboost import _C
 from rlboost.errors import TransferClosed
 from rlboost.transfer import descriptors
 from rlboost.transfer.closing import Closing
-from rlboost.transfer.config import TransferConfig, format_address
+from rlboost.transfer.config import TransferConfig, advertised_host, format_address
 from rlboost.transfer.manifest import Manifest
 
 
@@ -41,7 +41,7 @@ class WeightPublisher(Closing):
     @property
     def address(self) -> str:
         """Where pullers connect: "host:port"."""
-        return format_address(self._server.host, self._server.port)
+        return format_address(advertised_host(self.config, self._server.host), self._server.port)
 
     @property
     def versions(self) -> list[int]:

@@ -91,26 +91,34 @@ class PullHandle:
         self._plan = None
         return self
 
+    @property
+    def done(self) -> bool:
+        """True once the pull has ended, succeeded or failed: wait() then returns or raises
+        at once."""
+        return self._result is not None or (self._job is not None and bool(self._job.wait(0)))
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Waits up to `timeout` seconds for the pull to end; True once it has (succeeded or
+        failed), False while bytes still move. It never raises for a slice that ran out, so
+        callers tell "not done yet" apart from a pull that failed with TransferTimeout."""
+        if self._result is not None:
+            return True
+        if self._job is None:
+            self.start()
+        return self._wait_slices(time.monotonic() + timeout)
+
     def wait(self, timeout: float | None = None) -> PulledWeights:
         """Blocks until the pull is done (or `timeout` seconds pass: TransferTimeout, the pull
-        keeps running). Raises the pull's typed error if it failed."""
+        keeps running; check `done` to tell it from a failed pull). Raises the pull's typed
+        error, at once, if it failed."""
         if self._result is not None:
             return self._result
         if self._job is None:
             self.start()
         deadline = None if timeout is None else time.monotonic() + timeout
-        # Short native waits keep progress callbacks flowing and Ctrl-C responsive.
-        step = 0.1 if self._progress is not None else 0.25
-        while True:
-            left = step if deadline is None else max(0.0, min(step, deadline - time.monotonic()))
-            finished = self._job.wait(left)
-            if self._progress is not None:
-                self._progress(self.bytes_done, self.total_bytes)
-            if finished:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TransferTimeout(f"pull of version {self.version} not done after {timeout} s "
-                                      f"({self.bytes_done} of {self.total_bytes} bytes)")
+        if not self._wait_slices(deadline):
+            raise TransferTimeout(f"pull of version {self.version} not done after {timeout} s "
+                                  f"({self.bytes_done} of {self.total_bytes} bytes)")
         try:
             self._job.raise_if_failed()
         except TransferError:
@@ -119,6 +127,20 @@ class PullHandle:
         self._owner._forget_failed(self.version)
         self._result = PulledWeights(self.manifest, self.buffer, self._region, self._job.stats())
         return self._result
+
+    def _wait_slices(self, deadline: float | None) -> bool:
+        """Native waits until the job ends (True) or the deadline passes (False)."""
+        # Short native waits keep progress callbacks flowing and Ctrl-C responsive.
+        step = 0.1 if self._progress is not None else 0.25
+        while True:
+            left = step if deadline is None else max(0.0, min(step, deadline - time.monotonic()))
+            finished = self._job.wait(left)
+            if self._progress is not None:
+                self._progress(self.bytes_done, self.total_bytes)
+            if finished:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def cancel(self) -> None:
         """Stops the pull; a later wait() raises TransferClosed."""

@@ -15,7 +15,7 @@ from rlboost import _C
 from rlboost.errors import ProtocolError, TransferClosed
 from rlboost.transfer import descriptors
 from rlboost.transfer.closing import Closing
-from rlboost.transfer.config import TransferConfig, format_address, parse_address
+from rlboost.transfer.config import TransferConfig, advertised_host, format_address, parse_address
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.progress import ProgressCallback
 from rlboost.transfer.pulled import PulledWeights, PullHandle
@@ -60,7 +60,7 @@ class WeightPuller(Closing):
         """Where peers can pull what this process holds, or None when relay is off."""
         if self._relay_server is None:
             return None
-        return format_address(self._relay_server.host, self._relay_server.port)
+        return format_address(advertised_host(self.config, self._relay_server.host), self._relay_server.port)
 
     # ---- pulling -----------------------------------------------------------------
     def prepare(self, version: int | None = None, into: Into = None,

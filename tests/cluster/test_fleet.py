@@ -16,6 +16,7 @@ from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.records import PromptGroup
+from rlboost.controller.offload import ReferenceWindowConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.service import ControllerConfig
 from rlboost.migration.state import SamplingParams
@@ -50,15 +51,15 @@ class Recorder:
                 f"no {kind} event for {instance}: {self.events}"
 
 
-def _groups(step, prompts):
-    params = SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(TOK.eos_id,))
+def _groups(step, prompts, params=None):
+    params = params or SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(TOK.eos_id,))
     return [PromptGroup(group_id=step * 100 + i, prompt_ids=tuple(p), num_samples=2, seed=7, params=params)
             for i, p in enumerate(prompts)]
 
 
-def _rollout(ctl, step, version, prompts):
+def _rollout(ctl, step, version, prompts, params=None, metrics=None):
     """One step through the controller; every sample must come from `version`."""
-    ray.get(ctl.start_step.remote(step, _groups(step, prompts), version))
+    ray.get(ctl.start_step.remote(step, _groups(step, prompts, params), version))
     while not ray.get(ctl.wait_window_closed.remote(5.0)):
         pass
     out = {}
@@ -70,15 +71,17 @@ def _rollout(ctl, step, version, prompts):
                 out[s.sample_id] = s.output_ids
         if mb is not None and mb.last:
             break
-    ray.get(ctl.end_step.remote())
+    done = ray.get(ctl.end_step.remote())
+    if metrics is not None:
+        metrics.append(done)
     return out
 
 
-def _reference(model_dir, weights, step, prompts):
+def _reference(model_dir, weights, step, prompts, params=None):
     """What an in-process engine holding `weights` generates for the same groups."""
     with EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(model_dir))) as engine:
         engine.load_weights(weights, 5)
-        states = [s for g in _groups(step, prompts) for s in g.states(5)]
+        states = [s for g in _groups(step, prompts, params) for s in g.states(5)]
         engine.submit(states)
         out, done = {s.sample_id: () for s in states}, set()
         while len(done) < len(states):
@@ -141,6 +144,45 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
                 kinds.index(("notice", "spot-0")) < kinds.index(("gone", "spot-0"))
             assert all("up" in e for e in rec.events)
             assert ledger.running() == {"reserved-0": "reserved"}
+        finally:
+            fleet.close()
+            ray.get(ctl.close.remote())
+            ray.kill(ctl)
+
+
+def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tmp_path):
+    """migrate_with_kv (the recipes' setting) between instance actors: when the local window
+    closes, the reserved instance's unfinished samples go to the preemptible one together
+    with their KV pages (pulled instance to instance) and continue exactly as if they had
+    never moved."""
+    ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=4)
+    weights = load_pretrained(ckpt).named_weights()
+    prompts = [TOK.encode("3+4=", add_bos=True), TOK.encode("9+9=", add_bos=True)]
+    long = SamplingParams(temperature=0.0, max_new_tokens=200, stop_token_ids=())  # outlives the window
+    ctl = RolloutController.options(num_cpus=0).remote(
+        ControllerConfig(poll_interval_s=0.02, migrate_with_kv=True,
+                         registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=20)),
+        "reference", ReferenceWindowConfig(initial_window_s=0.05, floor_s=0.0, whole_seconds=False))
+    rec, ledger = Recorder(), CostLedger()
+    with WeightPublisher(TransferConfig()) as pub:
+        pub.publish(1, weights)
+        ray.get(ctl.set_weight_version.remote(1))
+        template = InstanceSpec(instance_id="t", kind="preemptible", capacity=4, transfer=TransferConfig(),
+                                engine=EmbeddedEngineConfig(model_dir=str(ckpt), num_blocks=64),
+                                sources=(pub.address,))
+        fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, lambda: 0.0)
+        try:
+            fleet.join("reserved-0", "reserved")
+            fleet.join("spot-0")
+            fleet.start()
+            fleet.wait_version(1, "reserved", 120)
+            fleet.wait_version(1, "preemptible", 120)
+            metrics = []
+            out = _rollout(ctl, 1, 1, prompts, long, metrics)
+            assert metrics[0].kv_migrations > 0 and metrics[0].samples == 4
+            assert dict(metrics[0].tokens_per_instance).get("spot-0", 0) > 0
+            assert out == _reference(ckpt, weights, 1, prompts, long)
+            assert all(len(ids) == 200 for ids in out.values())
         finally:
             fleet.close()
             ray.get(ctl.close.remote())

@@ -4,6 +4,7 @@ preemptions of both kinds, and the replay applies joins, notices and sudden kill
 from __future__ import annotations
 
 from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
+from rlboost.cluster.traces import InstanceEvent
 
 
 class FakeFleetForTests:
@@ -57,3 +58,19 @@ def test_replay_applies_joins_notices_and_only_sudden_kills():
         elif e.sudden:  # a noticed instance dies at its deadline by the fleet's own timer
             expected.append(("kill", e.instance_id))
     assert fleet.calls == expected
+
+
+def test_replay_from_an_offset_starts_with_the_instances_up_then_and_skips_the_past():
+    events = (InstanceEvent(time_s=0.0, instance_id="spot-0", kind="join"),
+              InstanceEvent(time_s=0.0, instance_id="spot-1", kind="join"),
+              InstanceEvent(time_s=1.0, instance_id="spot-0", kind="notice", deadline_s=3.0),
+              InstanceEvent(time_s=2.0, instance_id="spot-2", kind="join"),
+              InstanceEvent(time_s=3.0, instance_id="spot-0", kind="kill", deadline_s=3.0),
+              InstanceEvent(time_s=4.0, instance_id="spot-1", kind="kill"),
+              InstanceEvent(time_s=4.1, instance_id="spot-3", kind="join"))
+    fleet = FakeFleetForTests()
+    replay = TraceReplay(fleet, events).start(offset_s=2.5)
+    assert replay.wait(timeout=30) and replay.error is None
+    # spot-0 was noticed before the offset: gone; spot-1 and spot-2 were up: they join at once
+    assert fleet.calls == [("join", "spot-1"), ("join", "spot-2"), ("kill", "spot-1"), ("join", "spot-3")]
+    assert replay.position_s >= 4.1

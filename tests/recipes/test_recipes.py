@@ -12,8 +12,14 @@ from rlboost.recipes.config import RunConfig, parse_injection
 from rlboost.recipes.overrides import apply_overrides, from_dict, to_dict
 
 
+@pytest.fixture
+def secret(monkeypatch):
+    """qwen3_gpu's servers listen on every interface: it needs a shared secret."""
+    monkeypatch.setenv("RLBOOST_SECRET", "recipe-test-secret")
+
+
 @pytest.mark.parametrize("name", sorted(recipes()))
-def test_each_recipe_is_a_valid_config_that_round_trips_through_json(name):
+def test_each_recipe_is_a_valid_config_that_round_trips_through_json(name, secret):
     config = get_recipe(name)
     assert isinstance(config, RunConfig)
     back = from_dict(RunConfig, json.loads(json.dumps(to_dict(config))))
@@ -29,10 +35,19 @@ def test_default_recipe_shape():
     assert 0 < config.cluster.sudden_fraction < 1  # both kinds of preemption
 
 
-def test_gpu_recipe_runs_nccl_on_cuda():
+def test_gpu_recipe_runs_nccl_on_cuda(secret):
     config = get_recipe("qwen3_gpu")
     assert config.trainer.device == "cuda" and config.trainer.backend == "nccl"
     assert config.rollout.engine.device == "cuda" and config.rollout.instance_gpus > 0
+    assert config.transfer.bind_host == "0.0.0.0" and config.transfer.secret == b"recipe-test-secret"
+    # it can join a multi-node cluster as it is
+    assert apply_overrides(config, ["cluster.address=10.0.0.1:6379"]).cluster.address == "10.0.0.1:6379"
+
+
+def test_gpu_recipe_refuses_to_build_without_a_secret(monkeypatch):
+    monkeypatch.delenv("RLBOOST_SECRET", raising=False)
+    with pytest.raises(ValueError, match="secret"):
+        get_recipe("qwen3_gpu")
 
 
 def test_unknown_recipe_names_the_known_ones():
@@ -47,6 +62,7 @@ def test_unknown_recipe_names_the_known_ones():
     ("cluster.sudden_fraction=1.5", "cluster.sudden_fraction"),
     ("cluster.initial_preemptible=9", "cluster.initial_preemptible"),
     ("cluster.inject=later@2", "cluster.inject"),
+    ("cluster.inject=kill@61", "cluster.inject"),  # tiny_cpu runs 60 steps
     ("model.source=hub", "model.source"),
     ("rollout.capacity=999", "rollout.capacity"),
     ("controller.registry.max_staleness=1", "max_staleness"),

@@ -1,0 +1,54 @@
+"""What a run across machines needs: servers bound to every interface advertise an address
+peers can dial, and a config that joins a Ray cluster is refused, by field, when its
+servers listen on loopback only, have no secret, or meet in a file no other node sees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlboost.recipes import get_recipe
+from rlboost.recipes.overrides import apply_overrides
+from rlboost.transfer import TransferConfig, WeightPublisher, WeightPuller
+from rlboost.transfer.config import parse_address
+
+
+def test_a_wildcard_bind_advertises_a_host_peers_can_dial():
+    config = TransferConfig(bind_host="0.0.0.0", secret=b"s")
+    weights = {"w": torch.arange(64, dtype=torch.float32)}
+    with WeightPublisher(config) as pub:
+        host, _ = parse_address(pub.address)
+        assert host not in ("0.0.0.0", "::", "")
+        pub.publish(1, weights)
+        with WeightPuller(pub.address, config) as puller:
+            assert parse_address(puller.relay_address)[0] == host
+            assert torch.equal(puller.pull(1)["w"], weights["w"])
+
+
+def test_advertise_host_wins_and_must_be_dialable():
+    with WeightPublisher(TransferConfig(bind_host="0.0.0.0", secret=b"s", advertise_host="127.0.0.1")) as pub:
+        assert pub.address.startswith("127.0.0.1:")
+    with WeightPublisher(TransferConfig()) as pub:  # loopback: the bound host itself
+        assert pub.address.startswith("127.0.0.1:")
+    with pytest.raises(ValueError, match="advertise_host"):
+        TransferConfig(bind_host="0.0.0.0", secret=b"s", advertise_host="0.0.0.0")
+
+
+JOIN = ["cluster.address=10.0.0.1:6379"]
+
+
+def test_joining_a_cluster_needs_reachable_servers_a_secret_and_a_shared_rendezvous(monkeypatch):
+    monkeypatch.delenv("RLBOOST_SECRET", raising=False)
+    tiny = get_recipe("tiny_cpu")
+    with pytest.raises(ValueError, match=r"transfer\.bind_host"):
+        apply_overrides(tiny, JOIN)
+    with pytest.raises(ValueError, match="secret"):  # refused before any server starts
+        apply_overrides(tiny, ["transfer.bind_host=0.0.0.0", *JOIN])
+    monkeypatch.setenv("RLBOOST_SECRET", "s3cret")
+    wide = apply_overrides(get_recipe("tiny_cpu"), ["transfer.bind_host=0.0.0.0"])
+    with pytest.raises(ValueError, match=r"trainer\.rendezvous_dir"):
+        apply_overrides(wide, JOIN)
+    assert apply_overrides(wide, ["trainer.rendezvous=tcp", *JOIN]).cluster.address == "10.0.0.1:6379"
+    shared = apply_overrides(wide, ["trainer.rendezvous_dir=/shared/rdzv", *JOIN])
+    assert shared.trainer.rendezvous_dir == "/shared/rdzv"
+    assert apply_overrides(tiny, ["run.steps=2"]).cluster.address is None  # one machine: as before

@@ -1,0 +1,121 @@
+"""What a checkpoint carries into a resumed run: the cost ledger's totals, the trace's
+position, and files that are either complete or absent."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from rlboost.cluster.cost import CostConfig, CostLedger
+from rlboost.rundir import RunDirectory
+from rlboost.recipes.config import RunConfig
+from rlboost.runtime import STATE_FILE, checkpoint_state, open_run, save_checkpoint
+
+
+class FakeClusterForTests:
+    """What save_checkpoint needs of a Cluster: a ledger and a trainer that writes files."""
+
+    def __init__(self, ledger: CostLedger, trace: dict | None = None):
+        self.ledger, self.trace = ledger, trace
+        self.saved_into = []
+
+    def trace_position(self) -> dict | None:
+        return self.trace
+
+    def save_checkpoint(self, directory, tokenizer_dir) -> None:
+        self.saved_into.append(directory)
+        (directory / "model").mkdir(parents=True, exist_ok=True)
+        (directory / "model" / "model.safetensors").write_bytes(b"weights")
+        (directory / "optimizer.pt").write_bytes(b"adam")
+
+
+def test_costs_continue_across_a_resume(tmp_path):
+    prices = CostConfig(reserved_usd_per_hour=3600.0, preemptible_usd_per_hour=360.0)  # $1/s, $0.1/s
+    run = RunDirectory(tmp_path / "run")
+    ledger = CostLedger(prices)
+    ledger.start("reserved-cluster", "reserved", at_s=0.0)
+    ledger.start("spot-0", "preemptible", at_s=0.0)
+    ledger.add_tokens(500)
+    run._t0 -= 10.0  # ten seconds into the run
+    save_checkpoint(FakeClusterForTests(ledger), run, 3, tmp_path)
+    before = ledger.summary(at_s=run.elapsed())
+
+    state = checkpoint_state(RunDirectory(run.path), 4)
+    resumed = CostLedger(prices)
+    resumed.carry(state["ledger"])
+    carried = resumed.summary(at_s=0.0)
+    assert carried.tokens == 500
+    assert abs(carried.total_usd - before.total_usd) < 0.5  # what the first launch spent, not 0
+    resumed.start("reserved-cluster", "reserved", at_s=20.0)
+    resumed.add_tokens(100)
+    later = resumed.summary(at_s=25.0)
+    assert later.tokens == 600 and later.reserved_usd > carried.reserved_usd + 4.9
+
+
+def test_checkpoint_state_restores_the_driver_random_state(tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    random.seed(7)
+    save_checkpoint(FakeClusterForTests(CostLedger()), run, 1, tmp_path)
+    expected = random.random()
+    random.seed(99)
+    state = checkpoint_state(run, 2)
+    assert random.random() == expected and state["step"] == 1
+    assert json.loads((run.checkpoint_dir(1) / STATE_FILE).read_text())["weight_version"] == 2
+    assert checkpoint_state(run, 1) == {}
+
+
+def test_resume_keeps_the_trace_position_and_drops_what_came_after_the_checkpoint(tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    run.append_event("join", instance="spot-0", up=1)
+    for step in (1, 2):
+        run.append_metrics({"step": step, "elapsed_s": run.elapsed()})
+    run._t0 -= 10.0
+    save_checkpoint(FakeClusterForTests(CostLedger(), {"duration_s": 30.0, "offset_s": 7.5}), run, 2, tmp_path)
+    run._t0 -= 10.0  # a step that never reached a checkpoint, and its preemption
+    run.append_metrics({"step": 3, "elapsed_s": run.elapsed()})
+    run.append_event("death", instance="spot-0", up=0)
+
+    resumed, first = open_run(RunConfig(), str(run.path))
+    assert first == 3
+    assert [m["step"] for m in resumed.metrics()] == [1, 2]
+    assert [e["kind"] for e in resumed.events()] == ["join"]
+    assert checkpoint_state(resumed, first)["trace"] == {"duration_s": 30.0, "offset_s": 7.5}
+    assert 10.0 <= resumed.elapsed() < 20.0  # the clock goes on from the checkpoint
+
+
+class CrashingClusterForTests(FakeClusterForTests):
+    """A trainer that dies half way through writing its files."""
+
+    def save_checkpoint(self, directory, tokenizer_dir) -> None:
+        (directory / "optimizer.pt").write_bytes(b"half")
+        raise RuntimeError("rank 0 died")
+
+
+def test_a_save_that_dies_half_way_leaves_no_checkpoint_to_resume_from(tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    save_checkpoint(FakeClusterForTests(CostLedger()), run, 1, tmp_path)
+    try:
+        save_checkpoint(CrashingClusterForTests(CostLedger()), run, 2, tmp_path)
+    except RuntimeError:
+        pass
+    assert not run.checkpoint_dir(2).exists()
+    step, path = run.latest_checkpoint()
+    assert step == 1 and (path / "model" / "model.safetensors").read_bytes() == b"weights"
+
+    save_checkpoint(FakeClusterForTests(CostLedger()), run, 2, tmp_path)  # the step saved again
+    assert run.latest_checkpoint()[0] == 2
+    assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    assert (run.checkpoint_dir(2) / "optimizer.pt").read_bytes() == b"adam"
+
+
+def test_run_seed_seeds_the_driver(tmp_path, monkeypatch):
+    import torch
+
+    from rlboost.recipes.overrides import apply_overrides
+
+    monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path / "runs"))
+    draws = []
+    for seed in (5, 5, 6):
+        open_run(apply_overrides(RunConfig(), [f"run.seed={seed}"]), None)
+        draws.append((random.random(), float(torch.rand(1))))
+    assert draws[0] == draws[1] and draws[0] != draws[2]
