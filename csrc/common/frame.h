@@ -48,6 +48,7 @@ enum class ReplyStatus : uint32_t {
   kNotHeld = 1,         // a relay does not hold that chunk (yet): ask another source
   kUnknownVersion = 2,  // never published here, or already retired
   kUnavailable = 3,     // the transport cannot serve this version (e.g. not in shared memory)
+  kBusy = 4,            // the egress cap cannot start this chunk before its deadline
 };
 
 struct FrameHeader {

@@ -247,6 +247,11 @@ void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
     Status st = r.reply == ReplyStatus::kUnknownVersion
                     ? Status(Code::kUnknownVersion, "source no longer holds version " +
                                                         std::to_string(manifest_.version))
+                : r.reply == ReplyStatus::kBusy
+                    ? Status(Code::kTimeout, "source " + src.session->host() + ":" +
+                                                 std::to_string(src.session->port()) +
+                                                 ": its egress cap cannot send chunk " +
+                                                 std::to_string(r.index) + " before the deadline")
                     : Status(Code::kProtocol, "unexpected chunk reply status");
     map_.Release(r.index, st);
     FailLane(lane, st);
@@ -364,7 +369,8 @@ void PullJob::RunLane(Lane* lane) {
       continue;
     }
     lane->in_flight.pop_front();
-    lane->failures = 0;
+    // A busy reply is a failure of the source, so it must not count as the stream's recovery.
+    if (r.reply != ReplyStatus::kBusy) lane->failures = 0;
     OnReadDone(lane, r);
   }
   Status cause = map_.source_cause(s);

@@ -4,9 +4,10 @@ them."""
 
 import threading
 
+import pytest
 import torch
 
-from rlboost.errors import TransferError
+from rlboost.errors import TransferError, TransferTimeout
 from rlboost.transfer import WeightPublisher, WeightPuller
 
 from .helpers import make_config
@@ -40,3 +41,18 @@ def test_requests_abandoned_by_their_pullers_do_not_delay_a_later_pull():
         with WeightPuller(pub.address, cfg) as newcomer:
             # 64 KiB take about 0.13 s at the cap; the abandoned requests' ~12 MiB would take 24 s.
             assert torch.equal(newcomer.pull(2, timeout=10)["w"], small)
+
+
+def test_a_cap_too_low_for_the_deadline_fails_the_pull_with_a_timeout_naming_the_cap():
+    # 256 KiB pieces at 1 KiB/s cannot start within a 1 s send deadline: the server says so
+    # in a reply (the puller gives up the source at once, with the reason) instead of
+    # closing the connection mid-frame, and it keeps serving.
+    with WeightPublisher(make_config(egress_bytes_per_s=1024, request_timeout_s=2.0)) as pub:
+        pub.publish(1, {"w": torch.zeros(300_000, dtype=torch.uint8)})
+        cfg = make_config(transport="tcp", relay=False, request_timeout_s=2.0)
+        with WeightPuller(pub.address, cfg) as puller:
+            with pytest.raises(TransferTimeout, match="egress cap"):
+                puller.pull(1, timeout=60)
+        pub.publish(2, {"w": torch.zeros(16, dtype=torch.uint8)})
+        with WeightPuller(pub.address, cfg) as puller:
+            assert int(puller.pull(2)["w"].sum()) == 0

@@ -168,6 +168,14 @@ Status SendChunkOverTcp(Socket& s, uint64_t request_id, int64_t version, uint32_
     size_t piece = std::min<size_t>(len - sent, kPacedPieceBytes);
     size_t head_bytes = first ? kFrameHeaderBytes + kChunkPrefixBytes : 0;
     Status st = pacer->Acquire(head_bytes + piece, d, gone);
+    if (first && st.code() == Code::kTimeout) {
+      // Nothing of this chunk is on the wire yet: say why, so the puller sees a timeout
+      // (and may ask another source) instead of a connection closed mid-frame.
+      h.status = static_cast<uint32_t>(ReplyStatus::kBusy);
+      h.length = kChunkPrefixBytes;
+      EncodeFrameHeader(h, head);
+      return s.SendV(iov, 2, d);
+    }
     RLB_RETURN_IF_ERROR(st);
     struct iovec out[3] = {iov[0], iov[1], {const_cast<uint8_t*>(lease.data) + sent, piece}};
     RLB_RETURN_IF_ERROR(first ? s.SendV(out, 3, d) : s.SendV(&out[2], 1, d));
