@@ -68,6 +68,7 @@ class WeightServer {
     // Authenticated and waiting for its next request since idle_since (steady clock ns).
     std::atomic<bool> idle{false};
     std::atomic<int64_t> idle_since{0};
+    SessionKey session_key{};  // from the handshake: MACs this connection's manifest replies
   };
 
   WeightServer(const ServerOptions& opts, std::shared_ptr<VersionStore> store);
