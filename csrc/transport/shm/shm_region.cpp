@@ -96,8 +96,9 @@ class RemoteMappingCache {
                                         std::shared_ptr<SharedMapping> m) {
     std::lock_guard<std::mutex> lock(mu_);
     entries_.push_back(Entry{pid, fd, dev, ino, std::move(m), 0, Clock::now()});
+    std::shared_ptr<SharedMapping> use = UseLocked(entries_.back());  // in use: never pruned
     PruneLocked(Clock::now());
-    return UseLocked(entries_.back());
+    return use;
   }
 
  private:
