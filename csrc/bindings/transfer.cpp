@@ -13,6 +13,9 @@
 #include "common/sha256.h"
 #include "transport/tcp/handshake.h"
 #include "transport/transport.h"
+#ifdef RLBOOST_HAS_UCX
+#include "transport/ucx/ucx_transport.h"
+#endif
 #include "weights/puller.h"
 #include "weights/server.h"
 
@@ -318,6 +321,12 @@ void BindUtilities(py::module_& m) {
         }
         return out;
       }, "Built transports and their capabilities.");
+#ifdef RLBOOST_HAS_UCX
+  m.def("ucx_service_stats", [] {
+        UcxServiceStats st = GetUcxServiceStats();
+        return py::dict(py::arg("endpoints") = st.endpoints, py::arg("rejected") = st.rejected);
+      }, "UCX serving in this process: endpoints open now, connection requests refused.");
+#endif
   m.def("parse_frame", [](py::bytes data) {
         std::string s = data;
         if (s.size() < kFrameHeaderBytes) ThrowIfError(Status(Code::kProtocol, "truncated frame header"));

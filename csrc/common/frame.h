@@ -12,7 +12,7 @@
 namespace rlboost {
 
 constexpr uint32_t kWireMagic = 0x57424C52u;  // bytes "RLBW"
-constexpr uint16_t kWireFormatVersion = 1;
+constexpr uint16_t kWireFormatVersion = 2;  // 2: client proves first, MACed manifests
 constexpr size_t kFrameHeaderBytes = 24;
 
 constexpr uint32_t kMinChunkBytes = 4096;
@@ -25,11 +25,11 @@ constexpr size_t kNonceBytes = 32;
 
 enum class FrameType : uint16_t {
   kHello = 1,            // client: nonce
-  kChallenge = 2,        // server: nonce, proof that it knows the secret
+  kChallenge = 2,        // server: nonce
   kAuth = 3,             // client: proof that it knows the secret
-  kWelcome = 4,          // server: identity (host, process, server id)
+  kWelcome = 4,          // server: identity (host, process, server id), proof that it knows the secret
   kManifestRequest = 5,  // client: version (-1 = latest)
-  kManifest = 6,         // server: encoded manifest
+  kManifest = 6,         // server: encoded manifest + session MAC (handshake.h)
   kChunkRequest = 7,     // client: version, chunk index
   kChunk = 8,            // server: prefix + chunk bytes (or a not-held status)
   kHaveRequest = 9,      // client: version, generation already known, wait ms

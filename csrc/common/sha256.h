@@ -1,5 +1,6 @@
 // SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), self-contained so the native module
-// needs no crypto library. Used only for the connect-time challenge-response.
+// needs no crypto library. Used for the connect-time challenge-response and the
+// per-connection manifest MAC (transport/tcp/handshake.h).
 #pragma once
 
 #include <array>

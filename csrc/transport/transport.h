@@ -135,6 +135,7 @@ struct ServiceConnection {
   uint64_t request_id = 0;
   std::vector<std::pair<int64_t, RegionLease>> region_leases;
   std::vector<std::shared_ptr<void>> state;  // anything else a service keeps per connection
+  SessionKey session_key{};                   // from the handshake (see handshake.h)
 };
 
 // Where a server's services may listen (a transport with its own listener binds here).

@@ -12,7 +12,8 @@
 namespace rlboost {
 
 uint32_t Manifest::ChunkLength(uint32_t i) const {
-  uint64_t off = ChunkOffset(i);
+  const uint64_t off = ChunkOffset(i);
+  if (off >= total_bytes) return 0;  // past the last chunk: no bytes, never a wrapped length
   return static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes, total_bytes - off));
 }
 
@@ -27,7 +28,9 @@ Status ChunkCount(uint64_t total_bytes, uint32_t chunk_bytes, uint32_t* out) {
                                               ", " + std::to_string(kMaxChunkBytes) + "], got " +
                                               std::to_string(chunk_bytes));
   }
-  uint64_t n = (total_bytes + chunk_bytes - 1) / chunk_bytes;
+  // Not (total + chunk - 1) / chunk: that wraps for totals near 2^64 and would let a
+  // huge payload claim zero chunks.
+  const uint64_t n = total_bytes / chunk_bytes + (total_bytes % chunk_bytes != 0 ? 1 : 0);
   if (n > kMaxChunks) {
     return Status(Code::kInvalidArgument, "payload of " + std::to_string(total_bytes) +
                                               " bytes needs more than " + std::to_string(kMaxChunks) +

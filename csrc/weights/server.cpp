@@ -189,7 +189,8 @@ void WeightServer::Serve(Conn* conn) {
   // Everything a client can cause ends here: its connection closes, nothing else.
   try {
     Socket& s = conn->socket;
-    Status st = ServerHandshake(s, opts_.secret, self_, Deadline::After(opts_.handshake_timeout_s));
+    Status st = ServerHandshake(s, opts_.secret, self_, Deadline::After(opts_.handshake_timeout_s),
+                                &conn->session_key);
     if (st.ok() && AdmitAuthenticated(conn)) st = ServeFrames(conn);
     if (st.code() == Code::kAuth) ++auth_failures_;
     if (st.code() == Code::kProtocol) ++protocol_errors_;
@@ -207,6 +208,7 @@ Status WeightServer::ServeFrames(Conn* c) {
   Socket& s = c->socket;
   ServiceConnection conn;
   conn.socket = &s;
+  conn.session_key = c->session_key;
   while (!closing_ && !c->evicted) {
     c->idle_since = Deadline::Clock::now().time_since_epoch().count();
     c->idle = true;
@@ -243,7 +245,8 @@ Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, Ser
       std::string encoded;
       Status st = store_->EncodedManifest(version, &encoded);
       if (!st.ok()) return SendError(s, st, h.request_id, d);
-      return SendFrame(s, FrameType::kManifest, 0, h.request_id, encoded, d);
+      return SendFrame(s, FrameType::kManifest, 0, h.request_id,
+                       SealManifest(conn.session_key, h.request_id, std::move(encoded)), d);
     }
     default:
       break;

@@ -83,6 +83,7 @@ class WeightServer {
     // eviction) owns what happens next.
     std::atomic<bool> idle{false};
     std::atomic<int64_t> idle_since{0};
+    SessionKey session_key{};  // from the handshake: MACs this connection's manifest replies
   };
 
   WeightServer(const ServerOptions& opts, std::shared_ptr<VersionStore> store);

@@ -86,6 +86,7 @@ Status SourceSession::FetchManifest(int64_t version, Manifest* out, Deadline d) 
   FrameHeader h;
   RLB_RETURN_IF_ERROR(Call(FrameType::kManifestRequest, EncodeVersionBody(version), FrameType::kManifest,
                            &h, &reply, d));
+  RLB_RETURN_IF_ERROR(OpenManifest(peer_.session_key, h.request_id, &reply));
   RLB_RETURN_IF_ERROR(DecodeManifest(reinterpret_cast<const uint8_t*>(reply.data()), reply.size(), out));
   if (version >= 0 && out->version != version) {
     return Status(Code::kProtocol, "source answered with another version's manifest");

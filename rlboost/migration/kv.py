@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from rlboost import _C
-from rlboost.transfer.descriptors import HOST_DEVICE, describe_on_device
+from rlboost.transfer.descriptors import HOST_DEVICE, describe_on_device, require_writable
 
 KV_FORMAT_VERSION = 1
 _DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -122,6 +122,7 @@ def gather_pages_batch(cache: torch.Tensor, layout: KVLayout, block_tables: Sequ
     if out is None:
         out = torch.empty(sum(sizes), dtype=torch.uint8, device=cache.device)
     _check_bytes(out, sum(sizes), cache, "out")
+    require_writable(out, "out")
     views = tuple(out.split(sizes)) if sizes else ()
     _copy(False, cache, layout, num_blocks, ids, rows, views, out.device)
     return views
@@ -131,6 +132,7 @@ def scatter_pages_batch(cache: torch.Tensor, layout: KVLayout, block_tables: Seq
                         kv_tokens: Sequence[int], data: Sequence[torch.Tensor]) -> None:
     """Scatter many samples in one native call; no block may receive two samples' pages."""
     num_blocks = _check_cache(cache, layout)
+    require_writable(cache, "cache")
     ids, rows = _block_tables(block_tables, kv_tokens, layout, num_blocks)
     data = tuple(data)
     if len(data) != len(rows):

@@ -38,10 +38,50 @@ def describe_on_device(tensor: torch.Tensor) -> tuple[int, int, int]:
     return tensor.data_ptr(), tensor.numel() * tensor.element_size(), device
 
 
-def byte_view(tensor: torch.Tensor) -> torch.Tensor:
-    """The bytes of a contiguous CPU tensor as a flat uint8 view (no copy)."""
+def byte_view(tensor: torch.Tensor, name: str = "into") -> torch.Tensor:
+    """The bytes of a pull destination (a contiguous, writable CPU tensor) as a flat uint8
+    view (no copy); ValueError naming `name` when it cannot be written."""
     describe(tensor)
+    require_writable(tensor, name)
     return tensor.reshape(-1).view(torch.uint8)
+
+
+def require_writable(tensor: torch.Tensor, name: str) -> None:
+    """ValueError naming `name` unless the native core may write the tensor's host bytes.
+
+    What is checked: that every page of the tensor is mapped writable in this process
+    (Linux /proc/self/maps), which catches np.memmap(mode="r"), read-only mmaps and
+    read-only shared memory -- the memory a native write would fault on and crash the
+    process. What cannot be checked: memory that is writable page-wise but belongs to an
+    immutable Python object (torch.frombuffer over `bytes`); torch warns when such a
+    tensor is made. Device memory is not checked (it has no read-only mappings).
+    """
+    nbytes = tensor.numel() * tensor.element_size()
+    if tensor.device.type != "cpu" or nbytes == 0:
+        return
+    if not _pages_writable(tensor.data_ptr(), nbytes):
+        raise ValueError(f"{name}: its memory is not mapped writable (a read-only mapping such as "
+                         f"np.memmap(mode='r')?); pass a writable tensor")
+
+
+def _pages_writable(address: int, nbytes: int) -> bool:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True  # no page table to consult on this platform
+    start, end = address, address + nbytes
+    for line in lines:  # sorted by address, one mapping per line: "lo-hi perms ..."
+        span, perms = line.split(b" ", 2)[:2]
+        lo, hi = (int(x, 16) for x in span.split(b"-"))
+        if hi <= start:
+            continue
+        if lo > start or perms[1:2] != b"w":
+            return False  # a hole in the range, or a mapping without write permission
+        start = hi
+        if start >= end:
+            return True
+    return False
 
 
 def region_tensor(region: object) -> torch.Tensor:

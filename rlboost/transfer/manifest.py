@@ -16,6 +16,10 @@ from rlboost.errors import ProtocolError
 
 FORMAT_VERSION = 1
 MAX_TENSORS = 1 << 20
+MAX_TABLE_BYTES = 64 << 20  # the native manifest's metadata bound
+MAX_TOTAL_BYTES = 1 << 52  # the most chunks times the largest chunk the native core accepts
+MAX_ALIGNMENT = 1 << 30
+MAX_DIMS = 64
 
 # Bytes per element of every dtype a manifest may carry (torch names).
 DTYPE_SIZES = {
@@ -111,18 +115,25 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, version: int, chunk_bytes: int = 0, crcs: Iterable[int] = ()) -> "Manifest":
-        """Parses and validates a tensor table; ProtocolError when anything is off."""
+        """Parses and validates a tensor table; ProtocolError (and only that) when anything is off."""
+        if len(data) > MAX_TABLE_BYTES:
+            raise ProtocolError(f"manifest tensor table of {len(data)} bytes exceeds {MAX_TABLE_BYTES}")
         try:
-            doc = json.loads(data.decode())
-            if doc["format_version"] != FORMAT_VERSION:
-                raise ProtocolError(f"manifest format_version {doc['format_version']} is not {FORMAT_VERSION}")
-            tensors = tuple(_parse_spec(t) for t in doc["tensors"][: MAX_TENSORS + 1])
-            m = cls(version=version, tensors=tensors, total_bytes=int(doc["total_bytes"]),
-                    alignment=int(doc["alignment"]), chunk_bytes=chunk_bytes, chunk_crcs=tuple(crcs))
+            doc = json.loads(bytes(data).decode(), parse_constant=_reject_constant)
+            fields = {k: _int_field(doc, k) for k in ("format_version", "alignment", "total_bytes")}
+            if fields["format_version"] != FORMAT_VERSION:
+                raise ProtocolError(f"manifest format_version {fields['format_version']} is not {FORMAT_VERSION}")
+            table = doc["tensors"]
+            if type(table) is not list or len(table) > MAX_TENSORS:
+                raise ProtocolError(f"manifest tensors must be a list of at most {MAX_TENSORS} entries")
+            m = cls(version=version, tensors=tuple(_parse_spec(t) for t in table),
+                    total_bytes=fields["total_bytes"], alignment=fields["alignment"],
+                    chunk_bytes=chunk_bytes, chunk_crcs=tuple(crcs))
         except ProtocolError:
             raise
-        except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as e:
-            raise ProtocolError(f"malformed manifest: {e!r}") from None
+        # RecursionError: deeply nested JSON; OverflowError: numbers like 1e400 reaching int().
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError, OverflowError) as e:
+            raise ProtocolError(f"malformed manifest: {type(e).__name__}: {str(e)[:200]}") from None
         m.validate()
         return m
 
@@ -130,8 +141,10 @@ class Manifest:
         """Checks that every tensor is aligned, sized by its shape and inside the payload."""
         if len(self.tensors) > MAX_TENSORS:
             raise ProtocolError(f"manifest lists more than {MAX_TENSORS} tensors")
-        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
-            raise ProtocolError(f"manifest alignment {self.alignment} is not a power of two")
+        if not 0 < self.alignment <= MAX_ALIGNMENT or self.alignment & (self.alignment - 1):
+            raise ProtocolError(f"manifest alignment {self.alignment} is not a power of two up to {MAX_ALIGNMENT}")
+        if not 0 <= self.total_bytes <= MAX_TOTAL_BYTES:
+            raise ProtocolError(f"manifest total_bytes {self.total_bytes} is outside [0, {MAX_TOTAL_BYTES}]")
         end, names = 0, set()
         for s in sorted(self.tensors, key=lambda t: t.offset):
             size = DTYPE_SIZES.get(s.dtype)
@@ -153,9 +166,28 @@ def _dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number a manifest may carry")
+
+
+def _int_field(doc: dict, key: str) -> int:
+    # type() rather than isinstance(): JSON true/false would otherwise pass as 1/0.
+    value = doc[key]
+    if type(value) is not int:
+        raise ProtocolError(f"manifest field {key!r} must be an integer, got {type(value).__name__}")
+    return value
+
+
 def _parse_spec(t: list) -> TensorSpec:
+    if type(t) is not list or len(t) != 5:
+        raise ProtocolError("manifest tensor entry must be a list of 5 fields")
     name, dtype, shape, offset, nbytes = t
-    ints = [offset, nbytes, *shape] if isinstance(shape, list) else [None]
-    if not isinstance(name, str) or not isinstance(dtype, str) or not all(type(v) is int for v in ints):
-        raise TypeError("tensor entry has fields of the wrong type")
+    if type(shape) is not list or len(shape) > MAX_DIMS:
+        raise ProtocolError(f"manifest tensor shape must be a list of at most {MAX_DIMS} integers")
+    if type(name) is not str or type(dtype) is not str or not all(type(v) is int for v in (offset, nbytes, *shape)):
+        raise ProtocolError("manifest tensor entry has fields of the wrong type")
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        raise ProtocolError("manifest tensor name is not valid UTF-8 (lone surrogate)") from None
     return TensorSpec(name=name, dtype=dtype, shape=tuple(shape), offset=offset, nbytes=nbytes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -125,3 +127,27 @@ def test_native_checks_do_not_trust_the_caller(cache):
         with pytest.raises(ValueError, match=match):
             copy(False, addr, args["cache_nbytes"], -1, args["geometry"], args["ids"], args["rows"],
                  args["data_device"], 0)
+
+
+def _read_only_like(t: torch.Tensor, tmp_path) -> torch.Tensor:
+    """A tensor with t's bytes in a read-only file mapping (a native write there would fault)."""
+    path = tmp_path / "ro.bin"
+    path.write_bytes(t.contiguous().view(torch.uint8).numpy().tobytes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
+        raw = torch.from_numpy(np.memmap(path, mode="r", dtype=np.uint8))
+    return raw.view(t.dtype).view(t.shape)
+
+
+def test_gather_into_read_only_out_raises_naming_out(cache, tmp_path):
+    out = _read_only_like(torch.zeros(3 * LAYOUT.token_bytes, dtype=torch.uint8), tmp_path)
+    with pytest.raises(ValueError, match="out"):
+        gather_pages(cache, LAYOUT, [0], 3, out=out)
+
+
+def test_scatter_into_read_only_cache_raises_naming_cache(cache, tmp_path):
+    ro = _read_only_like(cache, tmp_path)
+    with pytest.raises(ValueError, match="cache"):
+        scatter_pages(ro, LAYOUT, [0], 3, data_for(3))
+    # Gathering from a read-only cache only reads it, so it stays allowed.
+    assert torch.equal(gather_pages(ro, LAYOUT, [0], 3), gather_pages(cache, LAYOUT, [0], 3))

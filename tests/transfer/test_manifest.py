@@ -1,6 +1,7 @@
 """Manifests lay tensors out aligned, survive a round trip, and reject malformed bytes."""
 
 import json
+import struct
 
 import pytest
 import torch
@@ -83,3 +84,24 @@ def test_native_manifest_rejects_inconsistent_chunking():
         _C.Manifest(1, 10000, 4096, [1, 2], b"")  # needs 3 chunks
     with pytest.raises(ValueError):
         _C.Manifest(1, 10000, 100, [0] * 100, b"")  # chunk below the minimum
+
+
+def _raw_native_manifest(version, total, chunk, crcs, meta=b""):
+    body = struct.pack("<qQII", version, total, chunk, len(crcs)) + struct.pack(f"<{len(crcs)}I", *crcs)
+    body += struct.pack("<I", len(meta)) + meta
+    return body + struct.pack("<I", _C.crc32c(body, 0))
+
+
+@pytest.mark.parametrize("total", [2**64 - 1, 2**64 - 4096, 2**64 - 4095])
+def test_native_manifest_chunk_count_does_not_wrap_near_2_64(total):
+    # A checksummed manifest claiming an enormous payload with no chunks must not decode:
+    # a wrapped chunk count would let a puller size a buffer from total_bytes.
+    with pytest.raises(ProtocolError):
+        _C.Manifest.decode(_raw_native_manifest(1, total, 4096, []))
+    with pytest.raises(ValueError):
+        _C.Manifest(1, total, 4096, [], b"")
+
+
+def test_raw_native_manifest_helper_matches_the_encoder():
+    m = _C.Manifest(2, 10000, 4096, [7, 8, 9], b"xy")
+    assert _raw_native_manifest(2, 10000, 4096, [7, 8, 9], b"xy") == m.encode()

@@ -49,18 +49,44 @@ def connect(address: str, timeout: float = 10.0) -> socket.socket:
     return s
 
 
-def client_handshake(sock: socket.socket, secret: bytes, *, wrong_proof: bool = False) -> None:
-    """Authenticates as a client; with wrong_proof, sends a proof that must be refused."""
+# The handshake (format 2): hello(client nonce) -> challenge(server nonce) ->
+# auth(client proof) -> welcome(identity + server proof); both sides then MAC manifest
+# replies with a session key derived from the secret and both nonces.
+CLIENT_LABEL, SERVER_LABEL = b"rlboost-client-proof-v2", b"rlboost-server-proof-v2"
+SESSION_LABEL, MANIFEST_LABEL = b"rlboost-session-key-v2", b"rlboost-manifest-mac-v2"
+IDENTITY = struct.pack("<Q", 42) + bytes(16) + struct.pack("<I", 1)  # server id, host key, pid
+
+
+def seal_manifest(key: bytes, request_id: int, encoded: bytes) -> bytes:
+    """A manifest reply body: the encoded manifest and its session MAC."""
+    mac = hmac.new(key, MANIFEST_LABEL + struct.pack("<Q", request_id) + encoded, hashlib.sha256).digest()
+    return encoded + mac
+
+
+def client_handshake(sock: socket.socket, secret: bytes, *, wrong_proof: bool = False) -> bytes | None:
+    """Authenticates as a client and returns the session key; with wrong_proof, sends a
+    proof that must be refused (and returns None)."""
     nonce = os.urandom(32)
     sock.sendall(frame(W["hello"], nonce))
-    _, _, _, body = _C.parse_frame(recv_frame(sock))
-    server_nonce = body[:32]
-    assert hmac.compare_digest(body[32:], proof(secret, b"rlboost-server-proof-v1", nonce, server_nonce))
-    p = os.urandom(32) if wrong_proof else proof(secret, b"rlboost-client-proof-v1", nonce, server_nonce)
+    _, _, _, server_nonce = _C.parse_frame(recv_frame(sock))
+    assert len(server_nonce) == 32  # the server proves nothing before the client has
+    p = os.urandom(32) if wrong_proof else proof(secret, CLIENT_LABEL, nonce, server_nonce)
     sock.sendall(frame(W["auth"], p))
-    if not wrong_proof:
-        ftype, _, _, _ = _C.parse_frame(recv_frame(sock))
-        assert ftype == W["welcome"]
+    if wrong_proof:
+        return None
+    ftype, _, _, body = _C.parse_frame(recv_frame(sock))
+    assert ftype == W["welcome"]
+    assert hmac.compare_digest(body[-32:], proof(secret, SERVER_LABEL, nonce, server_nonce))
+    return proof(secret, SESSION_LABEL, nonce, server_nonce)
+
+
+def server_handshake_rest(conn: socket.socket, secret: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    """After hello: sends the challenge, takes any auth (unchecked), welcomes with a valid
+    proof, and returns the session key."""
+    conn.sendall(frame(W["challenge"], server_nonce))
+    recv_frame(conn)
+    conn.sendall(frame(W["welcome"], IDENTITY + proof(secret, SERVER_LABEL, client_nonce, server_nonce)))
+    return proof(secret, SESSION_LABEL, client_nonce, server_nonce)
 
 
 def is_closed_by_peer(sock: socket.socket) -> bool:
@@ -161,7 +187,7 @@ class HostileSourceForTests:
         hello = recv_frame(conn)
         client_nonce = hello[W["header_bytes"]:]
         server_nonce = os.urandom(32)
-        challenge = server_nonce + proof(self.secret, b"rlboost-server-proof-v1", client_nonce, server_nonce)
+        challenge = server_nonce
         early = {
             "bad_magic": frame(W["challenge"], challenge, magic=0xDEADBEEF),
             "bad_format": frame(W["challenge"], challenge, fmt=W["format_version"] + 7),
@@ -173,9 +199,7 @@ class HostileSourceForTests:
             conn.shutdown(socket.SHUT_WR)
             recv_exact(conn, 1)  # hold the connection until the client gives up
             return
-        conn.sendall(frame(W["challenge"], challenge))
-        recv_frame(conn)  # auth: accepted without checking, this source only misbehaves later
-        conn.sendall(frame(W["welcome"], struct.pack("<Q", 42) + bytes(16) + struct.pack("<I", 1)))
+        key = server_handshake_rest(conn, self.secret, client_nonce, server_nonce)  # only misbehaves later
         chunk = 4096
         crcs = [_C.crc32c(self.payload[i:i + chunk]) for i in range(0, len(self.payload), chunk)]
         meta = (b'{"format_version":1,"alignment":256,"total_bytes":%d,'
@@ -192,7 +216,7 @@ class HostileSourceForTests:
                 unknown_version = struct.pack("<I", 3) + b"version not held here"
                 conn.sendall(frame(W["error"], unknown_version, request_id=rid))
             elif ftype == W["manifest_request"]:
-                conn.sendall(frame(W["manifest"], manifest, request_id=rid))
+                conn.sendall(frame(W["manifest"], seal_manifest(key, rid, manifest), request_id=rid))
             elif ftype == W["have_request"] and self.behavior == "pending_silent":
                 self.have_requested.set()
                 return self._hold(conn)

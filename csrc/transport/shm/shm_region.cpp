@@ -6,13 +6,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <signal.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace rlboost {
@@ -52,52 +56,129 @@ Status SharedMapping::Create(uint64_t nbytes, std::unique_ptr<SharedMapping>* ou
 
 namespace {
 
-// A few recent read-only mappings of other processes' regions, keyed by the memfd's
-// identity. Bounded, and entries of exited processes are dropped, so at most a few old
-// regions are kept alive by this cache.
+using Clock = std::chrono::steady_clock;
+
+// How long a mapping nobody uses stays mapped in case the same region is pulled again
+// (back-to-back pulls, a publisher reusing its regions), how many such idle bytes may be
+// kept, and how often idle mappings are checked against their source: one the source has
+// retired (closed its descriptor, or exited) is dropped within that interval, since only
+// this mapping would then be keeping its memory alive.
+constexpr auto kIdleKeep = std::chrono::seconds(5);
+constexpr auto kRetiredPoll = std::chrono::milliseconds(200);
+constexpr uint64_t kMaxIdleBytes = uint64_t{1} << 30;
+
+// Read-only mappings of other processes' regions, keyed by the memfd's identity and
+// shared by every stream that reads the region. A mapping in use is never dropped; an
+// idle one goes when kIdleKeep passes without reuse, when its source retires the region,
+// or when the idle bytes exceed kMaxIdleBytes (oldest first). A reaper thread runs only
+// while idle mappings exist.
 class RemoteMappingCache {
  public:
   static RemoteMappingCache& Get() {
-    static RemoteMappingCache* cache = new RemoteMappingCache();  // never destroyed: safe at exit
+    static RemoteMappingCache* cache = [] {
+      auto* c = new RemoteMappingCache();  // never destroyed: safe at exit
+      pthread_atfork([] { Get().mu_.lock(); }, [] { Get().mu_.unlock(); }, [] { Get().AfterForkInChild(); });
+      return c;
+    }();
     return *cache;
   }
 
-  std::shared_ptr<SharedMapping> Find(dev_t dev, ino_t ino, uint64_t nbytes) {
+  // A shared use of a cached mapping of (dev, ino) at least nbytes long, or nullptr.
+  std::shared_ptr<SharedMapping> Acquire(dev_t dev, ino_t ino, uint64_t nbytes) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& e : entries_) {
-      if (e.dev == dev && e.ino == ino && e.mapping->size() >= nbytes) {
-        e.last_use = ++tick_;
-        return e.mapping;
-      }
+      if (e.dev == dev && e.ino == ino && e.mapping->size() >= nbytes) return UseLocked(e);
     }
     return nullptr;
   }
 
-  void Put(uint32_t pid, dev_t dev, ino_t ino, std::shared_ptr<SharedMapping> m) {
+  std::shared_ptr<SharedMapping> Insert(uint32_t pid, int fd, dev_t dev, ino_t ino,
+                                        std::shared_ptr<SharedMapping> m) {
     std::lock_guard<std::mutex> lock(mu_);
-    entries_.push_back(Entry{pid, dev, ino, std::move(m), ++tick_});
-    entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
-                                  [](const Entry& e) { return kill(static_cast<pid_t>(e.pid), 0) != 0 && errno == ESRCH; }),
-                   entries_.end());
-    while (entries_.size() > kMaxEntries) {
-      auto oldest = std::min_element(entries_.begin(), entries_.end(),
-                                     [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; });
+    entries_.push_back(Entry{pid, fd, dev, ino, std::move(m), 0, Clock::now()});
+    std::shared_ptr<SharedMapping> use = UseLocked(entries_.back());  // in use: never pruned
+    PruneLocked(Clock::now());
+    return use;
+  }
+
+ private:
+  struct Entry {
+    uint32_t pid;
+    int fd;
+    dev_t dev;
+    ino_t ino;
+    std::shared_ptr<SharedMapping> mapping;
+    int users;
+    Clock::time_point idle_since;
+  };
+
+  // The returned pointer aliases the mapping; dropping its last copy ends this use.
+  std::shared_ptr<SharedMapping> UseLocked(Entry& e) {
+    ++e.users;
+    return std::shared_ptr<SharedMapping>(e.mapping.get(), [this, keep = e.mapping](SharedMapping*) {
+      Release(keep.get());
+    });
+  }
+
+  void Release(const SharedMapping* m) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& e : entries_) {
+      if (e.mapping.get() == m && --e.users == 0) e.idle_since = Clock::now();
+    }
+    PruneLocked(Clock::now());
+    if (!reaper_running_ && HasIdleLocked()) {
+      reaper_running_ = true;
+      std::thread([this] { Reap(); }).detach();
+    }
+  }
+
+  bool HasIdleLocked() const {
+    return std::any_of(entries_.begin(), entries_.end(), [](const Entry& e) { return e.users == 0; });
+  }
+
+  // Whether the source no longer holds this region at the descriptor it announced.
+  static bool Retired(const Entry& e) {
+    std::string path = "/proc/" + std::to_string(e.pid) + "/fd/" + std::to_string(e.fd);
+    struct stat st;
+    return stat(path.c_str(), &st) != 0 || st.st_dev != e.dev || st.st_ino != e.ino;
+  }
+
+  void PruneLocked(Clock::time_point now) {
+    entries_.erase(std::remove_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
+                     return e.users == 0 && (now - e.idle_since >= kIdleKeep || Retired(e));
+                   }), entries_.end());
+    uint64_t idle_bytes = 0;
+    for (const auto& e : entries_) idle_bytes += e.users == 0 ? e.mapping->size() : 0;
+    while (idle_bytes > kMaxIdleBytes) {
+      auto oldest = entries_.end();
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->users == 0 && (oldest == entries_.end() || it->idle_since < oldest->idle_since)) oldest = it;
+      }
+      idle_bytes -= oldest->mapping->size();
       entries_.erase(oldest);
     }
   }
 
- private:
-  static constexpr size_t kMaxEntries = 4;
-  struct Entry {
-    uint32_t pid;
-    dev_t dev;
-    ino_t ino;
-    std::shared_ptr<SharedMapping> mapping;
-    uint64_t last_use;
-  };
+  void Reap() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (HasIdleLocked()) {
+      wake_.wait_for(lock, kRetiredPoll);
+      PruneLocked(Clock::now());
+    }
+    reaper_running_ = false;
+  }
+
+  // The reaper does not exist in a forked child: let the next idle mapping start one.
+  void AfterForkInChild() {
+    new (&wake_) std::condition_variable();
+    reaper_running_ = false;
+    mu_.unlock();
+  }
+
   std::mutex mu_;
+  std::condition_variable wake_;
   std::vector<Entry> entries_;
-  uint64_t tick_ = 0;
+  bool reaper_running_ = false;
 };
 
 }  // namespace
@@ -112,7 +193,7 @@ Status SharedMapping::OpenRemote(uint32_t pid, int fd, uint64_t nbytes,
     close(local);
     return Status(Code::kProtocol, "shared region is smaller than announced");
   }
-  *out = RemoteMappingCache::Get().Find(st.st_dev, st.st_ino, nbytes);
+  *out = RemoteMappingCache::Get().Acquire(st.st_dev, st.st_ino, nbytes);
   if (*out != nullptr) {
     close(local);
     return Status::Ok();
@@ -128,8 +209,8 @@ Status SharedMapping::OpenRemote(uint32_t pid, int fd, uint64_t nbytes,
     }
   }
   close(local);  // the mapping keeps the memory alive
-  out->reset(new SharedMapping(static_cast<uint8_t*>(p), size, -1));
-  RemoteMappingCache::Get().Put(pid, st.st_dev, st.st_ino, *out);
+  std::shared_ptr<SharedMapping> mapping(new SharedMapping(static_cast<uint8_t*>(p), size, -1));
+  *out = RemoteMappingCache::Get().Insert(pid, fd, st.st_dev, st.st_ino, std::move(mapping));
   return Status::Ok();
 }
 

@@ -20,8 +20,10 @@ class SharedMapping {
   // first-touch faults would otherwise dominate the first write).
   static Status Create(uint64_t nbytes, std::unique_ptr<SharedMapping>* out);
   // Maps another process's region read-only through /proc/<pid>/fd/<fd>. Mappings are
-  // cached per memfd (a publisher reuses its regions across versions), because mapping
-  // costs a page fault per 4 KiB page, more than the copy itself.
+  // shared per memfd while in use and kept a few seconds after their last use (a
+  // publisher reuses its regions across versions, and a fresh mapping pays page faults on
+  // the first copy); an idle mapping is dropped as soon as the source retires the region,
+  // so it never keeps freed memory alive for long.
   static Status OpenRemote(uint32_t pid, int fd, uint64_t nbytes, std::shared_ptr<SharedMapping>* out);
 
   uint8_t* data() const { return data_; }

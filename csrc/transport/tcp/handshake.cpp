@@ -1,6 +1,5 @@
-// HMAC challenge-response: client nonce -> server nonce + server proof -> client proof ->
-// welcome. Proofs bind both nonces and a role label, so one side's proof cannot be
-// reflected back as the other's.
+// HMAC challenge-response, client first: client nonce -> server nonce -> client proof ->
+// welcome + server proof; then a session key from both nonces MACs manifest replies.
 #include "transport/tcp/handshake.h"
 
 #include <unistd.h>
@@ -18,8 +17,10 @@
 namespace rlboost {
 namespace {
 
-constexpr char kServerLabel[] = "rlboost-server-proof-v1";
-constexpr char kClientLabel[] = "rlboost-client-proof-v1";
+constexpr char kServerLabel[] = "rlboost-server-proof-v2";
+constexpr char kClientLabel[] = "rlboost-client-proof-v2";
+constexpr char kSessionLabel[] = "rlboost-session-key-v2";
+constexpr char kManifestLabel[] = "rlboost-manifest-mac-v2";
 
 Digest256 Proof(const std::string& secret, const char* label, const uint8_t* client_nonce,
                 const uint8_t* server_nonce) {
@@ -60,46 +61,82 @@ Status ClientHandshake(Socket& s, const std::string& secret, Deadline d, PeerIde
   FrameHeader h;
   std::string body;
   RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kChallenge, &h, &body, d));
-  if (body.size() != 2 * kNonceBytes) return Status(Code::kProtocol, "challenge has the wrong size");
-  const auto* server_nonce = reinterpret_cast<const uint8_t*>(body.data());
-  Digest256 want = Proof(secret, kServerLabel, client_nonce, server_nonce);
-  if (!ConstantTimeEqual(want.data(), server_nonce + kNonceBytes, kNonceBytes)) {
-    return Status(Code::kAuth, "the server does not know the shared secret (check RLBOOST_SECRET)");
-  }
+  if (body.size() != kNonceBytes) return Status(Code::kProtocol, "challenge has the wrong size");
+  uint8_t server_nonce[kNonceBytes];
+  std::memcpy(server_nonce, body.data(), kNonceBytes);
   Digest256 proof = Proof(secret, kClientLabel, client_nonce, server_nonce);
   RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kAuth, 0, 0, proof.data(), proof.size(), d));
   RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kWelcome, &h, &body, d));
   ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
+  uint8_t server_proof[kMacBytes];
   RLB_RETURN_IF_ERROR(r.U64(&server->server_id));
   RLB_RETURN_IF_ERROR(r.Raw(server->host_key.data(), server->host_key.size()));
   RLB_RETURN_IF_ERROR(r.U32(&server->pid));
-  return r.ExpectEnd();
+  RLB_RETURN_IF_ERROR(r.Raw(server_proof, kMacBytes));
+  RLB_RETURN_IF_ERROR(r.ExpectEnd());
+  Digest256 want = Proof(secret, kServerLabel, client_nonce, server_nonce);
+  if (!ConstantTimeEqual(want.data(), server_proof, kMacBytes)) {
+    return Status(Code::kAuth, "the server does not know the shared secret (check RLBOOST_SECRET)");
+  }
+  server->session_key = Proof(secret, kSessionLabel, client_nonce, server_nonce);
+  return Status::Ok();
 }
 
-Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, Deadline d) {
+Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, Deadline d,
+                       SessionKey* session_key) {
   FrameHeader h;
   std::string body;
   RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kHello, &h, &body, d));
   if (body.size() != kNonceBytes) return Status(Code::kProtocol, "hello has the wrong size");
-  uint8_t client_nonce[kNonceBytes];
+  uint8_t client_nonce[kNonceBytes], server_nonce[kNonceBytes];
   std::memcpy(client_nonce, body.data(), kNonceBytes);
-  uint8_t challenge[2 * kNonceBytes];
-  RLB_RETURN_IF_ERROR(SecureRandom(challenge, kNonceBytes));
-  Digest256 proof = Proof(secret, kServerLabel, client_nonce, challenge);
-  std::memcpy(challenge + kNonceBytes, proof.data(), kNonceBytes);
-  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kChallenge, 0, 0, challenge, sizeof(challenge), d));
+  RLB_RETURN_IF_ERROR(SecureRandom(server_nonce, kNonceBytes));
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kChallenge, 0, 0, server_nonce, kNonceBytes, d));
   RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kAuth, &h, &body, d));
-  if (body.size() != kNonceBytes) return Status(Code::kProtocol, "auth has the wrong size");
-  Digest256 want = Proof(secret, kClientLabel, client_nonce, challenge);
-  if (!ConstantTimeEqual(want.data(), reinterpret_cast<const uint8_t*>(body.data()), kNonceBytes)) {
+  if (body.size() != kMacBytes) return Status(Code::kProtocol, "auth has the wrong size");
+  Digest256 want = Proof(secret, kClientLabel, client_nonce, server_nonce);
+  if (!ConstantTimeEqual(want.data(), reinterpret_cast<const uint8_t*>(body.data()), kMacBytes)) {
     return Status(Code::kAuth, "wrong shared secret");
   }
+  // Only now, to a client that proved it holds the secret, does the server prove itself.
+  Digest256 proof = Proof(secret, kServerLabel, client_nonce, server_nonce);
   std::string welcome;
   ByteWriter w(&welcome);
   w.U64(self.server_id);
   w.Raw(self.host_key.data(), self.host_key.size());
   w.U32(self.pid);
+  w.Raw(proof.data(), proof.size());
+  *session_key = Proof(secret, kSessionLabel, client_nonce, server_nonce);
   return SendFrame(s, FrameType::kWelcome, 0, 0, welcome, d);
+}
+
+namespace {
+
+Digest256 ManifestMac(const SessionKey& key, uint64_t request_id, const char* data, size_t n) {
+  std::string msg(kManifestLabel);
+  ByteWriter(&msg).U64(request_id);
+  msg.append(data, n);
+  return HmacSha256(std::string(reinterpret_cast<const char*>(key.data()), key.size()), msg.data(), msg.size());
+}
+
+}  // namespace
+
+std::string SealManifest(const SessionKey& key, uint64_t request_id, std::string encoded) {
+  Digest256 mac = ManifestMac(key, request_id, encoded.data(), encoded.size());
+  encoded.append(reinterpret_cast<const char*>(mac.data()), mac.size());
+  return encoded;
+}
+
+Status OpenManifest(const SessionKey& key, uint64_t request_id, std::string* reply) {
+  if (reply->size() < kMacBytes) return Status(Code::kProtocol, "manifest reply is shorter than its MAC");
+  const size_t n = reply->size() - kMacBytes;
+  Digest256 want = ManifestMac(key, request_id, reply->data(), n);
+  if (!ConstantTimeEqual(want.data(), reinterpret_cast<const uint8_t*>(reply->data()) + n, kMacBytes)) {
+    return Status(Code::kAuth, "manifest MAC does not verify: altered on the way, or not from the "
+                               "authenticated source");
+  }
+  reply->resize(n);
+  return Status::Ok();
 }
 
 }  // namespace rlboost

@@ -1,6 +1,16 @@
-// Connect-time mutual authentication: HMAC-SHA256 challenge-response over fresh nonces
-// from both sides, so neither a client nor a server without the shared secret gets past
-// the first round trip, and a recorded exchange cannot be replayed.
+// Connect-time mutual authentication and a per-connection MAC key.
+//
+// hello(client nonce) -> challenge(server nonce) -> auth(client proof) ->
+// welcome(identity, server proof). The client proves first: a server answers a stranger
+// with nothing but a fresh nonce, so nothing it sends lets a stranger test guesses of a
+// weak secret offline. Proofs are HMAC-SHA256(secret, role label | both nonces), so a
+// recorded exchange cannot be replayed and one side's proof cannot be reflected.
+//
+// Both sides then derive session_key = HMAC-SHA256(secret, key label | both nonces) and
+// MAC the manifest reply with it (request id included). The manifest carries the crc32c
+// of every chunk, which the puller verifies, so an on-path swap of the manifest or of any
+// chunk's bytes is caught (AuthError, resp. ChecksumMismatch) while the bulk data path
+// stays plain bytes.
 #pragma once
 
 #include <array>
@@ -12,17 +22,29 @@
 
 namespace rlboost {
 
+using SessionKey = std::array<uint8_t, 32>;
+constexpr size_t kMacBytes = 32;
+
 // Who a server is: lets a puller tell same-host sources (shared memory) and itself.
 struct PeerIdentity {
   uint64_t server_id = 0;
   std::array<uint8_t, 16> host_key{};  // equal for processes that can share memory
   uint32_t pid = 0;
+  SessionKey session_key{};  // the client side's key for this connection (not sent)
 };
 
 // This process's host key (boot id + pid namespace).
 const std::array<uint8_t, 16>& LocalHostKey();
 
+// Fills *server, including its session_key. kAuth when either side lacks the secret.
 Status ClientHandshake(Socket& s, const std::string& secret, Deadline d, PeerIdentity* server);
-Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, Deadline d);
+Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, Deadline d,
+                       SessionKey* session_key);
+
+// A manifest reply with this connection's MAC appended (bound to the request id).
+std::string SealManifest(const SessionKey& key, uint64_t request_id, std::string encoded);
+// Checks and strips that MAC: kAuth when it does not verify (tampered on the way, or not
+// sent by the authenticated peer).
+Status OpenManifest(const SessionKey& key, uint64_t request_id, std::string* reply);
 
 }  // namespace rlboost

@@ -77,17 +77,17 @@ class UcxChunkStream : public ChunkStream {
 
   ~UcxChunkStream() override {
     aborted_ = true;
-    for (auto& p : pending_) worker_->Wait(p.second, Deadline::After(1.0), &aborted_);
-    if (rkey_ != nullptr) ucp_rkey_destroy(rkey_);
-    if (ep_ != nullptr) {
-      ucp_request_param_t param = {};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      worker_->Wait(ucp_ep_close_nbx(ep_, &param), Deadline::After(1.0), nullptr);
+    for (auto& p : pending_) {
+      // Once one read could not be cancelled, force-closing the endpoint completes the
+      // rest, so none of them can write into the destination after this returns.
+      if (worker_->Wait(p.second, Deadline::After(1.0), &aborted_).code() == Code::kPeerLost) ForceClose();
     }
+    pending_.clear();
+    ForceClose();
   }
 
   Status Submit(const ChunkRead& read, Deadline) override {
+    if (ep_ == nullptr || failed_) return Status(Code::kPeerLost, "ucx endpoint to " + remote_.host + " failed");
     if (read.offset + read.length > remote_.size) return Status(Code::kProtocol, "chunk lies outside the remote region");
     ucs_status_ptr_t req = nullptr;
     if (read.length > 0) {
@@ -103,7 +103,12 @@ class UcxChunkStream : public ChunkStream {
     if (pending_.empty()) return Status(Code::kInternal, "complete without a submitted read");
     ucs_status_ptr_t req = pending_.front().second;
     pending_.pop_front();
-    RLB_RETURN_IF_ERROR(worker_->Wait(req, d, &aborted_));
+    Status st = worker_->Wait(req, d, &aborted_);
+    if (st.code() == Code::kPeerLost) {
+      failed_ = true;
+      ForceClose();  // completes the reads still in flight before anyone reuses their memory
+    }
+    RLB_RETURN_IF_ERROR(st);
     if (failed_) return Status(Code::kPeerLost, "ucx endpoint to " + remote_.host + " failed");
     read->crc = Crc32c(read->dst, read->length);
     read->reply = ReplyStatus::kOk;
@@ -114,6 +119,20 @@ class UcxChunkStream : public ChunkStream {
 
  private:
   UcxChunkStream() = default;
+
+  // Closes the endpoint without the peer's cooperation (bounded: a frozen peer cannot
+  // hold it); every request still on it completes with an error.
+  void ForceClose() {
+    if (rkey_ != nullptr) ucp_rkey_destroy(rkey_);  // UCX: rkeys go before their endpoint
+    rkey_ = nullptr;
+    if (ep_ == nullptr) return;
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    worker_->Wait(ucp_ep_close_nbx(ep_, &param), Deadline::After(1.0), nullptr);
+    ep_ = nullptr;
+  }
+
   UcxRemote remote_;
   std::unique_ptr<UcxWorker> worker_;
   ucp_ep_h ep_ = nullptr;

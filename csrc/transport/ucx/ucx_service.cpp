@@ -1,11 +1,19 @@
 // UCX server side: a listener and a progress thread started on the first UCX request,
-// and one memory registration per lease, packed into an rkey for the puller.
+// and one memory registration per lease, packed into an rkey for the puller. Endpoints
+// are admitted only from addresses holding a registration, bounded, and closed when
+// their peer goes; registrations per control connection are bounded.
 #include <arpa/inet.h>
 #include <netdb.h>
 
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "common/bytes.h"
@@ -16,9 +24,41 @@
 namespace rlboost {
 namespace {
 
-void OnServerEndpointError(void*, ucp_ep_h, ucs_status_t) {}
+// Endpoints a server keeps at once, and UCX registrations one control connection may
+// hold (a puller needs one per version it pulls on that connection).
+constexpr size_t kMaxEndpoints = 256;
+constexpr size_t kMaxRegistrationsPerConnection = 4;
+
+std::atomic<uint64_t> g_endpoints{0};
+std::atomic<uint64_t> g_rejected{0};
+
+// The peer's IP address (without the port), or "" when it cannot be read.
+std::string AddressText(const sockaddr_storage& a) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof(buf));
+  } else if (a.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(&in6)) {
+      inet_ntop(AF_INET, &in6.s6_addr[12], buf, sizeof(buf));  // same peer as its IPv4 form
+    } else {
+      inet_ntop(AF_INET6, &in6, buf, sizeof(buf));
+    }
+  }
+  return buf;
+}
+
+std::string SocketPeer(int fd) {
+  sockaddr_storage a = {};
+  socklen_t len = sizeof(a);
+  return getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 ? AddressText(a) : "";
+}
 
 // Listener, worker and progress thread shared by every connection of one weight server.
+// The UCX listener cannot authenticate, so it accepts endpoints only from addresses that
+// hold a registration granted on an authenticated control connection (the rkey is secret
+// too; this keeps strangers from holding endpoints), at most kMaxEndpoints at once.
+// Endpoints are closed as soon as their peer fails or disconnects.
 class UcxServer {
  public:
   static Status Start(const ServiceOptions& opts, std::shared_ptr<UcxServer>* out) {
@@ -47,7 +87,10 @@ class UcxServer {
                    ? ntohs(reinterpret_cast<sockaddr_in6*>(&attr.sockaddr)->sin6_port)
                    : ntohs(reinterpret_cast<sockaddr_in*>(&attr.sockaddr)->sin_port);
     s->thread_ = std::thread([p = s.get()] {
-      while (!p->closing_) p->worker_->ProgressOrSleep(100);
+      while (!p->closing_) {
+        p->worker_->ProgressOrSleep(100);
+        p->CloseFailedEndpoints();
+      }
     });
     *out = std::move(s);
     return Status::Ok();
@@ -56,10 +99,9 @@ class UcxServer {
   ~UcxServer() {
     closing_ = true;
     if (thread_.joinable()) thread_.join();
-    ucp_request_param_t param = {};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    for (ucp_ep_h ep : eps_) worker_->Wait(ucp_ep_close_nbx(ep, &param), Deadline::After(1.0), nullptr);
+    failed_.insert(failed_.end(), eps_.begin(), eps_.end());
+    CloseFailedEndpoints();
+    for (ucs_status_ptr_t r : closing_reqs_) worker_->Wait(r, Deadline::After(1.0), nullptr);
     if (listener_ != nullptr) ucp_listener_destroy(listener_);
     worker_.reset();
   }
@@ -67,17 +109,71 @@ class UcxServer {
   ucp_context_h context() const { return ctx_->get(); }
   uint16_t port() const { return port_; }
 
+  // Registrations granted to `peer` on authenticated connections (endpoints from it are
+  // accepted while it holds at least one).
+  void Admit(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++admitted_[peer];
+  }
+  void Unadmit(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = admitted_.find(peer);
+    if (it != admitted_.end() && --it->second == 0) admitted_.erase(it);
+  }
+
  private:
+  bool Admitted(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !peer.empty() && admitted_.count(peer) > 0;
+  }
+
   static void OnConnection(ucp_conn_request_h request, void* arg) {
     auto* self = static_cast<UcxServer*>(arg);
+    ucp_conn_request_attr_t attr = {};
+    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    bool known = ucp_conn_request_query(request, &attr) == UCS_OK && self->Admitted(AddressText(attr.client_address));
+    if (!known || self->eps_.size() >= kMaxEndpoints) {
+      ucp_listener_reject(self->listener_, request);
+      ++g_rejected;
+      return;
+    }
     ucp_ep_params_t p = {};
     p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
     p.conn_request = request;
     p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = OnServerEndpointError;
+    p.err_handler.cb = &UcxServer::OnEndpointError;
+    p.err_handler.arg = self;
     ucp_ep_h ep = nullptr;
-    if (ucp_ep_create(self->worker_->get(), &p, &ep) == UCS_OK) self->eps_.push_back(ep);
+    if (ucp_ep_create(self->worker_->get(), &p, &ep) == UCS_OK) {
+      self->eps_.insert(ep);
+      ++g_endpoints;
+    }
+  }
+
+  // A peer that disconnects (or fails) shows up here; the endpoint is closed after the
+  // callback returns, since UCX callbacks must not progress the worker.
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t) {
+    static_cast<UcxServer*>(arg)->failed_.push_back(ep);
+  }
+
+  void CloseFailedEndpoints() {
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    std::vector<ucp_ep_h> failed;
+    failed.swap(failed_);  // closing may report more failures
+    for (ucp_ep_h ep : failed) {
+      if (eps_.erase(ep) == 0) continue;
+      --g_endpoints;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &param);
+      if (UCS_PTR_IS_PTR(r)) closing_reqs_.push_back(r);
+    }
+    closing_reqs_.erase(std::remove_if(closing_reqs_.begin(), closing_reqs_.end(), [](ucs_status_ptr_t r) {
+                          if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+                          ucp_request_free(r);
+                          return true;
+                        }), closing_reqs_.end());
   }
 
   std::shared_ptr<UcxContext> ctx_;
@@ -86,18 +182,43 @@ class UcxServer {
   uint16_t port_ = 0;
   std::thread thread_;
   std::atomic<bool> closing_{false};
-  std::vector<ucp_ep_h> eps_;  // touched only by the progress thread, then the destructor
+  std::mutex mu_;
+  std::map<std::string, int> admitted_;  // guarded by mu_
+  // Touched only by the progress thread (in UCX callbacks), then the destructor.
+  std::unordered_set<ucp_ep_h> eps_;
+  std::vector<ucp_ep_h> failed_;
+  std::vector<ucs_status_ptr_t> closing_reqs_;
 };
 
 // A region registered for one connection's lease; unregistered when the lease ends.
 struct UcxRegistration {
   std::shared_ptr<UcxServer> server;
+  std::string peer;
   RegionLease lease;
   ucp_mem_h memh = nullptr;
   ~UcxRegistration() {
     if (memh != nullptr) ucp_mem_unmap(server->context(), memh);
+    if (server != nullptr && !peer.empty()) server->Unadmit(peer);
   }
 };
+
+// Registrations are made with this deleter type, so a connection's generic state list can
+// be searched for them (std::get_deleter) without a UCX-specific field.
+struct UcxRegistrationDeleter {
+  void operator()(UcxRegistration* r) const { delete r; }
+};
+
+size_t CountRegistrations(const ServiceConnection& conn) {
+  return std::count_if(conn.state.begin(), conn.state.end(), [](const std::shared_ptr<void>& p) {
+    return std::get_deleter<UcxRegistrationDeleter>(p) != nullptr;
+  });
+}
+
+}  // namespace
+
+UcxServiceStats GetUcxServiceStats() { return UcxServiceStats{g_endpoints.load(), g_rejected.load()}; }
+
+namespace {
 
 class UcxService : public TransportService {
  public:
@@ -109,7 +230,11 @@ class UcxService : public TransportService {
                 ServingBackend& backend, Deadline d) override {
     int64_t version;
     RLB_RETURN_IF_ERROR(DecodeVersionBody(body, &version));
-    auto reg = std::make_shared<UcxRegistration>();
+    if (CountRegistrations(conn) >= kMaxRegistrationsPerConnection) {
+      return Status(Code::kProtocol, "too many UCX registrations on one connection");
+    }
+    std::shared_ptr<UcxRegistration> reg(new UcxRegistration(), UcxRegistrationDeleter());
+    reg->peer = SocketPeer(conn.socket->fd());
     ReplyStatus st = backend.LeaseRegion(version, &reg->lease);
     std::string reply;
     if (st == ReplyStatus::kOk && !Register(reg.get(), &reply).ok()) st = ReplyStatus::kUnavailable;
@@ -125,6 +250,8 @@ class UcxService : public TransportService {
       if (server_ == nullptr) RLB_RETURN_IF_ERROR(UcxServer::Start(opts_, &server_));
       reg->server = server_;
     }
+    // Admitted before the reply goes out, so the puller's endpoint is expected.
+    if (!reg->peer.empty()) reg->server->Admit(reg->peer);
     std::string rkey;
     if (reg->lease.size > 0) {
       ucp_mem_map_params_t mp = {};

@@ -5,6 +5,7 @@
 // pinned (and registered) while that connection holds its lease.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "transport/transport.h"
@@ -13,5 +14,13 @@ namespace rlboost {
 
 std::unique_ptr<Transport> MakeUcxTransport();
 std::unique_ptr<TransportService> MakeUcxService(const ServiceOptions& opts);
+
+// Process-wide counters of UCX serving: endpoints open now (over all servers), and
+// connection requests refused (unknown address, or the endpoint cap reached).
+struct UcxServiceStats {
+  uint64_t endpoints = 0;
+  uint64_t rejected = 0;
+};
+UcxServiceStats GetUcxServiceStats();
 
 }  // namespace rlboost

@@ -71,17 +71,29 @@ Status UcxWorker::Wait(ucs_status_ptr_t request, Deadline d, const volatile bool
   if (UCS_PTR_IS_ERR(request)) return UcxStatus(UCS_PTR_STATUS(request), "ucx request");
   ucs_status_t s;
   while ((s = ucp_request_check_status(request)) == UCS_INPROGRESS) {
-    if (d.Expired() || (abort != nullptr && *abort)) {
-      ucp_request_cancel(worker_, request);
-      while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-      ucp_request_free(request);
-      return Status(d.Expired() ? Code::kTimeout : Code::kClosed, "ucx request did not complete");
-    }
+    if (d.Expired() || (abort != nullptr && *abort)) return CancelAndWait(request, d.Expired());
     int ms = d.never() ? 100 : static_cast<int>(std::min(100.0, d.RemainingSeconds() * 1000.0)) + 1;
     ProgressOrSleep(ms);
   }
   ucp_request_free(request);
   return UcxStatus(s, "ucx request");
+}
+
+Status UcxWorker::CancelAndWait(ucs_status_ptr_t request, bool timed_out) {
+  // Not every operation can be cancelled (an RMA get over TCP cannot), so the wait after
+  // the cancel is bounded too; past it the request is handed back to UCX unfinished and
+  // the caller must force-close the endpoint before its destination memory is reused.
+  ucp_request_cancel(worker_, request);
+  Deadline grace = Deadline::After(kCancelGraceS);
+  while (ucp_request_check_status(request) == UCS_INPROGRESS) {
+    if (grace.Expired()) {
+      ucp_request_free(request);
+      return Status(Code::kPeerLost, "ucx request could not be cancelled; the peer stopped responding");
+    }
+    ProgressOrSleep(10);
+  }
+  ucp_request_free(request);
+  return Status(timed_out ? Code::kTimeout : Code::kClosed, "ucx request did not complete");
 }
 
 }  // namespace rlboost

@@ -30,12 +30,18 @@ class UcxWorker {
   static Status Create(std::shared_ptr<UcxContext> ctx, bool multi_thread, std::unique_ptr<UcxWorker>* out);
   ~UcxWorker();
   ucp_worker_h get() const { return worker_; }
-  // Progresses until `request` completes (or the deadline / abort flag); frees it.
+  // Progresses until `request` completes (or the deadline / abort flag); frees it. After
+  // the deadline or abort the request is cancelled and waited for at most kCancelGraceS
+  // more; kPeerLost then means it could not be cancelled and may still be in flight: the
+  // caller must force-close its endpoint before reusing the request's memory.
   Status Wait(ucs_status_ptr_t request, Deadline d, const volatile bool* abort);
   // Progresses once, then sleeps on the event fd for at most timeout_ms.
   void ProgressOrSleep(int timeout_ms);
 
+  static constexpr double kCancelGraceS = 0.5;
+
  private:
+  Status CancelAndWait(ucs_status_ptr_t request, bool timed_out);
   std::shared_ptr<UcxContext> ctx_;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
