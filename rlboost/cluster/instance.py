@@ -290,13 +290,22 @@ def _build_engine(spec: InstanceSpec):
     if spec.sglang is not None:
         return SGLangEngine(dataclasses.replace(spec.sglang, weight_version=0))
     if spec.emulated is not None:
-        engine = EmulatedEngine(emulated_for_model(spec.emulated, spec.engine.model_dir))
-        if spec.kind == "preemptible":
-            engine.set_speed(spec.emulated_preemptible_speed)
-        return engine
+        return EmulatedEngine(emulated_config(spec))
     cfg = dataclasses.replace(spec.engine, weight_version=0)
     model = empty_model(ModelConfig.load(cfg.model_dir), dtype=cfg.torch_dtype, device=cfg.device)
     return EmbeddedEngine(cfg, model=model)
+
+
+def emulated_config(spec: InstanceSpec) -> EmulatedEngineConfig:
+    """The emulated engine of this instance: spec.emulated fitted to the model, its rates
+    times emulated_preemptible_speed on a preemptible instance."""
+    config = emulated_for_model(spec.emulated, spec.engine.model_dir)
+    if spec.kind != "preemptible":
+        return config
+    f = spec.emulated_preemptible_speed
+    return dataclasses.replace(config, decode_tokens_per_s=config.decode_tokens_per_s * f,
+                               sample_tokens_per_s=config.sample_tokens_per_s * f,
+                               prefill_tokens_per_s=config.prefill_tokens_per_s * f)
 
 
 def emulated_for_model(config: EmulatedEngineConfig, model_dir: str) -> EmulatedEngineConfig:
