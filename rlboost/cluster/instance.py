@@ -111,7 +111,7 @@ class RolloutInstance:
         self.spec = spec
         self.controller = controller
         transfer = on_this_node(spec.transfer)
-        self.engine = MigratingEngine(_build_engine(spec), transfer)
+        self.engine = MigratingEngine(build_engine(spec), transfer)
         self.puller = WeightPuller(list(spec.sources), transfer)
         self._peers: tuple[str, ...] = ()
         self._pulls: list[PullRecord] = []
@@ -285,7 +285,7 @@ def on_this_node(transfer: TransferConfig) -> TransferConfig:
     return transfer
 
 
-def _build_engine(spec: InstanceSpec):
+def build_engine(spec: InstanceSpec):
     """The instance's engine, with no weights of its own yet (version 0): it pulls first."""
     if spec.sglang is not None:
         return SGLangEngine(dataclasses.replace(spec.sglang, weight_version=0))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlboost.cluster.instance import InstanceSpec, _build_engine, emulated_config
+from rlboost.cluster.instance import InstanceSpec, build_engine, emulated_config
 from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint
 from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
@@ -38,7 +38,7 @@ def test_vocabulary_and_stop_token_come_from_the_checkpoint(checkpoint):
 
 
 def test_samples_stop_at_the_tasks_stop_token(checkpoint):
-    engine = _build_engine(_spec(checkpoint, emulated=EmulatedEngineConfig(
+    engine = build_engine(_spec(checkpoint, emulated=EmulatedEngineConfig(
         stop_probability=1.0, sample_tokens_per_s=1e6, decode_tokens_per_s=1e6)))
     assert isinstance(engine, EmulatedEngine)
     engine.load_weights({}, version=0)
