@@ -224,6 +224,8 @@ def instance_template(config: RunConfig, weights: Path, publisher: str) -> Insta
         sglang = SGLangEngineConfig(model_path=str(weights), tp_size=r.sglang_tp_size,
                                     mem_fraction_static=r.sglang_mem_fraction, dtype=r.engine.dtype,
                                     stream_interval=r.engine.stream_interval)
+    emulated = r.emulated if r.backend == "emulated" else None
     return InstanceSpec(instance_id="template", kind="preemptible", capacity=r.capacity, engine=engine,
                         transfer=config.transfer, sources=(publisher,), pull_timeout_s=r.pull_timeout_s,
-                        sglang=sglang)
+                        sglang=sglang, emulated=emulated,
+                        emulated_preemptible_speed=r.emulated_preemptible_speed)

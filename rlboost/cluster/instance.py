@@ -1,8 +1,9 @@
 """RolloutInstance: one rollout instance as a Ray actor (an engine, a WeightPuller, a
 heartbeat thread and a pull thread).
 
-The engine is the embedded torch engine, or SGLang when the spec carries an
-SGLangEngineConfig. The controller reaches it through the actor's RolloutEngine methods
+The engine is the embedded torch engine, SGLang when the spec carries an
+SGLangEngineConfig, or an EmulatedEngine (the time a configured GPU would take, hash
+tokens) when it carries an EmulatedEngineConfig. The controller reaches it through the actor's RolloutEngine methods
 and the handoff methods of MigratingEngine, so samples move engine to engine with their
 KV pages (the controller sees only tickets and token states) when the engine can export
 them. One thread registers the instance and heartbeats; another, whenever the lease names
@@ -29,6 +30,7 @@ from rlboost.controller.records import InstanceInfo
 from rlboost.errors import RlboostError, TransferTimeout
 from rlboost.models import ModelConfig, empty_model
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
 from rlboost.rollout.endpoint import MigratingEngine
 from rlboost.rollout.sglang_engine import SGLangEngine, SGLangEngineConfig
 from rlboost.transfer.config import WILDCARD_HOSTS, TransferConfig
@@ -51,6 +53,9 @@ class InstanceSpec:
     since every version comes from a pull. sources are the trainer's weight publishers.
     sglang, when set, makes the instance roll out with SGLang instead of the embedded
     engine (SGLang loads sglang.model_path itself; later versions still come from pulls).
+    emulated, when set, makes it an EmulatedEngine with those rates (its vocabulary and
+    end-of-sequence token taken from engine.model_dir); a preemptible instance runs at
+    emulated_preemptible_speed times them.
     """
 
     instance_id: str
@@ -62,6 +67,8 @@ class InstanceSpec:
     pull_timeout_s: float = 600.0
     torch_threads: int = 1
     sglang: SGLangEngineConfig | None = None
+    emulated: EmulatedEngineConfig | None = None
+    emulated_preemptible_speed: float = 1.0
     format_version: int = SPEC_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -72,6 +79,10 @@ class InstanceSpec:
             raise ValueError("engine.model_dir must name the checkpoint whose shape the engine takes")
         if not self.sources:
             raise ValueError("sources must name at least one weight publisher")
+        if self.sglang is not None and self.emulated is not None:
+            raise ValueError("sglang and emulated are two engines: set at most one")
+        if not self.emulated_preemptible_speed > 0:
+            raise ValueError(f"emulated_preemptible_speed must be > 0, got {self.emulated_preemptible_speed}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,7 +111,7 @@ class RolloutInstance:
         self.spec = spec
         self.controller = controller
         transfer = on_this_node(spec.transfer)
-        self.engine = MigratingEngine(_build_engine(spec), transfer)
+        self.engine = MigratingEngine(build_engine(spec), transfer)
         self.puller = WeightPuller(list(spec.sources), transfer)
         self._peers: tuple[str, ...] = ()
         self._pulls: list[PullRecord] = []
@@ -274,10 +285,45 @@ def on_this_node(transfer: TransferConfig) -> TransferConfig:
     return transfer
 
 
-def _build_engine(spec: InstanceSpec):
+def build_engine(spec: InstanceSpec):
     """The instance's engine, with no weights of its own yet (version 0): it pulls first."""
     if spec.sglang is not None:
         return SGLangEngine(dataclasses.replace(spec.sglang, weight_version=0))
+    if spec.emulated is not None:
+        return EmulatedEngine(emulated_config(spec))
     cfg = dataclasses.replace(spec.engine, weight_version=0)
     model = empty_model(ModelConfig.load(cfg.model_dir), dtype=cfg.torch_dtype, device=cfg.device)
     return EmbeddedEngine(cfg, model=model)
+
+
+def emulated_config(spec: InstanceSpec) -> EmulatedEngineConfig:
+    """The emulated engine of this instance: spec.emulated fitted to the model, its rates
+    times emulated_preemptible_speed on a preemptible instance."""
+    config = emulated_for_model(spec.emulated, spec.engine.model_dir)
+    if spec.kind != "preemptible":
+        return config
+    f = spec.emulated_preemptible_speed
+    return dataclasses.replace(config, decode_tokens_per_s=config.decode_tokens_per_s * f,
+                               sample_tokens_per_s=config.sample_tokens_per_s * f,
+                               prefill_tokens_per_s=config.prefill_tokens_per_s * f)
+
+
+def emulated_for_model(config: EmulatedEngineConfig, model_dir: str) -> EmulatedEngineConfig:
+    """config with the model's vocabulary, end-of-sequence token and context length, so
+    the trainer can score the emulated tokens and a task's stop tokens end samples. The
+    vocabulary is capped at the tokenizer's when one lies beside the checkpoint: a model's
+    embedding table may hold rows no token decodes to."""
+    from rlboost.recipes.tokenizers import load_tokenizer
+
+    model = ModelConfig.load(model_dir)
+    vocab, eos = model.vocab_size, (model.eos_token_ids or (None,))[0]
+    try:
+        tokenizer = load_tokenizer(model_dir)
+        vocab, eos = min(vocab, tokenizer.vocab_size), tokenizer.eos_id
+    except FileNotFoundError:  # weights only: the model's own config has to do
+        pass
+    if eos is None or not 0 <= eos < vocab:
+        raise ValueError(f"{model_dir}: the model names no end-of-sequence token below its vocabulary "
+                         f"size {vocab}, which emulated samples need to stop")
+    return dataclasses.replace(config, vocab_size=vocab, eos_token_id=eos,
+                               max_model_len=config.max_model_len or model.max_position_embeddings)

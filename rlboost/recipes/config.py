@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from rlboost.cluster.cost import CostConfig
 from rlboost.controller.service import ControllerConfig
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig
+from rlboost.rollout.emulated import EmulatedEngineConfig
 from rlboost.tasks.arithmetic import ArithmeticConfig
 from rlboost.trainer.grpo import GRPOConfig
 from rlboost.transfer.config import TransferConfig
@@ -23,7 +24,7 @@ DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 RENDEZVOUS = ("file", "tcp")
 POLICIES = ("adaptive", "reference")
-ROLLOUT_BACKENDS = ("embedded", "sglang")
+ROLLOUT_BACKENDS = ("embedded", "sglang", "emulated")
 VICTIM_ORDERS = ("oldest", "newest", "random")
 INJECT_KINDS = ("notice", "kill")
 
@@ -165,13 +166,25 @@ class RolloutSection:
     """The rollout engines (one per instance) and the controller's offload policy.
 
     capacity is how many samples an instance decodes at once (the engine's batch size).
-    backend: "embedded" (rlboost's torch engine, configured by `engine`) or "sglang" (needs
+    backend: "embedded" (rlboost's torch engine, configured by `engine`), "sglang" (needs
     `pip install 'rlboost[sglang]'` and GPUs; `sglang_tp_size` GPUs per instance, SGLang
-    taking `sglang_mem_fraction` of each, in `engine.dtype`).
+    taking `sglang_mem_fraction` of each, in `engine.dtype`) or "emulated": engines that
+    take the time the GPU described by `emulated` would (decode_tokens_per_s per engine,
+    sample_tokens_per_s per sample, prefill_tokens_per_s, stop_probability, max_running)
+    and emit hash tokens, while weight pulls, the controller, migrations, preemptions and
+    the trainer stay real; rewards are then about 0. Its vocab_size and eos_token_id come
+    from the model's checkpoint (the values in `emulated` are not used). Preemptible
+    instances run at emulated_preemptible_speed times those rates (e.g. 0.5: an older GPU
+    type than the reserved engines'), reserved engines at 1x.
+
+    >>> RolloutSection(backend="emulated", emulated_preemptible_speed=0.5).emulated.decode_tokens_per_s
+    2000.0
     """
 
     engine: EmbeddedEngineConfig = field(default_factory=EmbeddedEngineConfig)
     backend: str = "embedded"
+    emulated: EmulatedEngineConfig = field(default_factory=EmulatedEngineConfig)
+    emulated_preemptible_speed: float = 1.0
     sglang_tp_size: int = 1
     sglang_mem_fraction: float = 0.8
     capacity: int = 64
@@ -184,6 +197,8 @@ class RolloutSection:
         _require(self.capacity >= 1, "rollout.capacity", ">= 1", self.capacity)
         _require(self.policy in POLICIES, "rollout.policy", f"one of {POLICIES}", self.policy)
         _require(self.backend in ROLLOUT_BACKENDS, "rollout.backend", f"one of {ROLLOUT_BACKENDS}", self.backend)
+        _require(0.0 < self.emulated_preemptible_speed <= 1000.0, "rollout.emulated_preemptible_speed",
+                 "in (0, 1000]", self.emulated_preemptible_speed)
         _require(self.sglang_tp_size >= 1, "rollout.sglang_tp_size", ">= 1", self.sglang_tp_size)
         _require(0.0 < self.sglang_mem_fraction < 1.0, "rollout.sglang_mem_fraction", "in (0, 1)",
                  self.sglang_mem_fraction)
@@ -303,11 +318,7 @@ class RunConfig:
     run: RunSection = field(default_factory=RunSection)
 
     def __post_init__(self) -> None:
-        if self.trainer.device == "cuda" and self.rollout.engine.device == "cpu":
-            raise ValueError("rollout.engine.device must be a CUDA device when trainer.device is 'cuda'")
-        if self.rollout.capacity > self.rollout.engine.max_batch_size:
-            raise ValueError(f"rollout.capacity ({self.rollout.capacity}) must be <= "
-                             f"rollout.engine.max_batch_size ({self.rollout.engine.max_batch_size})")
+        check_rollout(self)
         for item in self.cluster.inject:
             _, step = parse_injection(item)
             _require(step <= self.run.steps, "cluster.inject", f"steps within run.steps={self.run.steps}", item)
@@ -316,6 +327,21 @@ class RunConfig:
         if self.controller.registry.max_staleness != 0:
             raise ValueError("controller.registry.max_staleness must be 0: training is strictly "
                              "on-policy (every sample of step k comes from weight version k)")
+
+
+def check_rollout(config: RunConfig) -> None:
+    """The engines can hold rollout.capacity samples and run where the trainer does."""
+    r = config.rollout
+    if r.backend == "emulated":  # sleeps instead of computing: any trainer device will do
+        if r.capacity > r.emulated.max_running:
+            raise ValueError(f"rollout.capacity ({r.capacity}) must be <= rollout.emulated.max_running "
+                             f"({r.emulated.max_running})")
+        return
+    if config.trainer.device == "cuda" and r.engine.device == "cpu":
+        raise ValueError("rollout.engine.device must be a CUDA device when trainer.device is 'cuda'")
+    if r.capacity > r.engine.max_batch_size:
+        raise ValueError(f"rollout.capacity ({r.capacity}) must be <= "
+                         f"rollout.engine.max_batch_size ({r.engine.max_batch_size})")
 
 
 def check_multi_node(config: RunConfig) -> None:

@@ -84,7 +84,10 @@ def _apply(obj: Any, path: list[str], text: str, key: str) -> Any:
         value = parse_value(text, types[head], key)
     else:
         value = _apply(current, path[1:], text, key)
-    return dataclasses.replace(obj, **{head: value})
+    try:
+        return dataclasses.replace(obj, **{head: value})
+    except ValueError as exc:  # a section's own check: say which --set it refused
+        raise ValueError(f"--set {key}: {exc}") from None
 
 
 def apply_overrides(config: Any, assignments: list[str] | tuple[str, ...]) -> Any:
