@@ -14,10 +14,12 @@ KINDS = ("reserved", "preemptible")
 
 @dataclass(kw_only=True, slots=True)
 class CostConfig:
-    """Prices per instance-hour and how ledger seconds map to billed seconds.
+    """Prices per hour and how ledger seconds map to billed seconds.
 
-    Defaults are the RLBoost artifact's cost model (Terra-Flux/PolyRL REPRODUCE.md) for
-    one 8x H100 node: $83.79/h on demand, $21.28/h spot. time_scale is billed seconds per
+    reserved_usd_per_hour buys the whole reserved cluster (trainer ranks and the reserved
+    rollout engines that share its devices); preemptible_usd_per_hour buys one preemptible
+    instance. Defaults are the RLBoost artifact's cost model (Terra-Flux/PolyRL
+    REPRODUCE.md) for one 8x H100 node: $83.79/h on demand, $21.28/h spot. time_scale is billed seconds per
     ledger second: 60 when one trace hour is replayed as one minute.
     """
 

@@ -75,7 +75,8 @@ class Fleet:
             if instance_id in self._members and self._members[instance_id].alive:
                 raise ValueError(f"instance {instance_id!r} is already running")
             self._members[instance_id] = _Member(spec, handle, handle.ready.remote())
-            self.ledger.start(instance_id, kind, at_s=self.now())
+            if kind != "reserved":  # reserved engines run on the reserved cluster, billed as a whole
+                self.ledger.start(instance_id, kind, at_s=self.now())
             self.record("join", instance=instance_id, pool=kind, up=self.up())
 
     def notice(self, instance_id: str, grace_s: float) -> None:
@@ -124,7 +125,8 @@ class Fleet:
             return
         member.alive = False
         ray.kill(member.handle, no_restart=True)
-        self.ledger.stop(instance_id, at_s=self.now())
+        if instance_id in self.ledger.running():
+            self.ledger.stop(instance_id, at_s=self.now())
         self.record(event, instance=instance_id, pool=member.spec.kind, up=self.up())
 
     def announce(self) -> None:

@@ -13,6 +13,7 @@ build without it).
 
 from __future__ import annotations
 
+from rlboost.cluster.cost import CostConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.service import ControllerConfig
 from rlboost.recipes.config import (ClusterSection, ModelSection, RolloutSection, RunConfig, RunSection,
@@ -48,5 +49,8 @@ def qwen3_gpu() -> RunConfig:
         transfer=TransferConfig(bind_host="0.0.0.0", streams=8, chunk_bytes=32 << 20),
         cluster=ClusterSection(reserved_instances=4, max_preemptible=4, trace="sample",
                                notice_s=30.0, sudden_fraction=0.5),
+        # the reserved cluster is one 8-GPU node (4 ranks + 4 engines); a preemptible
+        # instance is one GPU: an eighth of an 8x H100 spot node
+        cost=CostConfig(reserved_usd_per_hour=83.79, preemptible_usd_per_hour=21.28 / 8),
         run=RunSection(name="qwen3_gpu", steps=200, checkpoint_every=20),
     )
