@@ -5,7 +5,7 @@ controller, weight pulls, migrations, preemptions): (a) reserved only
 (cluster.max_preemptible=0), (b) with the bundled spot trace. Both are billed from their
 cost ledgers at the same $/hour prices (defaults: the recipe's CostConfig, $83.79/h
 reserved and $21.28/h preemptible for one 8x H100 node), over the steps after the first
-(the first includes warm-up). Two fidelity levels (see DESIGN.md):
+(the first includes warm-up). Two fidelity levels:
 
 - emulated: rollout.backend=emulated. Every engine takes the time a GPU decoding at
   --decode-tps per engine and --sample-tps per sample would, so rollout dominates a step
@@ -46,12 +46,12 @@ def parse() -> argparse.Namespace:
                    help="price of one reserved instance-hour (default: the recipe's cost.reserved_usd_per_hour)")
     p.add_argument("--preemptible-usd-per-hour", type=float, default=None,
                    help="price of one preemptible instance-hour (default: the recipe's)")
-    p.add_argument("--decode-tps", type=float, default=2000.0, help="emulated: aggregate decode tok/s per engine")
-    p.add_argument("--sample-tps", type=float, default=100.0, help="emulated: decode tok/s of one sample")
+    p.add_argument("--decode-tps", type=float, default=8000.0, help="emulated: aggregate decode tok/s per engine")
+    p.add_argument("--sample-tps", type=float, default=400.0, help="emulated: decode tok/s of one sample")
     p.add_argument("--max-new", type=int, default=96, help="emulated: max_new_tokens of a sample")
     p.add_argument("--stop-probability", type=float, default=0.01,
                    help="emulated: chance that a token ends its sample")
-    p.add_argument("--groups", type=int, default=16, help="emulated: prompt groups per step")
+    p.add_argument("--groups", type=int, default=64, help="emulated: prompt groups per step")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="more overrides for every run, as `rlboost train --set`")
     return p.parse_args()

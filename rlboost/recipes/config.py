@@ -7,7 +7,6 @@ what only a whole run knows (which model and task, how many ranks and instances,
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field
 
 from rlboost.cluster.cost import CostConfig
@@ -16,7 +15,7 @@ from rlboost.rollout.embedded_config import EmbeddedEngineConfig
 from rlboost.rollout.emulated import EmulatedEngineConfig
 from rlboost.tasks.arithmetic import ArithmeticConfig
 from rlboost.trainer.grpo import GRPOConfig
-from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.config import TransferConfig, is_loopback
 
 MODEL_SOURCES = ("tiny", "smollm2", "path")
 TASKS = ("arithmetic", "math")
@@ -349,7 +348,7 @@ def check_multi_node(config: RunConfig) -> None:
     must listen where other nodes reach them, with a secret, and a file rendezvous needs a
     folder every trainer node sees."""
     t = config.transfer
-    if _is_loopback(t.bind_host):
+    if is_loopback(t.bind_host):
         raise ValueError(f"transfer.bind_host must be an address other nodes reach (e.g. 0.0.0.0) when "
                          f"cluster.address joins a cluster, got {t.bind_host!r}")
     if not t.secret:
@@ -360,11 +359,3 @@ def check_multi_node(config: RunConfig) -> None:
                          "file system) when trainer.rendezvous is 'file' and cluster.address joins a "
                          "cluster; or set trainer.rendezvous=tcp")
 
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -18,7 +18,8 @@ _MAX_CHUNK = 256 << 20
 _MAX_TIMEOUT_S = 3600.0  # longer deadlines are a mistake, not a need
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether host (a name or an address) is this machine's loopback."""
     if host == "localhost":
         return True
     try:
@@ -111,7 +112,7 @@ class TransferConfig:
         _check(bool(self.bind_host), "bind_host", "a host name or address", self.bind_host)
         _check(self.advertise_host is None or (bool(self.advertise_host) and self.advertise_host not in WILDCARD_HOSTS),
                "advertise_host", "None or a host peers can dial (not 0.0.0.0 or ::)", self.advertise_host)
-        if not self.secret and not _is_loopback(self.bind_host):
+        if not self.secret and not is_loopback(self.bind_host):
             raise ValueError(
                 f"secret: required when bind_host ({self.bind_host}) is not a loopback address; "
                 "set TransferConfig(secret=...) or RLBOOST_SECRET"

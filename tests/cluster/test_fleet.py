@@ -4,6 +4,7 @@ and are preempted with a notice or suddenly, every event recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -92,6 +93,29 @@ def _reference(model_dir, weights, step, prompts, params=None):
         return out
 
 
+@contextlib.contextmanager
+def _running_fleet(ctl, ckpt, weights, ledger, rec, now):
+    """Version 1 published, a reserved and a preemptible instance up at it; closes all."""
+    with WeightPublisher(TransferConfig()) as pub:
+        pub.publish(1, weights)
+        ray.get(ctl.set_weight_version.remote(1))
+        template = InstanceSpec(instance_id="t", kind="preemptible", capacity=4, transfer=TransferConfig(),
+                                engine=EmbeddedEngineConfig(model_dir=str(ckpt), num_blocks=64),
+                                sources=(pub.address,))
+        fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, now)
+        try:
+            fleet.join("reserved-0", "reserved")
+            fleet.join("spot-0")
+            fleet.start()
+            fleet.wait_version(1, "reserved", 120)
+            fleet.wait_version(1, "preemptible", 120)
+            yield fleet, pub
+        finally:
+            fleet.close()
+            ray.get(ctl.close.remote())
+            ray.kill(ctl)
+
+
 def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_cluster, tmp_path):
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=3)
     weights = load_pretrained(ckpt).named_weights()
@@ -100,57 +124,41 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         poll_interval_s=0.02, registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=10,
                                                       drain_margin_s=0.2)), "reference")
     rec, ledger, clock = Recorder(), CostLedger(), [0.0]
-    with WeightPublisher(TransferConfig()) as pub:
-        pub.publish(1, weights)
-        ray.get(ctl.set_weight_version.remote(1))
-        template = InstanceSpec(instance_id="t", kind="preemptible", capacity=4, transfer=TransferConfig(),
-                                engine=EmbeddedEngineConfig(model_dir=str(ckpt), num_blocks=64),
-                                sources=(pub.address,))
-        fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, lambda: clock[0])
-        try:
-            fleet.join("reserved-0", "reserved")
-            fleet.join("spot-0")
-            fleet.start()
-            fleet.wait_version(1, "reserved", 120)
-            fleet.wait_version(1, "preemptible", 120)
-            # a joined instance starts empty and pulls before its first sample: what it
-            # generates is what the published weights generate
-            assert _rollout(ctl, 1, 1, prompts) == _reference(ckpt, weights, 1, prompts)
+    with _running_fleet(ctl, ckpt, weights, ledger, rec, lambda: clock[0]) as (fleet, pub):
+        # a joined instance starts empty and pulls before its first sample: what it
+        # generates is what the published weights generate
+        assert _rollout(ctl, 1, 1, prompts) == _reference(ckpt, weights, 1, prompts)
 
-            changed = {n: t + 0.05 * torch.randn_like(t) for n, t in weights.items()}
-            pub.publish(2, changed)
-            ray.get(ctl.set_weight_version.remote(2))
-            fleet.announce()
-            fleet.wait_version(2, "reserved", 60)
-            fleet.wait_version(2, "preemptible", 60)
-            fleet.wait_ready("reserved", 60)  # pull records are asked only of started instances
-            fleet.wait_ready("preemptible", 60)
-            pulls = fleet.pull_records(2)
-            assert {p.instance_id for p in pulls} == {"reserved-0", "spot-0"}
-            assert all(p.nbytes >= sum(t.numel() * 4 for t in weights.values()) for p in pulls)
-            assert _rollout(ctl, 2, 2, prompts) == _reference(ckpt, changed, 2, prompts)
+        changed = {n: t + 0.05 * torch.randn_like(t) for n, t in weights.items()}
+        pub.publish(2, changed)
+        ray.get(ctl.set_weight_version.remote(2))
+        fleet.announce()
+        fleet.wait_version(2, "reserved", 60)
+        fleet.wait_version(2, "preemptible", 60)
+        fleet.wait_ready("reserved", 60)  # pull records are asked only of started instances
+        fleet.wait_ready("preemptible", 60)
+        pulls = fleet.pull_records(2)
+        assert {p.instance_id for p in pulls} == {"reserved-0", "spot-0"}
+        assert all(p.nbytes >= sum(t.numel() * 4 for t in weights.values()) for p in pulls)
+        assert _rollout(ctl, 2, 2, prompts) == _reference(ckpt, changed, 2, prompts)
 
-            clock[0] = 10.0
-            fleet.notice("spot-0", 0.3)
-            rec.wait("gone", "spot-0")
-            fleet.join("spot-1")
-            fleet.wait_version(2, "preemptible", 60)
-            clock[0] = 20.0
-            fleet.kill("spot-1")
-            rec.wait("death", "spot-1")
-            assert fleet.up() == 0 and fleet.preemptions == {"notice": 1, "sudden": 1}
-            kinds = [(e["kind"], e["instance"]) for e in rec.events]
-            assert kinds.index(("join", "spot-0")) < kinds.index(("active", "spot-0")) < \
-                kinds.index(("notice", "spot-0")) < kinds.index(("gone", "spot-0"))
-            assert all("up" in e for e in rec.events)
-            # preemptible instances bill from join to their end; the reserved engine is
-            # part of the reserved cluster, which the launcher bills as a whole
-            assert ledger.running() == {}
-            assert ledger.summary(at_s=20.0).preemptible_s == pytest.approx(20.0)
-        finally:
-            fleet.close()
-            ray.get(ctl.close.remote())
-            ray.kill(ctl)
+        clock[0] = 10.0
+        fleet.notice("spot-0", 0.3)
+        rec.wait("gone", "spot-0")
+        fleet.join("spot-1")
+        fleet.wait_version(2, "preemptible", 60)
+        clock[0] = 20.0
+        fleet.kill("spot-1")
+        rec.wait("death", "spot-1")
+        assert fleet.up() == 0 and fleet.preemptions == {"notice": 1, "sudden": 1}
+        kinds = [(e["kind"], e["instance"]) for e in rec.events]
+        assert kinds.index(("join", "spot-0")) < kinds.index(("active", "spot-0")) < \
+            kinds.index(("notice", "spot-0")) < kinds.index(("gone", "spot-0"))
+        assert all("up" in e for e in rec.events)
+        # preemptible instances bill from join to their end; the reserved engine is
+        # part of the reserved cluster, which the launcher bills as a whole
+        assert ledger.running() == {}
+        assert ledger.summary(at_s=20.0).preemptible_s == pytest.approx(20.0)
 
 
 def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tmp_path):
@@ -167,26 +175,10 @@ def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tm
                          registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=20)),
         "reference", ReferenceWindowConfig(initial_window_s=0.05, floor_s=0.0, whole_seconds=False))
     rec, ledger = Recorder(), CostLedger()
-    with WeightPublisher(TransferConfig()) as pub:
-        pub.publish(1, weights)
-        ray.get(ctl.set_weight_version.remote(1))
-        template = InstanceSpec(instance_id="t", kind="preemptible", capacity=4, transfer=TransferConfig(),
-                                engine=EmbeddedEngineConfig(model_dir=str(ckpt), num_blocks=64),
-                                sources=(pub.address,))
-        fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, lambda: 0.0)
-        try:
-            fleet.join("reserved-0", "reserved")
-            fleet.join("spot-0")
-            fleet.start()
-            fleet.wait_version(1, "reserved", 120)
-            fleet.wait_version(1, "preemptible", 120)
-            metrics = []
-            out = _rollout(ctl, 1, 1, prompts, long, metrics)
-            assert metrics[0].kv_migrations > 0 and metrics[0].samples == 4
-            assert dict(metrics[0].tokens_per_instance).get("spot-0", 0) > 0
-            assert out == _reference(ckpt, weights, 1, prompts, long)
-            assert all(len(ids) == 200 for ids in out.values())
-        finally:
-            fleet.close()
-            ray.get(ctl.close.remote())
-            ray.kill(ctl)
+    with _running_fleet(ctl, ckpt, weights, ledger, rec, lambda: 0.0) as (fleet, pub):
+        metrics = []
+        out = _rollout(ctl, 1, 1, prompts, long, metrics)
+        assert metrics[0].kv_migrations > 0 and metrics[0].samples == 4
+        assert dict(metrics[0].tokens_per_instance).get("spot-0", 0) > 0
+        assert out == _reference(ckpt, weights, 1, prompts, long)
+        assert all(len(ids) == 200 for ids in out.values())

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import torch
 
@@ -82,3 +84,13 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    """Polls condition() every 50 ms until it holds (True) or timeout s pass (False)."""
+    deadline, tick = time.monotonic() + timeout, threading.Event()
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        tick.wait(0.05)
+    return True

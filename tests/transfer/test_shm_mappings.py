@@ -4,14 +4,12 @@ source retires the region (here: the source process exits)."""
 
 from __future__ import annotations
 
-import threading
-import time
 
 import pytest
 
 from rlboost.transfer import WeightPuller
 
-from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors
+from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_until
 from .serve_weights import payload
 
 pytestmark = pytest.mark.skipif("shm" not in BUILT_TRANSPORTS, reason="shm transport not built")
@@ -22,15 +20,6 @@ def remote_mappings() -> list[str]:
     with open("/proc/self/maps") as f:
         return [line.split()[0] for line in f
                 if "rlboost-weights" in line and line.split()[1] == "r--s"]
-
-
-def wait_until(condition, timeout: float = 30.0) -> bool:
-    deadline, tick = time.monotonic() + timeout, threading.Event()
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        tick.wait(0.05)
-    return True
 
 
 def test_idle_mapping_is_dropped_while_the_source_still_serves(publisher):

@@ -8,7 +8,6 @@ import os
 import signal
 import struct
 import threading
-import time
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from rlboost import _C
 from rlboost.errors import PeerLost, ProtocolError
 from rlboost.transfer import WeightPuller
 
-from .helpers import BUILT_TRANSPORTS, make_config, wait_for_bytes
+from .helpers import BUILT_TRANSPORTS, make_config, wait_for_bytes, wait_until
 from .wire_client import W, client_handshake, connect, frame, is_closed_by_peer, recv_frame
 
 pytestmark = pytest.mark.skipif("ucx" not in BUILT_TRANSPORTS, reason="UCX transport not built")
@@ -30,15 +29,6 @@ MAX_REGISTRATIONS_PER_CONNECTION = 4
 def loopback_ucx(monkeypatch):
     # Read by UCX whenever a context is created: keep every UCX byte on loopback.
     monkeypatch.setenv("UCX_NET_DEVICES", "lo")
-
-
-def wait_until(condition, timeout: float = 30.0) -> bool:
-    deadline, tick = time.monotonic() + timeout, threading.Event()
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        tick.wait(0.05)
-    return True
 
 
 def test_server_endpoints_close_when_each_pull_ends(publisher):
