@@ -1,15 +1,19 @@
 """What a run across machines needs: servers bound to every interface advertise an address
-peers can dial, and a config that joins a Ray cluster is refused, by field, when its
-servers listen on loopback only, have no secret, or meet in a file no other node sees."""
+peers can dial (in a Ray actor: its node's address), and a config that joins a Ray cluster
+is refused, by field, when its servers listen on loopback only, have no secret, or meet in
+a file no other node sees."""
 
 from __future__ import annotations
 
 import pytest
+import ray
 import torch
 
+from rlboost.cluster.session import RaySession, RaySettings, actor_options
 from rlboost.recipes import get_recipe
 from rlboost.recipes.overrides import apply_overrides
 from rlboost.transfer import TransferConfig, WeightPublisher, WeightPuller
+from rlboost.trainer.rank import RankSpec, TrainerRank
 from rlboost.transfer.config import parse_address
 
 
@@ -32,6 +36,29 @@ def test_advertise_host_wins_and_must_be_dialable():
         assert pub.address.startswith("127.0.0.1:")
     with pytest.raises(ValueError, match="advertise_host"):
         TransferConfig(bind_host="0.0.0.0", secret=b"s", advertise_host="0.0.0.0")
+
+
+def test_the_trainer_publisher_bound_to_every_interface_advertises_its_ray_node():
+    class RankOnANodeForTests(TrainerRank):  # defined here so Ray ships it by value
+        """A trainer rank that also says which Ray node it runs on."""
+
+        def node_address(self) -> str:
+            return ray.util.get_node_ip_address()
+
+    with RaySession(RaySettings(num_cpus=1, reserved=1, preemptible=1, object_store_mb=128)):
+        def publisher_host(transfer: TransferConfig) -> tuple[str, str]:
+            spec = RankSpec(rank=0, world_size=1, checkpoint="/unused", transfer=transfer)
+            rank = ray.remote(RankOnANodeForTests).options(**actor_options("reserved")).remote(spec)
+            try:
+                return parse_address(ray.get(rank.address.remote(), timeout=60))[0], \
+                    ray.get(rank.node_address.remote(), timeout=60)
+            finally:
+                ray.kill(rank)
+
+        host, node = publisher_host(TransferConfig(bind_host="0.0.0.0", secret=b"s"))
+        assert host == node  # the node's address, not the machine's outgoing interface
+        named = TransferConfig(bind_host="0.0.0.0", secret=b"s", advertise_host="localhost")
+        assert publisher_host(named)[0] == "localhost"  # an explicit advertise_host still wins
 
 
 JOIN = ["cluster.address=10.0.0.1:6379"]

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import ray
 import torch
 
+from rlboost.cluster.session import on_this_node
 from rlboost.controller.records import InstanceInfo
 from rlboost.errors import RlboostError, TransferTimeout
 from rlboost.models import ModelConfig, empty_model
@@ -33,7 +34,7 @@ from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
 from rlboost.rollout.endpoint import MigratingEngine
 from rlboost.rollout.sglang_engine import SGLangEngine, SGLangEngineConfig
-from rlboost.transfer.config import WILDCARD_HOSTS, TransferConfig
+from rlboost.transfer.config import TransferConfig
 from rlboost.transfer.puller import WeightPuller
 
 SPEC_FORMAT_VERSION = 1
@@ -275,14 +276,6 @@ class RolloutInstance:
             self._pulls.append(PullRecord(instance_id=self.spec.instance_id, version=version, pull_s=t1 - t0,
                                           load_s=t2 - t1, nbytes=pulled.manifest.total_bytes,
                                           peer_bytes=peer_bytes))
-
-
-def on_this_node(transfer: TransferConfig) -> TransferConfig:
-    """Servers bound to a wildcard host advertise this Ray node's address, unless the config
-    names one: peers on other nodes dial it."""
-    if transfer.advertise_host is None and transfer.bind_host in WILDCARD_HOSTS and ray.is_initialized():
-        return dataclasses.replace(transfer, advertise_host=ray.util.get_node_ip_address())
-    return transfer
 
 
 def build_engine(spec: InstanceSpec):

@@ -16,6 +16,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
+from rlboost.cluster.session import node_ip, on_this_node
 from rlboost.models import empty_model, load_pretrained, save_pretrained
 from rlboost.trainer import fsdp
 from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
@@ -71,7 +72,8 @@ class TrainerRank:
     def __init__(self, spec: RankSpec):
         torch.set_num_threads(spec.torch_threads)  # many ranks and engines share a few cores
         self.spec = spec
-        self.publisher = WeightPublisher(spec.transfer) if spec.rank == 0 else None
+        # bound to every interface, it advertises this Ray node's address (what other nodes dial)
+        self.publisher = WeightPublisher(on_this_node(spec.transfer)) if spec.rank == 0 else None
         self.model = self.ref_model = self.optimizer = None
         self._sums = _StepSums()
 
@@ -83,7 +85,7 @@ class TrainerRank:
         """A tcp:// rendezvous address on this rank's host (ask rank 0, hand it to all)."""
         import socket
 
-        host = ray_node_ip()
+        host = node_ip() or "127.0.0.1"
         with socket.socket() as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
@@ -209,12 +211,6 @@ class _StepSums:
     def as_dict(self) -> dict:
         return {"loss_sum": self.loss, "kl_sum": self.kl, "clipped_tokens": self.clipped,
                 "ratio_sum": self.ratio, "tokens": self.tokens, "microbatches": self.microbatches}
-
-
-def ray_node_ip() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
