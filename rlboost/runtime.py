@@ -71,7 +71,8 @@ def checkpoint_state(run: RunDirectory, first_step: int) -> dict:
 
 
 def resume_weights(run: RunDirectory, start: Path, first_step: int) -> tuple[Path, str | None]:
-    """(model directory, optimizer state file or None) to start the trainer from."""
+    """(model directory, optimizer state file or None) to start the trainer from; the ranks
+    restore their random state from the files beside the optimizer's."""
     if first_step == 1:
         return start, None
     ckpt = run.checkpoint_dir(first_step - 1)
@@ -79,7 +80,8 @@ def resume_weights(run: RunDirectory, start: Path, first_step: int) -> tuple[Pat
 
 
 def save_checkpoint(cluster: Any, run: RunDirectory, step: int, tokenizer_dir: Path) -> Path:
-    """Model, optimizer, step, RNG state, the cost ledger's totals and the trace's position
+    """Model, optimizer, step, random state (the driver's here, each trainer rank's in its
+    rng_rank{r}.pt), the cost ledger's totals and the trace's position
     (so a resumed run's costs and preemptions continue from here). Written into a staging
     folder, flushed to disk, marked COMPLETE and renamed into place: a crash at any point
     leaves no half checkpoint under the name a resume reads."""

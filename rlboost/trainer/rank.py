@@ -3,7 +3,8 @@
 It accumulates GRPO gradients micro-batch by micro-batch, steps the optimizer once the
 step's batch is complete, publishes each new weight version bucket by bucket straight
 into the weight publisher's staging area (rank 0 serves it), and saves or restores
-checkpoints. Every method except address() is collective: call it on all ranks at once.
+checkpoints, each rank's own random state included. Every method except address() is
+collective: call it on all ranks at once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optim
 
 from rlboost.cluster.session import node_ip, on_this_node
 from rlboost.models import empty_model, load_pretrained, save_pretrained
-from rlboost.trainer import fsdp
+from rlboost.trainer import fsdp, rng
 from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.trainer.batch import MicroBatch, micro_batch_loss, reference_logprobs
 from rlboost.trainer.grpo import GRPOConfig
@@ -93,7 +94,9 @@ class TrainerRank:
 
     def setup(self, init_method: str, optimizer_state: str | None = None) -> int:
         """Join the process group (init_method: "file://..." or rank 0's endpoint()), load and
-        shard the model; optionally restore the optimizer. Returns the number of parameters."""
+        shard the model; optionally restore the optimizer from a checkpoint's optimizer file
+        and each rank's random state from the rng_rank{r}.pt files beside it. Returns the
+        number of parameters."""
         s = self.spec
         mesh = fsdp.init_distributed(s.rank, s.world_size, backend=s.backend, init_method=init_method)
         self.device = torch.device(s.device if s.device == "cpu" else f"cuda:{torch.cuda.current_device()}")
@@ -107,6 +110,7 @@ class TrainerRank:
             self.ref_model = fsdp.shard_model(ref.requires_grad_(False), mesh, s.sharding)
         if optimizer_state is not None:
             self._load_optimizer(optimizer_state)
+            rng.load_all(Path(optimizer_state).parent, self.device)
         return num_params
 
     # -- one step ----------------------------------------------------------------------------
@@ -159,8 +163,9 @@ class TrainerRank:
         return {"publish_s": time.perf_counter() - t0, "bytes": nbytes}
 
     def save_checkpoint(self, directory: str, tokenizer_dir: str | None = None) -> None:
-        """Model (HF-style safetensors via save_pretrained) and the full optimizer state,
-        written by rank 0. The caller marks the checkpoint complete."""
+        """Model (HF-style safetensors via save_pretrained), the full optimizer state and
+        every rank's random state, written by rank 0. The caller marks the checkpoint complete."""
+        rng.save_all(Path(directory), self.device)
         shell = empty_model(self.model_config).requires_grad_(False) if self.spec.rank == 0 else None
         into = dict(shell.named_parameters()) if shell is not None else None
         for _ in fsdp.iter_full_parameters(self.model, bucket_bytes=self.spec.sharding.gather_bucket_bytes,
@@ -174,13 +179,13 @@ class TrainerRank:
         save_pretrained(shell, out / MODEL_DIR)
         if tokenizer_dir is not None:
             _copy_tokenizer(Path(tokenizer_dir), out / MODEL_DIR)
-        torch.save({"optimizer": state, "torch_rng": torch.get_rng_state()}, out / OPTIMIZER_FILE)
+        torch.save({"optimizer": state}, out / OPTIMIZER_FILE)
 
     def _load_optimizer(self, path: str) -> None:
         saved = torch.load(path, weights_only=False) if self.spec.rank == 0 else {}
         set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=saved.get("optimizer", {}),
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        if "torch_rng" in saved:
+        if "torch_rng" in saved:  # a checkpoint from before per-rank random state files
             torch.set_rng_state(saved["torch_rng"])
 
     def close(self) -> None:
