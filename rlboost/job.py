@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlboost.cluster.session import RaySession
+from rlboost.cluster.session import RaySession, join_address
 from rlboost.migration.state import SamplingParams
 from rlboost.models import ModelConfig
 from rlboost.recipes.checkpoints import prepare_checkpoint
-from rlboost.recipes.config import RunConfig, TaskSection
+from rlboost.recipes.config import RunConfig, TaskSection, check_multi_node
 from rlboost.recipes.tokenizers import load_tokenizer
 from rlboost.cluster.cost import CostLedger
 from rlboost.launch import Cluster, plan_trace, ray_settings
@@ -29,6 +29,8 @@ from rlboost.trainer.loop import train_streaming
 
 def train(config: RunConfig, *, resume: str | None = None) -> RunDirectory:
     """Run (or resume) a training run; returns its run directory."""
+    if join_address(config.cluster.address):  # from the config or the environment: refused up front
+        check_multi_node(config)
     run, first = open_run(config, resume)
     state = checkpoint_state(run, first)
     start = prepare_checkpoint(config.model, config.task)  # built and cached once

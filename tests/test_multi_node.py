@@ -11,6 +11,7 @@ import torch
 
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
 from rlboost.recipes import get_recipe
+from rlboost.recipes.config import check_multi_node
 from rlboost.recipes.overrides import apply_overrides
 from rlboost.transfer import TransferConfig, WeightPublisher, WeightPuller
 from rlboost.trainer.rank import RankSpec, TrainerRank
@@ -79,3 +80,24 @@ def test_joining_a_cluster_needs_reachable_servers_a_secret_and_a_shared_rendezv
     shared = apply_overrides(wide, ["trainer.rendezvous_dir=/shared/rdzv", *JOIN])
     assert shared.trainer.rendezvous_dir == "/shared/rdzv"
     assert apply_overrides(tiny, ["run.steps=2"]).cluster.address is None  # one machine: as before
+
+
+def test_an_address_from_the_environment_gets_the_same_checks_before_anything_starts(tmp_path, monkeypatch):
+    from rlboost.cluster.session import join_address
+    from rlboost.job import train
+
+    monkeypatch.setenv("RLBOOST_RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path / "runs"))
+    monkeypatch.delenv("RLBOOST_SECRET", raising=False)
+    assert join_address(None) == "10.0.0.1:6379" and join_address("10.0.0.2:6379") == "10.0.0.2:6379"
+    tiny = get_recipe("tiny_cpu")  # a one-machine recipe: still editable with --set
+    with pytest.raises(ValueError, match=r"transfer\.bind_host.*RLBOOST_RAY_ADDRESS"):
+        train(tiny)
+    with pytest.raises(ValueError, match="secret"):
+        train(apply_overrides(tiny, ["transfer.bind_host=0.0.0.0"]))
+    monkeypatch.setenv("RLBOOST_SECRET", "s3cret")
+    wide = apply_overrides(get_recipe("tiny_cpu"), ["transfer.bind_host=0.0.0.0"])
+    with pytest.raises(ValueError, match=r"trainer\.rendezvous_dir"):
+        train(wide)
+    check_multi_node(apply_overrides(wide, ["trainer.rendezvous=tcp"]))  # what train would then accept
+    assert not (tmp_path / "runs").exists() and not ray.is_initialized()  # no run directory, no Ray

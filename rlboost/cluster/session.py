@@ -20,9 +20,9 @@ from rlboost.transfer.config import WILDCARD_HOSTS, TransferConfig
 class RaySettings:
     """How the run's Ray cluster is found or started.
 
-    address: join this cluster (None: RLBOOST_RAY_ADDRESS, else start a local one with
-    num_cpus CPUs (None: all), `reserved` and `preemptible` units and an object store of
-    object_store_mb; bulk weights never go through it).
+    address: join this cluster (None: RLBOOST_RAY_ADDRESS (see join_address), else start a
+    local one with num_cpus CPUs (None: all), `reserved` and `preemptible` units and an
+    object store of object_store_mb; bulk weights never go through it).
     """
 
     address: str | None = None
@@ -54,7 +54,7 @@ class RaySession:
             check_resources(ray.cluster_resources(), self.settings)
             return self
         s = self.settings
-        address = s.address or env.ray_address()
+        address = join_address(s.address)
         if address:
             ray.init(address=address, log_to_driver=False)
             self._owned = True
@@ -75,6 +75,12 @@ class RaySession:
         if self._owned:
             ray.shutdown()
             self._owned = False
+
+
+def join_address(configured: str | None) -> str | None:
+    """The Ray cluster a run joins: the configured address, else RLBOOST_RAY_ADDRESS; None
+    when the run starts a local cluster of its own."""
+    return configured or env.ray_address()
 
 
 def check_resources(have: dict, settings: RaySettings) -> None:

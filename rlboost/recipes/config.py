@@ -343,19 +343,22 @@ def check_rollout(config: RunConfig) -> None:
                          f"rollout.engine.max_batch_size ({r.engine.max_batch_size})")
 
 
+_JOINS = "the run joins a Ray cluster (cluster.address or RLBOOST_RAY_ADDRESS)"
+
+
 def check_multi_node(config: RunConfig) -> None:
-    """A run that joins a Ray cluster (cluster.address) spans machines: its weight servers
-    must listen where other nodes reach them, with a secret, and a file rendezvous needs a
-    folder every trainer node sees."""
+    """A run that joins a Ray cluster (cluster.address here, or RLBOOST_RAY_ADDRESS when the
+    run starts) spans machines: its weight servers must listen where other nodes reach
+    them, with a secret, and a file rendezvous needs a folder every trainer node sees."""
     t = config.transfer
     if is_loopback(t.bind_host):
         raise ValueError(f"transfer.bind_host must be an address other nodes reach (e.g. 0.0.0.0) when "
-                         f"cluster.address joins a cluster, got {t.bind_host!r}")
+                         f"{_JOINS}, got {t.bind_host!r}")
     if not t.secret:
-        raise ValueError("transfer.secret (or RLBOOST_SECRET) must be set when cluster.address joins a "
-                         "cluster: weight servers then accept connections from other machines")
+        raise ValueError(f"transfer.secret (or RLBOOST_SECRET) must be set when {_JOINS}: weight "
+                         "servers then accept connections from other machines")
     if config.trainer.rendezvous == "file" and not config.trainer.rendezvous_dir:
         raise ValueError("trainer.rendezvous_dir must name a folder every trainer node sees (a shared "
-                         "file system) when trainer.rendezvous is 'file' and cluster.address joins a "
-                         "cluster; or set trainer.rendezvous=tcp")
+                         f"file system) when trainer.rendezvous is 'file' and {_JOINS}; or set "
+                         "trainer.rendezvous=tcp")
 
