@@ -14,12 +14,14 @@ def _info(_args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlboost.job import preflight, train
+
     try:
         config = _run_config(args)
-    except (ValueError, FileNotFoundError) as exc:  # a bad recipe, --set or run directory
+        preflight(config)
+    except (ValueError, FileNotFoundError) as exc:  # a bad recipe, --set, run directory or cluster
         print(f"rlboost train: {exc}", file=sys.stderr)
         return 2
-    from rlboost.job import train
 
     try:
         run = train(config, resume=args.resume)

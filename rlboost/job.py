@@ -27,10 +27,15 @@ from rlboost.trainer.feed import TaskFeed
 from rlboost.trainer.loop import train_streaming
 
 
+def preflight(config: RunConfig) -> None:
+    """Checks that need the environment, not just the config: ValueError naming the field."""
+    if join_address(config.cluster.address):  # from the config or the environment
+        check_multi_node(config)
+
+
 def train(config: RunConfig, *, resume: str | None = None) -> RunDirectory:
     """Run (or resume) a training run; returns its run directory."""
-    if join_address(config.cluster.address):  # from the config or the environment: refused up front
-        check_multi_node(config)
+    preflight(config)  # refused before anything starts
     run, first = open_run(config, resume)
     state = checkpoint_state(run, first)
     start = prepare_checkpoint(config.model, config.task)  # built and cached once

@@ -143,3 +143,13 @@ def test_bad_settings_fail_before_anything_starts(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "missing")]) == 2
     assert "not a run directory" in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()
+
+
+def test_joining_a_cluster_from_the_environment_with_a_loopback_config_is_refused(monkeypatch, tmp_path, capsys):
+    from rlboost.cli import main
+
+    monkeypatch.setenv("RLBOOST_RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path))
+    assert main(["train"]) == 2  # tiny_cpu binds loopback: useless across machines
+    assert "transfer.bind_host" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # no run directory was made

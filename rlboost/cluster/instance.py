@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import ray
 import torch
 
-from rlboost.cluster.session import on_this_node
+from rlboost.transfer.config import on_this_node
 from rlboost.controller.records import InstanceInfo
 from rlboost.errors import RlboostError, TransferTimeout
 from rlboost.models import ModelConfig, empty_model

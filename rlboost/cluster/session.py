@@ -7,13 +7,11 @@ for one CPU each would leave every later actor waiting forever.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import ray
 
 from rlboost import env
-from rlboost.transfer.config import WILDCARD_HOSTS, TransferConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -100,18 +98,3 @@ def actor_options(kind: str, *, cpus: float = 0.0, gpus: float = 0.0, **extra) -
     if kind not in ("reserved", "preemptible"):
         raise ValueError(f"kind must be reserved or preemptible, got {kind!r}")
     return {"num_cpus": cpus, "num_gpus": gpus, "resources": {kind: 1}, "max_restarts": 0, **extra}
-
-
-def node_ip() -> str | None:
-    """The address of the Ray node this process runs on (None outside Ray)."""
-    return ray.util.get_node_ip_address() if ray.is_initialized() else None
-
-
-def on_this_node(transfer: TransferConfig) -> TransferConfig:
-    """Servers bound to a wildcard host advertise this Ray node's address, unless the config
-    names one: peers on other nodes dial it. (The machine's outgoing interface, the
-    fallback outside Ray, need not be the address the cluster's nodes reach each other on.)"""
-    ip = node_ip()
-    if transfer.advertise_host is None and transfer.bind_host in WILDCARD_HOSTS and ip:
-        return dataclasses.replace(transfer, advertise_host=ip)
-    return transfer

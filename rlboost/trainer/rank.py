@@ -17,13 +17,12 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
-from rlboost.cluster.session import node_ip, on_this_node
 from rlboost.models import empty_model, load_pretrained, save_pretrained
 from rlboost.trainer import fsdp, rng
 from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.trainer.batch import MicroBatch, micro_batch_loss, reference_logprobs
 from rlboost.trainer.grpo import GRPOConfig
-from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.config import TransferConfig, node_ip, on_this_node
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.publisher import WeightPublisher
 

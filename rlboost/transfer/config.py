@@ -6,8 +6,10 @@ The shared secret and the transport override may come from the environment
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import socket
+import sys
 from dataclasses import dataclass
 
 from rlboost import env
@@ -151,3 +153,20 @@ class TransferConfig:
 def _check(ok: bool, field: str, allowed: str, got: object) -> None:
     if not ok:
         raise ValueError(f"{field}: must be {allowed}, got {got!r}")
+
+
+def node_ip() -> str | None:
+    """The address of the Ray node this process runs on (None outside Ray). Ray is asked
+    only when this process already uses it: the transfer layer does not depend on it."""
+    ray = sys.modules.get("ray")
+    return ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else None
+
+
+def on_this_node(transfer: TransferConfig) -> TransferConfig:
+    """Servers bound to a wildcard host advertise this Ray node's address, unless the config
+    names one: peers on other nodes dial it. (The machine's outgoing interface, the
+    fallback outside Ray, need not be the address the cluster's nodes reach each other on.)"""
+    ip = node_ip()
+    if transfer.advertise_host is None and transfer.bind_host in WILDCARD_HOSTS and ip:
+        return dataclasses.replace(transfer, advertise_host=ip)
+    return transfer
