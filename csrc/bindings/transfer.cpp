@@ -147,6 +147,9 @@ void BindStoreAndServer(py::module_& m) {
       .def("retire", [](VersionStore& s, int64_t v, double timeout_s) {
             ThrowIfError(s.Retire(v, Deadline::After(timeout_s)));
           }, py::arg("version"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+      .def("retire_if_idle", &VersionStore::RetireIfIdle, py::arg("version"),
+           "Retires a version no read holds now; False (still served) while one does.")
+      .def("pins", &VersionStore::Pins, "Reads in flight per version (only versions with any).")
       .def("latest", &VersionStore::Latest)
       .def("versions", &VersionStore::Versions)
       .def("corrupt_byte_for_tests", [](VersionStore& s, int64_t v, uint64_t off) {
