@@ -57,7 +57,8 @@ py::dict ServerStatsDict(const ServerStats& s) {
                   py::arg("handshakes_dropped") = s.handshakes_dropped,
                   py::arg("auth_failures") = s.auth_failures,
                   py::arg("protocol_errors") = s.protocol_errors,
-                  py::arg("active_connections") = s.active_connections);
+                  py::arg("active_connections") = s.active_connections,
+                  py::arg("leases_expired") = s.leases_expired);
 }
 
 void BindRecords(py::module_& m) {

@@ -83,9 +83,10 @@ class TransferConfig:
     chunk_bytes: int = 8 << 20  # publisher's chunk size (one checksum each)
     max_in_flight: int = 2  # chunk requests outstanding per stream
     request_timeout_s: float = 60.0  # deadline of one chunk request
-    # How long a server keeps sending one response to a peer that does not read it (the
-    # memory stays pinned meanwhile); None: half of request_timeout_s, so a relay retiring
-    # a version (which waits request_timeout_s) outlasts such a peer.
+    # How long a server keeps sending one response to a peer that does not read it, and
+    # how long a connection holding a shm/UCX lease may go without a request before it is
+    # closed (the memory stays pinned meanwhile); None: half of request_timeout_s, so a
+    # relay retiring a version (which waits request_timeout_s) outlasts such a peer.
     send_timeout_s: float | None = None
     connect_timeout_s: float = 10.0
     reconnect_attempts: int = 2  # per stream, before a source is given up

@@ -15,7 +15,7 @@ from rlboost.transfer import WeightPublisher, WeightPuller
 
 from .helpers import (BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes,
                       wait_until)
-from .wire_client import W, client_handshake, connect, frame, recv_frame
+from .wire_client import HEADER, W, client_handshake, connect, frame, is_closed_by_peer, recv_frame
 
 
 @pytest.mark.parametrize("transport", BUILT_TRANSPORTS)
@@ -186,3 +186,24 @@ def test_a_relay_whose_both_buffers_are_read_waits_for_the_readers_of_the_one_it
                 for r in readers:
                     r.close()
             assert torch.equal(relay.pull(3, into=v2)["w"], big + 3)
+
+
+def test_a_peer_that_takes_a_shared_memory_lease_and_goes_quiet_loses_it():
+    cfg = make_config(request_timeout_s=5.0, send_timeout_s=0.5, transport="tcp")
+    with WeightPublisher(cfg) as pub:
+        pub.publish(1, random_tensors(1))
+        with WeightPuller(pub.address, cfg) as relay:
+            relay.pull(1)
+            peer = connect(relay.relay_address, timeout=60)
+            try:
+                client_handshake(peer, SECRET)
+                peer.sendall(frame(W["shm_open_request"], struct.pack("<q", 1), request_id=1))
+                assert HEADER.unpack(recv_frame(peer)[: W["header_bytes"]])[3] == W["reply_ok"]
+                assert relay.stats()["reads_in_flight"] == {1: 1}  # the lease pins version 1
+                # No request follows: the relay closes the connection, ending the lease.
+                assert is_closed_by_peer(peer)
+            finally:
+                peer.close()
+            assert relay.stats()["leases_expired"] == 1
+            relay.retire(1)  # nothing holds it any more: no wait for a reader
+            assert relay.stats()["reads_in_flight"] == {}
