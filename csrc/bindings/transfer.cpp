@@ -258,11 +258,12 @@ void BindPuller(py::module_& m) {
            py::arg("max_in_flight"), py::arg("request_timeout_s"), py::arg("connect_timeout_s"),
            py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr,
            py::arg("relay_poll_s") = 0.5)
-      .def("resolve", [](Puller& p, int64_t version, double timeout_s) {
+      .def("resolve", [](Puller& p, int64_t version, double timeout_s, double source_timeout_s) {
             auto plan = std::make_unique<PullPlan>();
-            ThrowIfError(p.Resolve(version, timeout_s, plan.get()));
+            ThrowIfError(p.Resolve(version, timeout_s, source_timeout_s, plan.get()));
             return plan;
-          }, py::arg("version"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+          }, py::arg("version"), py::arg("timeout_s"), py::arg("source_timeout_s"),
+          py::call_guard<py::gil_scoped_release>())
       .def("start", [](Puller& p, PullPlan& plan, uintptr_t address, uint64_t nbytes,
                        std::shared_ptr<VersionStore> relay, uint64_t registration, py::bytes held,
                        py::object keepalive) {

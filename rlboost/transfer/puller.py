@@ -71,6 +71,9 @@ class WeightPuller(Closing):
                 sources: str | Sequence[str] | None = None) -> PullHandle:
         """Resolves `version` (None: the newest any source holds) and sizes the destination.
 
+        Sources that do not answer within ``resolve_timeout_s`` (or fail) are left out and
+        listed in the handle's ``skipped_sources``; TransferTimeout when none answers.
+
         `into`: a contiguous CPU tensor (or a previous PulledWeights) to receive into; None
         allocates shared memory. While relay is on, the buffer is re-served to peers until
         this version is retired (``retire(version)``): do not modify it before then. When
@@ -87,7 +90,7 @@ class WeightPuller(Closing):
         native = _C.Puller(addrs, c.secret, c.transport, c.streams, c.max_in_flight,
                            c.request_timeout_s, c.connect_timeout_s, c.reconnect_attempts, self._self_id,
                            pool=self._pool, relay_poll_s=c.relay_poll_s)
-        plan = native.resolve(-1 if version is None else version, c.request_timeout_s)
+        plan = native.resolve(-1 if version is None else version, c.request_timeout_s, c.resolve_timeout_s)
         nm = plan.manifest
         manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.crcs)
         if manifest.total_bytes != nm.total_bytes:
@@ -114,7 +117,7 @@ class WeightPuller(Closing):
         c = self.config
         native = _C.Puller(self._sources, c.secret, c.transport, 1, 1, c.request_timeout_s,
                            c.connect_timeout_s, 0, self._self_id, pool=self._pool)
-        return native.resolve(-1, c.request_timeout_s).manifest.version
+        return native.resolve(-1, c.request_timeout_s, c.resolve_timeout_s).manifest.version
 
     # ---- relay -------------------------------------------------------------------
     @property
