@@ -118,9 +118,10 @@ def test_a_peer_that_never_reads_its_chunk_does_not_keep_the_relay_from_its_next
             client_handshake(reader, SECRET)
             reader.sendall(frame(W["chunk_request"], struct.pack("<qI", 1, 0), request_id=1))  # never read
             try:
-                # Reusing v1's buffer retires version 1, which waits for the stuck send to
-                # end: the server gives up on it (send_timeout_s) before the retire does.
-                assert torch.equal(relay.pull(2, into=v1)["w"], big + 1)
+                # Pulling into v1's memory itself (no second buffer: a caller's tensor) retires
+                # version 1, which waits for the stuck send to end: the server gives up on
+                # it (send_timeout_s) before the retire does.
+                assert torch.equal(relay.pull(2, into=v1.buffer)["w"], big + 1)
             finally:
                 reader.close()
 
