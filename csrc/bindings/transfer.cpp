@@ -57,7 +57,8 @@ py::dict ServerStatsDict(const ServerStats& s) {
                   py::arg("handshakes_dropped") = s.handshakes_dropped,
                   py::arg("auth_failures") = s.auth_failures,
                   py::arg("protocol_errors") = s.protocol_errors,
-                  py::arg("active_connections") = s.active_connections);
+                  py::arg("active_connections") = s.active_connections,
+                  py::arg("leases_expired") = s.leases_expired);
 }
 
 void BindRecords(py::module_& m) {
@@ -147,6 +148,9 @@ void BindStoreAndServer(py::module_& m) {
       .def("retire", [](VersionStore& s, int64_t v, double timeout_s) {
             ThrowIfError(s.Retire(v, Deadline::After(timeout_s)));
           }, py::arg("version"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+      .def("retire_if_idle", &VersionStore::RetireIfIdle, py::arg("version"),
+           "Retires a version no read holds now; False (still served) while one does.")
+      .def("pins", &VersionStore::Pins, "Reads in flight per version (only versions with any).")
       .def("latest", &VersionStore::Latest)
       .def("versions", &VersionStore::Versions)
       .def("corrupt_byte_for_tests", [](VersionStore& s, int64_t v, uint64_t off) {
@@ -254,11 +258,12 @@ void BindPuller(py::module_& m) {
            py::arg("max_in_flight"), py::arg("request_timeout_s"), py::arg("connect_timeout_s"),
            py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr,
            py::arg("relay_poll_s") = 0.5)
-      .def("resolve", [](Puller& p, int64_t version, double timeout_s) {
+      .def("resolve", [](Puller& p, int64_t version, double timeout_s, double source_timeout_s) {
             auto plan = std::make_unique<PullPlan>();
-            ThrowIfError(p.Resolve(version, timeout_s, plan.get()));
+            ThrowIfError(p.Resolve(version, timeout_s, source_timeout_s, plan.get()));
             return plan;
-          }, py::arg("version"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+          }, py::arg("version"), py::arg("timeout_s"), py::arg("source_timeout_s"),
+          py::call_guard<py::gil_scoped_release>())
       .def("start", [](Puller& p, PullPlan& plan, uintptr_t address, uint64_t nbytes,
                        std::shared_ptr<VersionStore> relay, uint64_t registration, py::bytes held,
                        py::object keepalive) {

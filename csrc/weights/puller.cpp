@@ -4,6 +4,7 @@
 #include "weights/puller.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "common/random.h"
@@ -45,20 +46,22 @@ void ForEachParallel(size_t n, F f) {
 Puller::Puller(PullOptions opts, std::vector<SourceAddress> sources, uint64_t self_server_id)
     : opts_(std::move(opts)), sources_(std::move(sources)), self_server_id_(self_server_id) {}
 
-Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
+Status Puller::Resolve(int64_t version, double timeout_s, double source_timeout_s, PullPlan* out) {
   if (sources_.empty()) return Status(Code::kInvalidArgument, "no sources to pull from");
   Deadline d = Deadline::After(timeout_s);
   std::vector<Probe> probes(sources_.size());
   // Round one: connect, authenticate and ask each source for `version` (or its latest).
   ForEachParallel(sources_.size(), [&](size_t i) {
     Probe& p = probes[i];
-    Deadline cd = d.Min(Deadline::After(opts_.connect_timeout_s));
+    Deadline sd = d.Min(Deadline::After(source_timeout_s));
+    Deadline cd = sd.Min(Deadline::After(opts_.connect_timeout_s));
     p.status = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.secret, opts_.pool, 0,
                                    nullptr, cd, &p.session);
     if (p.status.ok() && self_server_id_ != 0 && p.session->peer().server_id == self_server_id_) {
       p.status = Status(Code::kInvalidArgument, "this process's own relay");
     }
-    if (p.status.ok()) p.status = p.session->FetchManifest(version, &p.manifest, d);
+    if (p.status.ok()) p.status = p.session->FetchManifest(version, &p.manifest, sd);
+    Unanswered(p, source_timeout_s);
   });
   int64_t target = version;
   for (auto& p : probes) {
@@ -69,13 +72,23 @@ Status Puller::Resolve(int64_t version, double timeout_s, PullPlan* out) {
   if (target >= 0) {
     ForEachParallel(sources_.size(), [&](size_t i) {
       Probe& p = probes[i];
+      Deadline sd = d.Min(Deadline::After(source_timeout_s));
       bool retry = p.session && (p.status.code() == Code::kUnknownVersion ||
                                  (p.status.ok() && p.manifest.version != target));
-      if (retry) p.status = p.session->FetchManifest(target, &p.manifest, d);
-      if (p.status.ok()) p.status = p.session->FetchHave(target, 0, 0, &p.held, d);
+      if (retry) p.status = p.session->FetchManifest(target, &p.manifest, sd);
+      if (p.status.ok()) p.status = p.session->FetchHave(target, 0, 0, &p.held, sd);
+      if (p.session) Unanswered(p, source_timeout_s);  // round one's silent ones have none
     });
   }
   return AssemblePlan(probes, out);
+}
+
+void Puller::Unanswered(Probe& p, double source_timeout_s) {
+  if (p.status.code() != Code::kTimeout) return;
+  p.session.reset();  // out of step with its source: never reused
+  char within[32];
+  snprintf(within, sizeof(within), "%.3g", source_timeout_s);
+  p.status = Status(Code::kTimeout, std::string("did not answer within ") + within + " s (" + p.status.message() + ")");
 }
 
 Status Puller::AssemblePlan(std::vector<Probe>& probes, PullPlan* out) {
@@ -109,7 +122,10 @@ Status Puller::AssemblePlan(std::vector<Probe>& probes, PullPlan* out) {
   }
   if (out->sources.empty()) {
     if (worst.ok()) worst = Status(Code::kInvalidArgument, "no usable source (only this process's own relay)");
-    return worst;
+    if (worst.code() != Code::kTimeout) return worst;
+    std::string all = "no source answered: ";
+    for (size_t i = 0; i < out->skipped.size(); ++i) all += (i ? "; " : "") + out->skipped[i];
+    return Status(Code::kTimeout, all);
   }
   out->manifest = *reference;
   for (auto& p : pending) {

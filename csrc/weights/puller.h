@@ -28,8 +28,11 @@ class Puller {
   // self_server_id: this process's own relay server, never used as a source (0: none).
   Puller(PullOptions opts, std::vector<SourceAddress> sources, uint64_t self_server_id);
 
-  // version -1 asks for the newest version any source holds complete.
-  Status Resolve(int64_t version, double timeout_s, PullPlan* out);
+  // version -1 asks for the newest version any source holds complete. Each source must
+  // answer each round within source_timeout_s (and all within timeout_s): one that does
+  // not (a frozen process, a socket nobody reads) is skipped, so it cannot hold up the
+  // others; only when none answers does this fail.
+  Status Resolve(int64_t version, double timeout_s, double source_timeout_s, PullPlan* out);
   // Starts moving bytes into dst (at least manifest.total_bytes long).
   Status Start(PullPlan&& plan, uint8_t* dst, RelayTarget relay, const std::vector<uint8_t>& held_seed,
                std::unique_ptr<PullJob>* out);
@@ -39,6 +42,7 @@ class Puller {
  private:
   struct Probe;
   Status AssemblePlan(std::vector<Probe>& probes, PullPlan* out);
+  static void Unanswered(Probe& p, double source_timeout_s);
   PullOptions opts_;
   std::vector<SourceAddress> sources_;
   uint64_t self_server_id_;

@@ -92,6 +92,7 @@ ServerStats WeightServer::stats() const {
   s.handshakes_dropped = dropped_;
   s.auth_failures = auth_failures_;
   s.protocol_errors = protocol_errors_;
+  s.leases_expired = leases_expired_;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& c : conns_) s.active_connections += c->done || c->evicted ? 0 : 1;
   return s;
@@ -212,10 +213,20 @@ Status WeightServer::ServeFrames(Conn* c) {
   while (!closing_ && !c->evicted) {
     c->idle_since = Deadline::Clock::now().time_since_epoch().count();
     c->idle = true;
-    s.WaitReadable(Deadline::Never());  // idle connections may wait indefinitely
+    // Idle connections may wait indefinitely, except one holding a lease (shm, UCX): the
+    // lease pins its version, so a peer that stalls or vanishes without closing would keep
+    // it from ever being retired. One unused for send_timeout_s is given up: closing the
+    // connection ends its leases (a puller still copying then finds changed bytes by their
+    // checksums, and reconnects for what it needs next).
+    bool leased = !conn.region_leases.empty() || !conn.state.empty();
+    bool readable = s.WaitReadable(leased ? Deadline::After(opts_.send_timeout_s) : Deadline::Never());
     bool was_idle = true;
     if (!c->idle.compare_exchange_strong(was_idle, false)) break;  // evicted meanwhile
     if (closing_ || c->evicted) break;
+    if (!readable) {
+      ++leases_expired_;
+      break;
+    }
     FrameHeader h;
     Deadline frame_deadline = Deadline::After(opts_.frame_timeout_s);
     Status st = RecvHeader(s, &h, frame_deadline);

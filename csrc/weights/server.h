@@ -36,7 +36,8 @@ struct ServerOptions {
   int max_handshakes = 128;          // connections still in the handshake, in all
   int max_handshakes_per_host = 32;  // ... and from one peer address
   double frame_timeout_s = 30.0;  // a started frame must finish within this
-  double send_timeout_s = 300.0;  // one response, including pacing
+  double send_timeout_s = 300.0;  // one response, including pacing; and the longest a
+                                  // connection holding a lease may go without a request
   int max_connections = 256;
   int ucx_port = 0;  // UCX listener (when built); 0: any free port
 };
@@ -52,6 +53,7 @@ struct ServerStats {
   uint64_t auth_failures = 0;
   uint64_t protocol_errors = 0;
   uint64_t active_connections = 0;
+  uint64_t leases_expired = 0;  // connections closed for holding a lease unused too long
 };
 
 class WeightServer {
@@ -113,7 +115,7 @@ class WeightServer {
   std::list<std::unique_ptr<Conn>> conns_;
 
   std::atomic<uint64_t> bytes_sent_{0}, chunks_sent_{0}, not_held_{0}, accepted_{0}, refused_{0},
-      evicted_{0}, dropped_{0}, auth_failures_{0}, protocol_errors_{0};
+      evicted_{0}, dropped_{0}, auth_failures_{0}, protocol_errors_{0}, leases_expired_{0};
 };
 
 }  // namespace rlboost

@@ -77,15 +77,16 @@ std::shared_ptr<Region> VersionStore::TakeIdleRegionLocked(uint64_t nbytes) {
 }
 
 void VersionStore::PruneLocked() {
-  // Idle retired regions are released, except the newest owned one, kept as a spare for
-  // the next Stage() (fresh memory costs a page fault per 4 KiB on first write).
+  // Idle retired regions are released, except the newest owned published one, kept as a
+  // spare for the next Stage() (fresh memory costs a page fault per 4 KiB on first write).
+  // A relay's regions belong to its pulls, which never stage: nothing is kept for them.
   std::vector<std::shared_ptr<Entry>> kept;
   bool spare_kept = false;
   for (auto it = draining_.rbegin(); it != draining_.rend(); ++it) {
     const auto& e = *it;
     if (e->pins > 0) {
       kept.push_back(e);
-    } else if (e->region->owned() && !spare_kept) {
+    } else if (e->region->owned() && !e->partial && !spare_kept) {
       kept.push_back(e);
       spare_kept = true;
     }
@@ -228,6 +229,27 @@ Status VersionStore::Retire(int64_t version, Deadline d) {
   if (!idle) return Status(Code::kTimeout, "reads of version " + std::to_string(version) + " still in flight");
   PruneLocked();
   return Status::Ok();
+}
+
+bool VersionStore::RetireIfIdle(int64_t version) {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  auto it = live_.find(version);
+  if (it == live_.end()) return true;
+  if (it->second->pins > 0) return false;
+  RetireLocked(it);
+  return true;
+}
+
+std::map<int64_t, int> VersionStore::Pins() const {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  std::map<int64_t, int> out;
+  for (auto& kv : live_) {
+    if (kv.second->pins > 0) out[kv.first] += kv.second->pins;
+  }
+  for (auto& e : draining_) {
+    if (e->pins > 0) out[e->manifest.version] += e->pins;
+  }
+  return out;
 }
 
 int64_t VersionStore::Latest() const {

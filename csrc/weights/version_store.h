@@ -57,6 +57,11 @@ class VersionStore : public ServingBackend {
 
   // Stops serving `version` and waits until no read is in flight (kTimeout otherwise).
   Status Retire(int64_t version, Deadline d);
+  // Retires `version` only when no read holds it; false (and still served) otherwise.
+  // True as well when it is not served at all.
+  bool RetireIfIdle(int64_t version);
+  // Reads holding each version now, served or retired (only versions with any).
+  std::map<int64_t, int> Pins() const;
   // Newest version with every chunk held, or -1.
   int64_t Latest() const;
   std::vector<int64_t> Versions() const;

@@ -18,6 +18,7 @@ TRANSPORTS = ("auto", "tcp", "shm", "ucx")
 _MIN_CHUNK = 4096
 _MAX_CHUNK = 256 << 20
 _MAX_TIMEOUT_S = 3600.0  # longer deadlines are a mistake, not a need
+_RESOLVE_TIMEOUT_S = 3.0  # a live source answers a manifest request in milliseconds
 
 
 def is_loopback(host: str) -> bool:
@@ -85,11 +86,16 @@ class TransferConfig:
     chunk_bytes: int = 8 << 20  # publisher's chunk size (one checksum each)
     max_in_flight: int = 2  # chunk requests outstanding per stream
     request_timeout_s: float = 60.0  # deadline of one chunk request
-    # How long a server keeps sending one response to a peer that does not read it (the
-    # memory stays pinned meanwhile); None: half of request_timeout_s, so a relay retiring
-    # a version (which waits request_timeout_s) outlasts such a peer.
+    # How long a server keeps sending one response to a peer that does not read it, and
+    # how long a connection holding a shm/UCX lease may go without a request before it is
+    # closed (the memory stays pinned meanwhile); None: half of request_timeout_s, so a
+    # relay retiring a version (which waits request_timeout_s) outlasts such a peer.
     send_timeout_s: float | None = None
     connect_timeout_s: float = 10.0
+    # The longest one source may take to answer each round of resolving a version (its
+    # manifest, what it holds); one that does not is left out of the pull, so a frozen
+    # peer cannot hold up the others. None: min(connect_timeout_s, 3 s).
+    resolve_timeout_s: float | None = None
     reconnect_attempts: int = 2  # per stream, before a source is given up
     egress_bytes_per_s: int | None = None  # cap on what one server sends; None: no cap
     versions_kept: int = 2  # complete versions a server keeps serving
@@ -135,6 +141,10 @@ class TransferConfig:
                self.send_timeout_s)
         _check(0 < self.connect_timeout_s <= _MAX_TIMEOUT_S, "connect_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
                self.connect_timeout_s)
+        if self.resolve_timeout_s is None:
+            self.resolve_timeout_s = min(self.connect_timeout_s, _RESOLVE_TIMEOUT_S)
+        _check(0 < self.resolve_timeout_s <= _MAX_TIMEOUT_S, "resolve_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
+               self.resolve_timeout_s)
         _check(0 <= self.reconnect_attempts <= 100, "reconnect_attempts", "[0, 100]", self.reconnect_attempts)
         if self.egress_bytes_per_s is not None:
             _check(self.egress_bytes_per_s >= 1024, "egress_bytes_per_s", ">= 1024 or None", self.egress_bytes_per_s)

@@ -57,6 +57,8 @@ class PullHandle:
         self._owner = owner
         self._native = native_puller
         self._plan = plan
+        # "host:port: reason" for each source left out when the version was resolved.
+        self.skipped_sources: list[str] = list(plan.skipped)
         self._region = region
         self._seed = seed
         # progress=True: a tqdm bar, for runs a person is watching.
@@ -125,7 +127,7 @@ class PullHandle:
             self._owner._remember_failed(self, self._job.held_bitmap())
             raise
         self._owner._forget_failed(self.version)
-        self._result = PulledWeights(self.manifest, self.buffer, self._region, self._job.stats())
+        self._result = PulledWeights(self.manifest, self.buffer, self._region, self.stats())
         return self._result
 
     def _wait_slices(self, deadline: float | None) -> bool:
@@ -148,8 +150,11 @@ class PullHandle:
             self._job.cancel()
 
     def stats(self) -> dict:
-        """chunk_requests, chunks_fetched, refetched, and per source bytes/chunks/errors."""
-        return self._job.stats() if self._job is not None else {}
+        """chunk_requests, chunks_fetched, refetched, per source bytes/chunks/errors, and
+        skipped_sources (left out when the version was resolved)."""
+        out = self._job.stats() if self._job is not None else {}
+        out["skipped_sources"] = list(self.skipped_sources)
+        return out
 
     def __enter__(self) -> "PullHandle":
         return self

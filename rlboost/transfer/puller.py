@@ -30,6 +30,9 @@ class WeightPuller(Closing):
         self.config = config if config is not None else TransferConfig()
         self._sources = self._parse(sources)
         self._relayed: dict[int, tuple[torch.Tensor, object | None]] = {}
+        # Relayed versions left behind while peers still read them: served until their
+        # last read ends, then released (see _spare_for).
+        self._retiring: set[int] = set()
         self._failed: dict[int, tuple[torch.Tensor, object | None, bytes, tuple[int, ...]]] = {}
         self._handles: weakref.WeakSet[PullHandle] = weakref.WeakSet()
         self._closed = False
@@ -68,9 +71,16 @@ class WeightPuller(Closing):
                 sources: str | Sequence[str] | None = None) -> PullHandle:
         """Resolves `version` (None: the newest any source holds) and sizes the destination.
 
+        Sources that do not answer within ``resolve_timeout_s`` (or fail) are left out and
+        listed in the handle's ``skipped_sources``; TransferTimeout when none answers.
+
         `into`: a contiguous CPU tensor (or a previous PulledWeights) to receive into; None
         allocates shared memory. While relay is on, the buffer is re-served to peers until
-        this version is retired (``retire(version)``): do not modify it before then.
+        this version is retired (``retire(version)``): do not modify it before then. When
+        `into` is a PulledWeights whose buffer this puller allocated and peers are still
+        reading it, the pull goes to a second buffer instead of waiting for them (the
+        result's ``buffer`` then differs from `into`'s); the two alternate, so at most
+        twice the payload is held.
         `progress`: a callback (bytes_done, total_bytes), or True for a tqdm bar.
         Returns a handle to start() and wait() on.
         """
@@ -80,7 +90,7 @@ class WeightPuller(Closing):
         native = _C.Puller(addrs, c.secret, c.transport, c.streams, c.max_in_flight,
                            c.request_timeout_s, c.connect_timeout_s, c.reconnect_attempts, self._self_id,
                            pool=self._pool, relay_poll_s=c.relay_poll_s)
-        plan = native.resolve(-1 if version is None else version, c.request_timeout_s)
+        plan = native.resolve(-1 if version is None else version, c.request_timeout_s, c.resolve_timeout_s)
         nm = plan.manifest
         manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.crcs)
         if manifest.total_bytes != nm.total_bytes:
@@ -107,11 +117,12 @@ class WeightPuller(Closing):
         c = self.config
         native = _C.Puller(self._sources, c.secret, c.transport, 1, 1, c.request_timeout_s,
                            c.connect_timeout_s, 0, self._self_id, pool=self._pool)
-        return native.resolve(-1, c.request_timeout_s).manifest.version
+        return native.resolve(-1, c.request_timeout_s, c.resolve_timeout_s).manifest.version
 
     # ---- relay -------------------------------------------------------------------
     @property
     def relayed_versions(self) -> list[int]:
+        self._sweep()
         return sorted(self._relayed)
 
     def retire(self, version: int) -> None:
@@ -119,10 +130,19 @@ class WeightPuller(Closing):
         if self._relay_store is not None and version in self._relayed:
             self._relay_store.retire(version, self.config.request_timeout_s)
             del self._relayed[version]
+            self._retiring.discard(version)
 
     def stats(self) -> dict:
-        """Relay server counters (empty when relay is off)."""
-        return self._relay_server.stats() if self._relay_server is not None else {}
+        """Relay server counters, plus ``reads_in_flight`` (version -> reads holding it)
+        and ``retiring_versions`` (left behind, served until their readers finish); empty
+        when relay is off."""
+        if self._relay_server is None:
+            return {}
+        self._sweep()
+        out = self._relay_server.stats()
+        out["reads_in_flight"] = self._relay_store.pins()
+        out["retiring_versions"] = sorted(self._retiring)
+        return out
 
     @property
     def idle_connections(self) -> int:
@@ -141,6 +161,7 @@ class WeightPuller(Closing):
         if self._relay_server is not None:
             self._relay_server.close()
         self._relayed.clear()
+        self._retiring.clear()
         self._failed.clear()
 
     # ---- internals used by PullHandle ----------------------------------------------
@@ -156,8 +177,12 @@ class WeightPuller(Closing):
         for v, (buf, _) in list(self._relayed.items()):
             if v == handle.version or descriptors.same_memory(buf, handle.buffer):
                 self.retire(v)
-        for v in sorted(self._relayed)[: max(0, len(self._relayed) - self.config.versions_kept + 1)]:
-            self.retire(v)
+        # Versions beyond versions_kept go at once unless peers are reading them; those
+        # are served until their reads end rather than waited for.
+        kept = [v for v in sorted(self._relayed) if v not in self._retiring]
+        for v in kept[: max(0, len(kept) - self.config.versions_kept + 1)]:
+            if not self._retire_if_idle(v):
+                self._retiring.add(v)
         nm = _C.Manifest(handle.version, handle.manifest.total_bytes, handle.manifest.chunk_bytes,
                          list(handle.manifest.chunk_crcs), handle.manifest.to_bytes())
         if handle._region is not None:
@@ -185,6 +210,9 @@ class WeightPuller(Closing):
             region = _C.Region.create(total)
             return descriptors.region_tensor(region), region, b""
         if isinstance(into, PulledWeights):
+            spare = self._spare_for(into, manifest)
+            if spare is not None:
+                return spare
             into, region = into.buffer, into._region
         buffer = descriptors.byte_view(into)
         if buffer.numel() < total:
@@ -192,6 +220,38 @@ class WeightPuller(Closing):
         buffer = buffer[:total]
         same = resumable and descriptors.describe(failed[0]) == descriptors.describe(buffer)
         return buffer, region, failed[2] if same else b""
+
+    def _spare_for(self, into: PulledWeights, manifest: Manifest) -> tuple[torch.Tensor, object, bytes] | None:
+        """A fresh buffer when peers still read the one `into` names (which this puller
+        allocated): its version stays served until they finish, then is released. None
+        when that buffer is free (reused at once), not this puller's, or when an older
+        buffer is still being read: then the pull waits for `into`'s readers as usual, so
+        never more than two buffers are held."""
+        total = manifest.total_bytes
+        if into._region is None or self._relay_store is None or into.buffer.numel() < total:
+            return None
+        self._sweep()
+        held = [v for v, (buf, _) in self._relayed.items() if descriptors.same_memory(buf, into.buffer)]
+        busy = [v for v in held if not self._retire_if_idle(v)]
+        # The same version cannot be served from two buffers: that one is waited for.
+        if not busy or self._retiring or manifest.version in busy:
+            return None
+        self._retiring.update(busy)
+        region = _C.Region.create(total)
+        return descriptors.region_tensor(region), region, b""
+
+    def _retire_if_idle(self, version: int) -> bool:
+        """Retires a relayed version no read holds (True); False while one does."""
+        if not self._relay_store.retire_if_idle(version):
+            return False
+        self._relayed.pop(version, None)
+        return True
+
+    def _sweep(self) -> None:
+        """Releases the left-behind versions whose last read has ended."""
+        for v in list(self._retiring):
+            if v not in self._relayed or self._retire_if_idle(v):
+                self._retiring.discard(v)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -12,7 +12,7 @@ from rlboost.transfer import TransferConfig
     ("reconnect_attempts", -1), ("secret", "not-bytes"), ("keep_connections", "yes"),
     ("connection_idle_s", 0), ("relay_poll_s", 0), ("relay_poll_s", 61),
     ("max_handshakes", 0), ("handshake_timeout_s", 0), ("handshake_timeout_s", 61),
-    ("request_timeout_s", 3601), ("send_timeout_s", 0), ("connect_timeout_s", 1e12), ("connect_timeout_s", float("nan")),
+    ("request_timeout_s", 3601), ("send_timeout_s", 0), ("resolve_timeout_s", 0), ("connect_timeout_s", 1e12), ("connect_timeout_s", float("nan")),
 ])
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

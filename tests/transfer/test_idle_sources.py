@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from rlboost.errors import TransferClosed
+from rlboost.errors import TransferClosed, TransferTimeout
 from rlboost.transfer import WeightPublisher, WeightPuller
 
 from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes
@@ -200,3 +200,21 @@ def test_stats_answer_while_a_stream_waits_on_a_handshake():
     finally:
         stalling.close()
         frozen.close()
+
+
+def test_a_source_that_accepts_and_never_answers_is_left_out_of_resolving(publisher):
+    tensors = random_tensors(9)
+    publisher.publish(1, tensors)
+    # The kernel accepts connections to a listening socket; nobody ever speaks on them.
+    with socket.create_server(("127.0.0.1", 0)) as frozen:
+        frozen_address = f"127.0.0.1:{frozen.getsockname()[1]}"
+        cfg = make_config(connect_timeout_s=LONG, request_timeout_s=LONG, resolve_timeout_s=0.5)
+        with WeightPuller([publisher.address, frozen_address], cfg) as puller:
+            handle = puller.prepare(1)
+            pulled = handle.start().wait(LONG)
+            assert_same(pulled, tensors)
+            [skipped] = pulled.stats["skipped_sources"]
+            assert skipped.startswith(frozen_address) and "did not answer within 0.5 s" in skipped
+            assert list(_by_address(pulled)) == [publisher.address]
+            with pytest.raises(TransferTimeout, match=f"no source answered: {frozen_address}: did not answer"):
+                puller.prepare(1, sources=[frozen_address])

@@ -1,8 +1,10 @@
 """Relay: a process that holds a version (or part of it) serves it to others, so
 newcomers do not all drain the trainer's link."""
 
+import gc
 import socket
 import struct
+import weakref
 
 import pytest
 import torch
@@ -11,8 +13,9 @@ from rlboost import _C
 from rlboost.errors import TransferError
 from rlboost.transfer import WeightPublisher, WeightPuller
 
-from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes
-from .wire_client import W, client_handshake, connect, frame, recv_frame
+from .helpers import (BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes,
+                      wait_until)
+from .wire_client import HEADER, W, client_handshake, connect, frame, is_closed_by_peer, recv_frame
 
 
 @pytest.mark.parametrize("transport", BUILT_TRANSPORTS)
@@ -115,8 +118,93 @@ def test_a_peer_that_never_reads_its_chunk_does_not_keep_the_relay_from_its_next
             client_handshake(reader, SECRET)
             reader.sendall(frame(W["chunk_request"], struct.pack("<qI", 1, 0), request_id=1))  # never read
             try:
-                # Reusing v1's buffer retires version 1, which waits for the stuck send to
-                # end: the server gives up on it (send_timeout_s) before the retire does.
-                assert torch.equal(relay.pull(2, into=v1)["w"], big + 1)
+                # Pulling into v1's memory itself (no second buffer: a caller's tensor) retires
+                # version 1, which waits for the stuck send to end: the server gives up on
+                # it (send_timeout_s) before the retire does.
+                assert torch.equal(relay.pull(2, into=v1.buffer)["w"], big + 1)
             finally:
                 reader.close()
+
+
+def stuck_reader(address: str, version: int) -> socket.socket:
+    """A peer that asks for chunk 0 of `version` and never reads the reply."""
+    reader = connect(address)
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client_handshake(reader, SECRET)
+    reader.sendall(frame(W["chunk_request"], struct.pack("<qI", version, 0), request_id=1))
+    return reader
+
+
+def test_a_relay_pulls_its_next_version_into_a_second_buffer_while_a_peer_reads_the_first():
+    big = torch.randn(8 << 20)  # 32 MiB: far more than a socket buffer holds
+    # A stuck send outlives the relay's retire deadline: waiting for it would fail the pull.
+    cfg = make_config(request_timeout_s=5.0, send_timeout_s=600.0, chunk_bytes=16 << 20, transport="tcp")
+    with WeightPublisher(cfg) as pub:
+        pub.publish(1, {"w": big})
+        pub.publish(2, {"w": big + 1})
+        with WeightPuller(pub.address, cfg) as relay:
+            v1 = relay.pull(1)
+            first = weakref.ref(v1._region)
+            reader = stuck_reader(relay.relay_address, 1)
+            try:
+                assert wait_until(lambda: relay.stats()["reads_in_flight"].get(1, 0) > 0)
+                v2 = relay.pull(2, into=v1, timeout=120)
+                assert torch.equal(v2["w"], big + 1)
+                assert v2.buffer.data_ptr() != v1.buffer.data_ptr()
+                assert relay.stats()["retiring_versions"] == [1]
+                with WeightPuller(relay.relay_address, make_config(relay=False, transport="tcp")) as peer:
+                    assert torch.equal(peer.pull(1, timeout=120)["w"], big)  # still served, intact
+            finally:
+                reader.close()
+            # Once the stuck read ends, version 1 is retired and its buffer released.
+            assert wait_until(lambda: relay.stats()["retiring_versions"] == [])
+            assert relay.relayed_versions == [2]
+            del v1
+            gc.collect()
+            assert first() is None
+
+
+def test_a_relay_whose_both_buffers_are_read_waits_for_the_readers_of_the_one_it_reuses():
+    big = torch.randn(8 << 20)
+    cfg = make_config(request_timeout_s=2.0, send_timeout_s=600.0, chunk_bytes=16 << 20, transport="tcp",
+                      versions_kept=3)
+    with WeightPublisher(cfg) as pub:
+        for v in (1, 2, 3):
+            pub.publish(v, {"w": big + v})
+        with WeightPuller(pub.address, cfg) as relay:
+            v1 = relay.pull(1)
+            readers = [stuck_reader(relay.relay_address, 1)]
+            try:
+                assert wait_until(lambda: relay.stats()["reads_in_flight"].get(1, 0) > 0)
+                v2 = relay.pull(2, into=v1)
+                readers.append(stuck_reader(relay.relay_address, 2))
+                assert wait_until(lambda: relay.stats()["reads_in_flight"].get(2, 0) > 0)
+                # No third buffer: reusing v2's waits for its reader, which outlasts the wait.
+                with pytest.raises(TransferError):
+                    relay.pull(3, into=v2)
+                assert relay.relayed_versions == [1, 2]
+            finally:
+                for r in readers:
+                    r.close()
+            assert torch.equal(relay.pull(3, into=v2)["w"], big + 3)
+
+
+def test_a_peer_that_takes_a_shared_memory_lease_and_goes_quiet_loses_it():
+    cfg = make_config(request_timeout_s=5.0, send_timeout_s=0.5, transport="tcp")
+    with WeightPublisher(cfg) as pub:
+        pub.publish(1, random_tensors(1))
+        with WeightPuller(pub.address, cfg) as relay:
+            relay.pull(1)
+            peer = connect(relay.relay_address, timeout=60)
+            try:
+                client_handshake(peer, SECRET)
+                peer.sendall(frame(W["shm_open_request"], struct.pack("<q", 1), request_id=1))
+                assert HEADER.unpack(recv_frame(peer)[: W["header_bytes"]])[3] == W["reply_ok"]
+                assert relay.stats()["reads_in_flight"] == {1: 1}  # the lease pins version 1
+                # No request follows: the relay closes the connection, ending the lease.
+                assert is_closed_by_peer(peer)
+            finally:
+                peer.close()
+            assert relay.stats()["leases_expired"] == 1
+            relay.retire(1)  # nothing holds it any more: no wait for a reader
+            assert relay.stats()["reads_in_flight"] == {}
