@@ -61,3 +61,17 @@ def test_require_writable_accepts_ordinary_and_empty_tensors_and_refuses_partly_
     ro = _readonly_anonymous(2 * mmap.PAGESIZE)
     with pytest.raises(ValueError, match="^dest: "):
         require_writable(ro[mmap.PAGESIZE:], "dest")
+
+
+def test_a_checked_tensor_is_not_rechecked_but_a_new_read_only_one_is(tmp_path):
+    # foreign memory is checked once per tensor; when that tensor goes, a read-only mapping
+    # that lands at the same address (mmap reuses freed ranges) is checked afresh
+    for i in range(20):
+        path = tmp_path / f"w{i}.bin"
+        path.write_bytes(bytes(1 << 16))
+        writable = torch.from_numpy(np.memmap(path, mode="r+", dtype=np.uint8))
+        require_writable(writable, "into")
+        require_writable(writable, "into")
+        del writable
+        with pytest.raises(ValueError, match="into"):
+            require_writable(_readonly_memmap(tmp_path / f"r{i}.bin", 1 << 16), "into")
