@@ -70,7 +70,7 @@ constexpr uint64_t kMaxIdleBytes = uint64_t{1} << 30;
 // Read-only mappings of other processes' regions, keyed by the memfd's identity and
 // shared by every stream that reads the region. A mapping in use is never dropped; an
 // idle one goes when kIdleKeep passes without reuse, when its source retires the region,
-// or when the idle bytes exceed kMaxIdleBytes (oldest first). A reaper thread runs only
+// or when the idle bytes exceed kMaxIdleBytes (oldest first, never the newest). A reaper thread runs only
 // while idle mappings exist.
 class RemoteMappingCache {
  public:
@@ -148,8 +148,15 @@ class RemoteMappingCache {
                      return e.users == 0 && (now - e.idle_since >= kIdleKeep || Retired(e));
                    }), entries_.end());
     uint64_t idle_bytes = 0;
-    for (const auto& e : entries_) idle_bytes += e.users == 0 ? e.mapping->size() : 0;
-    while (idle_bytes > kMaxIdleBytes) {
+    size_t idle = 0;
+    for (const auto& e : entries_) {
+      idle_bytes += e.users == 0 ? e.mapping->size() : 0;
+      idle += e.users == 0 ? 1 : 0;
+    }
+    // The newest idle mapping stays whatever its size: remapping a region larger than the
+    // bound on every pull would fault in its page tables each time (a 2 GiB pull ran at
+    // half speed); the idle timeout and the retirement check still drop it.
+    for (; idle_bytes > kMaxIdleBytes && idle > 1; --idle) {
       auto oldest = entries_.end();
       for (auto it = entries_.begin(); it != entries_.end(); ++it) {
         if (it->users == 0 && (oldest == entries_.end() || it->idle_since < oldest->idle_since)) oldest = it;
