@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rlboost.transfer import TransferConfig, WeightPublisher
 
@@ -18,6 +19,14 @@ def config() -> TransferConfig:
 def publisher(config):
     with WeightPublisher(config) as pub:
         yield pub
+
+
+@pytest.fixture
+def served(publisher):
+    """A publisher holding version 1: one 300,000-byte random blob (not a chunk multiple)."""
+    blob = torch.randint(0, 256, (300_000,), dtype=torch.uint8)
+    publisher.publish(1, {"blob": blob})
+    return publisher, blob
 
 
 @pytest.fixture

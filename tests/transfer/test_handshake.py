@@ -10,7 +10,6 @@ import struct
 import threading
 
 import pytest
-import torch
 
 from rlboost import _C
 from rlboost.errors import AuthError, ProtocolError
@@ -19,13 +18,6 @@ from rlboost.transfer import WeightPuller
 from .helpers import SECRET, make_config
 from .wire_client import (HEADER, W, connect, frame, is_closed_by_peer, proof, recv_exact, recv_frame,
                           server_handshake_rest)
-
-@pytest.fixture
-def served(publisher):
-    blob = torch.randint(0, 256, (300_000,), dtype=torch.uint8)
-    publisher.publish(1, {"blob": blob})
-    return publisher, blob
-
 
 def test_server_proves_nothing_to_a_client_that_has_not_proven_itself(served):
     pub, _ = served

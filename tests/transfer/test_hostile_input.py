@@ -16,13 +16,6 @@ from .wire_client import (W, HostileSourceForTests, client_handshake, connect, f
                           recv_frame)
 
 
-@pytest.fixture
-def served(publisher):
-    blob = torch.randint(0, 256, (300_000,), dtype=torch.uint8)
-    publisher.publish(1, {"blob": blob})
-    return publisher, blob
-
-
 def good_pull_works(address: str, blob: torch.Tensor) -> None:
     with WeightPuller(address, make_config(transport="tcp")) as puller:
         assert torch.equal(puller.pull(1)["blob"], blob)
