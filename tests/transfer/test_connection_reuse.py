@@ -65,11 +65,13 @@ def test_a_full_server_closes_idle_kept_connections_to_admit_newcomers():
         pub.publish(1, {"blob": blob})
         first, second = WeightPuller(pub.address, cfg), WeightPuller(pub.address, cfg)
         try:
-            assert torch.equal(first.pull(1)["blob"], blob)  # keeps 3 connections open
+            assert torch.equal(first.pull(1)["blob"], blob)  # keeps its connections open
             assert torch.equal(second.pull(1)["blob"], blob)
             assert torch.equal(first.pull(1)["blob"], blob)  # its kept ones were closed
         finally:
             first.close()
             second.close()
         stats = pub.stats()
-    assert stats["connections_refused"] == 0 and stats["connections_evicted"] >= 3
+    # how many a pull keeps depends on how many of its streams got to connect before the
+    # small blob was in; newcomers are admitted by evicting idle ones, never refused
+    assert stats["connections_refused"] == 0 and stats["connections_evicted"] >= 1
