@@ -100,29 +100,41 @@ class StepDecisions(ServiceParts):
         length = st.collector.max_length
         return any(not any(self.router.can_run(sid, v, length) for v in views) for sid in sids)
 
-    def _view(self, rec, *, accepts: bool) -> InstanceView:
+    def _view(self, rec, *, accepts: bool, time_left_s: float | None = None) -> InstanceView:
         return InstanceView(rec.instance_id, rec.info.capacity, self._engines[rec.instance_id].rates, accepts,
-                            rec.info.max_model_len)
+                            rec.info.max_model_len, time_left_s)
 
     def _views(self, st: StepState) -> list[InstanceView]:
+        """Instances that hold or may take samples. A draining one takes only samples that fit
+        before its drain time, less one poll interval (its last tokens must be collected by
+        then), and only once its rate has been measured rather than assumed."""
         views = []
         for rec in self.registry.live():
             if rec.instance_id not in self._engines or rec.state not in (ACTIVE, DRAINING):
                 continue
             if rec.kind == "reserved" and not st.window_open:
                 continue
-            views.append(self._view(rec, accepts=rec.state == ACTIVE and self.registry.version_ok(rec.weight_version)))
+            accepts, left = self.registry.takes_work(rec), self.registry.time_left_s(rec)
+            if left is not None:
+                accepts = accepts and self._engines[rec.instance_id].rates.observed
+                left -= self.config.poll_interval_s
+            views.append(self._view(rec, accepts=accepts, time_left_s=left))
         return views
+
+    def _budget(self, sid: int) -> int:
+        """The most tokens the sample may still produce (what a deadline must allow for)."""
+        col = self._step.collector
+        return col.max_new(sid) - col.progress(sid)
 
     async def _place(self, st: StepState) -> None:
         col = st.collector
-        for a in self.router.dispatch(self._views(st), self._remaining, col.max_length):
+        for a in self.router.dispatch(self._views(st), self._remaining, col.max_length, self._budget, col.position):
             await self._send(a.instance_id, a.sample_ids)
         if self.router.queued:
             return
-        for m in self.router.steal(self._views(st), self._remaining, col.position, col.max_length):
-            if self.registry.get(m.target).state != ACTIVE:
-                continue  # lost while earlier moves ran
+        for m in self.router.steal(self._views(st), self._remaining, col.position, col.max_length, self._budget):
+            if not self.registry.takes_work(self.registry.get(m.target)):
+                continue  # lost (or past its drain time) while earlier moves ran
             moved = await self._take_back(m.source, m.sample_ids)
             if moved:
                 await self._send(m.target, moved)

@@ -309,5 +309,6 @@ class EngineMoves(ServiceParts):
                 self._step.meter.reprefill_tokens += state.position
 
     def _routable_ids(self) -> set[str]:
-        """Instances that may be given samples now (active, allowed weight version)."""
-        return {r.instance_id for r in self.registry.routable() if r.instance_id in self._engines}
+        """Instances that may be given samples now (Registry.takes_work)."""
+        return {r.instance_id for r in self.registry.live()
+                if r.instance_id in self._engines and self.registry.takes_work(r)}

@@ -1,8 +1,9 @@
 """Registry of rollout instances: leases renewed by heartbeats, weight-version gating, drains.
 
-An instance moves joining -> pulling -> active -> draining -> gone. Only an active instance
-whose weights are current (or within the allowed staleness) is routed to. Time comes from
-an injected clock, so lease expiry is deterministic in tests.
+An instance moves joining -> pulling -> active -> draining -> gone. Only an instance whose
+weights are current (or within the allowed staleness) is routed to: an active one, or a
+draining one for samples that fit before its drain time. Time comes from an injected clock,
+so lease expiry is deterministic in tests.
 """
 
 from __future__ import annotations
@@ -23,12 +24,18 @@ class RegistryConfig:
     An instance is declared dead after missed_beats heartbeat intervals without a sign of
     life; a drained instance's samples leave drain_margin_s before its deadline (or at once
     when the grace period is shorter), so decoding continues while it safely can.
+
+    With route_to_draining, a draining instance (billed until it is reclaimed) still takes
+    new, stolen or migrated samples, but only those whose whole remaining token budget it
+    would decode before its drain time at its measured per-sample rate; whatever is still
+    unfinished then migrates as always. False: a notice stops all routing to it at once.
     """
 
     heartbeat_interval_s: float = 1.0
     missed_beats: int = 3
     max_staleness: int = 0
     drain_margin_s: float = 5.0
+    route_to_draining: bool = True
 
     def __post_init__(self) -> None:
         if not self.heartbeat_interval_s > 0:
@@ -39,6 +46,8 @@ class RegistryConfig:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.drain_margin_s < 0:
             raise ValueError(f"drain_margin_s must be >= 0, got {self.drain_margin_s}")
+        if not isinstance(self.route_to_draining, bool):
+            raise ValueError(f"route_to_draining must be True or False, got {self.route_to_draining!r}")
 
 
 @dataclass(slots=True)
@@ -115,7 +124,8 @@ class Registry:
                 rec.state = ACTIVE if self.version_ok(rec.weight_version) else PULLING
 
     def notice(self, instance_id: str, grace_s: float) -> float:
-        """A preemption notice: stop routing to it; its samples must leave before the returned deadline."""
+        """A preemption notice: its samples must leave before the returned deadline (only
+        those that fit before its drain time are still routed to it, see RegistryConfig)."""
         if not grace_s >= 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s}")
         rec = self._live(instance_id)
@@ -152,6 +162,22 @@ class Registry:
         """Active instances at an allowed weight version, in id order."""
         return [r for r in self.live() if r.state == ACTIVE and self.version_ok(r.weight_version)
                 and (kind is None or r.kind == kind)]
+
+    def takes_work(self, rec: InstanceRecord) -> bool:
+        """Whether rec may be given samples: active, or draining (with route_to_draining and
+        before its drain time), at an allowed weight version."""
+        if not self.version_ok(rec.weight_version):
+            return False
+        if rec.state == ACTIVE:
+            return True
+        return (rec.state == DRAINING and self.config.route_to_draining
+                and rec.drain_at is not None and rec.drain_at > self.clock.now())
+
+    def time_left_s(self, rec: InstanceRecord) -> float | None:
+        """Seconds until a draining instance's samples leave (None: not draining)."""
+        if rec.state != DRAINING or rec.drain_at is None:
+            return None
+        return max(0.0, rec.drain_at - self.clock.now())
 
     def drains_due(self) -> list[InstanceRecord]:
         now = self.clock.now()

@@ -2,7 +2,8 @@
 
 A sample waits in the controller's queue until an instance has a free slot, goes to the
 instance that would finish its outstanding work soonest, and is moved (work stealing) when
-an idle or newly joined instance would finish it clearly sooner than where it is.
+an idle or newly joined instance would finish it clearly sooner than where it is. An
+instance with a deadline (draining) takes only samples it would surely finish before it.
 Pure policy: it returns decisions; the driver carries them out.
 """
 
@@ -45,13 +46,18 @@ class RouterConfig:
 
 @dataclass(slots=True)
 class InstanceView:
-    """What the router needs to know about one instance right now."""
+    """What the router needs to know about one instance right now.
+
+    time_left_s (a draining instance): seconds until its samples leave; it takes only samples
+    that fit in them (Router.fits). None: no deadline.
+    """
 
     instance_id: str
     capacity: int
     rates: RateModel
-    accepts_new: bool = True  # False: only a source of samples (draining)
+    accepts_new: bool = True  # False: only a source of samples
     max_model_len: int | None = None  # longest prompt + output it takes (None: not declared)
+    time_left_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,12 +151,27 @@ class Router:
             return False
         return view.max_model_len is None or length is None or length(sample_id) <= view.max_model_len
 
+    def fits(self, sample_id: int, view: InstanceView, k: int, budget: Callable[[int], int] | None,
+             position: Callable[[int], int] | None) -> bool:
+        """Whether the sample would surely finish on the instance before its deadline (always,
+        without one): re-prefill of its position, then its whole remaining token budget at the
+        per-sample rate with k samples there. No budget known: it does not fit."""
+        if view.time_left_s is None:
+            return True
+        if budget is None:
+            return False
+        prefill = position(sample_id) / self.config.prefill_tokens_per_s if position is not None else 0.0
+        return prefill + budget(sample_id) / view.rates.rate_at(k) <= view.time_left_s
+
     def dispatch(self, instances: list[InstanceView], remaining: Callable[[int], float],
-                 length: Callable[[int], int] | None = None) -> list[Assign]:
+                 length: Callable[[int], int] | None = None, budget: Callable[[int], int] | None = None,
+                 position: Callable[[int], int] | None = None) -> list[Assign]:
         """Place queued samples on free slots, each where outstanding work / rate is least.
 
         length(sample) is its longest possible prompt + output, checked against each
-        instance's max_model_len. A sample no open instance can run keeps its place in the queue.
+        instance's max_model_len; budget(sample) its most tokens still to come and
+        position(sample) the tokens a re-prefill feeds, for instances with a deadline (fits).
+        A sample no open instance can run keeps its place in the queue.
         """
         open_ = [v for v in instances
                  if v.accepts_new and len(self._by_instance.get(v.instance_id, ())) < v.capacity]
@@ -167,7 +188,8 @@ class Router:
             best, best_key = None, None
             for v in open_:
                 n, work = load[v.instance_id]
-                if n >= v.capacity or not self.can_run(sid, v, length):
+                if (n >= v.capacity or not self.can_run(sid, v, length)
+                        or not self.fits(sid, v, n + 1, budget, position)):
                     continue
                 key = ((work + need) / v.rates.full_rate(v.capacity), n, v.instance_id)
                 if best_key is None or key < best_key:
@@ -183,9 +205,11 @@ class Router:
         return [Assign(iid, tuple(sids)) for iid, sids in sorted(placed.items())]
 
     def steal(self, instances: list[InstanceView], remaining: Callable[[int], float],
-              position: Callable[[int], int], length: Callable[[int], int] | None = None) -> list[Move]:
+              position: Callable[[int], int], length: Callable[[int], int] | None = None,
+              budget: Callable[[int], int] | None = None) -> list[Move]:
         """Samples to move to free slots where they would finish clearly sooner (only with an empty
-        queue). Decisions only: the caller assigns each sample once it has left its source."""
+        queue); a target with a deadline takes only samples that fit (see dispatch). Decisions
+        only: the caller assigns each sample once it has left its source."""
         if self._queue:
             return []
         cfg = self.config
@@ -194,9 +218,13 @@ class Router:
         cache: dict[int, tuple[float, int]] = {}
         taken: set[int] = set()
         moves: dict[tuple[str, str], list[int]] = {}
-        for _ in range(cfg.max_moves_per_tick):
+        passed: set[str] = set()  # targets with a deadline that no sample fits
+        made = 0
+        while made < cfg.max_moves_per_tick:
             # the same sample gains most on the fastest free slot, so only that target matters
-            targets = [v for v in instances if v.accepts_new and count[v.instance_id] < v.capacity]
+            # (unless none fits its deadline: then the next fastest is tried)
+            targets = [v for v in instances if v.accepts_new and count[v.instance_id] < v.capacity
+                       and v.instance_id not in passed]
             if not targets:
                 break
             t = max(targets, key=lambda v: (v.rates.rate_at(count[v.instance_id] + 1), v.instance_id))
@@ -210,7 +238,8 @@ class Router:
                 if t_rate * (1.0 - cfg.steal_margin) <= s_rate:
                     continue  # no sample of src can clear the margin
                 for sid in sids:
-                    if sid in taken or not self.can_run(sid, t, length):
+                    if (sid in taken or not self.can_run(sid, t, length)
+                            or not self.fits(sid, t, count[t.instance_id] + 1, budget, position)):
                         continue
                     if sid not in cache:
                         cache[sid] = (remaining(sid), position(sid))
@@ -222,7 +251,11 @@ class Router:
                         if best is None or (gain, -sid) > (best[0], -best[1]):
                             best = (gain, sid, src)
             if best is None:
-                break
+                if t.time_left_s is None:
+                    break
+                passed.add(t.instance_id)
+                continue
+            made += 1
             _, sid, src = best
             taken.add(sid)
             count[src] -= 1

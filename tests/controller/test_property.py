@@ -47,7 +47,7 @@ def schedules(draw):
             events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
         else:
             events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
-                                     grace_s=draw(st.floats(0.0, 4.0)), factor=draw(st.floats(0.1, 3.0))))
+                                     grace_s=draw(st.floats(0.0, 12.0)), factor=draw(st.floats(0.1, 3.0))))
     return initial, events
 
 
