@@ -52,6 +52,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--stop-probability", type=float, default=0.01,
                    help="emulated: chance that a token ends its sample")
     p.add_argument("--groups", type=int, default=64, help="emulated: prompt groups per step")
+    p.add_argument("--drain-margin", type=float, default=2.0,
+                   help="emulated: seconds before a noticed instance's deadline that its samples leave")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="more overrides for every run, as `rlboost train --set`")
     return p.parse_args()
@@ -63,7 +65,10 @@ def emulated_overrides(args: argparse.Namespace) -> list[str]:
             f"rollout.emulated.sample_tokens_per_s={args.sample_tps}",
             f"rollout.emulated.stop_probability={args.stop_probability}",
             f"task.max_new_tokens={args.max_new}", f"task.groups_per_step={args.groups}",
-            f"trainer.microbatch_groups={max(1, args.groups // 4)}"]
+            f"trainer.microbatch_groups={max(1, args.groups // 4)}",
+            # samples leave a noticed instance 2 s before its deadline, so it works through
+            # the rest of its grace (the recipe drains at once, to show live migration)
+            f"controller.registry.drain_margin_s={args.drain_margin}"]
 
 
 def run_once(recipe: str, overrides: list[str]) -> list[dict]:
