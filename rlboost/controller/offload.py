@@ -74,7 +74,10 @@ class AdaptiveWindowConfig:
 
     After a step where the trainer starved for more than idle_target_s, the window grows by
     up_gain x the excess; after a step where every micro-batch was ready before the trainer
-    wanted it, it shrinks by down_gain x the least such wait (the slack).
+    wanted it, it shrinks by down_gain x the least such wait (the slack). The training time
+    per token is a moving average (weight train_ema) of each step's measurement, taken
+    within train_jump times the current estimate either way: one stalled step (a
+    checkpoint, a busy host) moves it a little, a lasting change within a few steps.
     """
 
     initial_window_s: float = 30.0
@@ -84,6 +87,7 @@ class AdaptiveWindowConfig:
     up_gain: float = 0.6
     down_gain: float = 0.5
     train_ema: float = 0.5
+    train_jump: float = 2.0
 
     def __post_init__(self) -> None:
         if self.initial_window_s < 0 or self.min_window_s < 0 or self.idle_target_s < 0:
@@ -93,6 +97,8 @@ class AdaptiveWindowConfig:
         for name in ("up_gain", "down_gain", "train_ema"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not self.train_jump >= 1:
+            raise ValueError(f"train_jump must be >= 1, got {self.train_jump}")
 
 
 class AdaptiveWindow:
@@ -174,6 +180,8 @@ class AdaptiveWindow:
         if obs.total_tokens > 0 and obs.train_busy_s > 0:
             rate = obs.train_busy_s / obs.total_tokens
             old = self.train_s_per_token
+            if old is not None:
+                rate = min(max(rate, old / cfg.train_jump), old * cfg.train_jump)
             self.train_s_per_token = rate if old is None else old + cfg.train_ema * (rate - old)
         if obs.num_preemptible == 0 or self.train_s_per_token is None:
             return  # no local/remote balance to learn from

@@ -37,6 +37,20 @@ def test_adaptive_closes_when_remote_can_finish_the_rest_while_the_trainer_train
     assert p.plan(ctx(remaining=500.0)) == 0.0
 
 
+def test_one_stalled_step_moves_the_training_estimate_a_little_a_lasting_change_fully():
+    p = AdaptiveWindow(AdaptiveWindowConfig(train_ema=0.5, train_jump=2.0))
+    p.observe(obs(tokens=1000, train=20.0))            # 0.02 s per token
+    p.observe(obs(tokens=1000, train=1000.0))          # a 50x stall counts as 2x
+    assert p.train_s_per_token == pytest.approx(0.03)  # 0.02 + 0.5 * (0.04 - 0.02)
+    p.observe(obs(tokens=1000, train=20.0))
+    assert p.train_s_per_token == pytest.approx(0.025)
+    for _ in range(12):                                # training really got 10x slower
+        p.observe(obs(tokens=1000, train=200.0))
+    assert p.train_s_per_token == pytest.approx(0.2, rel=0.01)
+    with pytest.raises(ValueError, match="train_jump"):
+        AdaptiveWindowConfig(train_jump=0.5)
+
+
 def test_adaptive_never_closes_without_a_preemptible_instance_and_respects_bounds():
     p = AdaptiveWindow(AdaptiveWindowConfig(min_window_s=3.0, max_window_s=60.0))
     p.observe(obs())
