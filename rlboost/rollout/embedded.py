@@ -31,7 +31,7 @@ from rlboost.rollout._paged_forward import PagedForward
 from rlboost.rollout._paged_kv import PagedKVCache
 from rlboost.rollout._scheduler import EngineSample, Scheduler
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig
-from rlboost.rollout.engine import EngineLoad, TokenDelta
+from rlboost.rollout.engine import EngineLoad, PendingDeltas, TokenDelta
 from rlboost.rollout.sampling import DrawSpec, draw_key, sample_tokens
 
 __all__ = ["EmbeddedEngine", "EmbeddedEngineConfig"]
@@ -75,7 +75,7 @@ class EmbeddedEngine:
         self._version = config.weight_version
         self._cond = threading.Condition()
         self._commands: list[tuple[Callable[[], object], Future]] = []
-        self._deltas: dict[int, TokenDelta] = {}
+        self._deltas = PendingDeltas()
         self._steps: deque[tuple[float, float, int]] = deque()  # (end time, duration, tokens)
         self._counts = (0, 0, 0)                                 # running, queued, queued tokens
         self._closed = False
@@ -107,9 +107,7 @@ class EmbeddedEngine:
         with self._cond:
             self._cond.wait_for(lambda: self._deltas or self._closed or self._failure, timeout_s)
             self._check_usable()
-            out = list(self._deltas.values())
-            self._deltas.clear()
-            return out
+            return self._deltas.take()
 
     def abort(self, sample_ids: Sequence[int]) -> None:
         ids = list(sample_ids)
@@ -238,16 +236,9 @@ class EmbeddedEngine:
 
     def _emit(self, seq: EngineSample) -> None:
         """Move a sample's unreleased tokens into the delta buffer (caller holds _cond)."""
-        ids = tuple(seq.out_ids[seq.emitted:])
-        lps = tuple(seq.out_logprobs[seq.emitted:])
-        prev = self._deltas.get(seq.sample_id)
-        if prev is not None:
-            ids, lps, start = prev.ids + ids, prev.logprobs + lps, prev.start
-        else:
-            start = seq.emitted
-        self._deltas[seq.sample_id] = TokenDelta(
-            sample_id=seq.sample_id, start=start, ids=ids, logprobs=lps,
-            finish_reason=seq.finish_reason, weight_version=self._version)
+        self._deltas.add(seq.sample_id, seq.emitted, tuple(seq.out_ids[seq.emitted:]),
+                         tuple(seq.out_logprobs[seq.emitted:]), seq.finish_reason,
+                         weight_version=self._version)
         seq.emitted = len(seq.out_ids)
 
     def _current_counts(self) -> tuple[int, int, int]:
@@ -270,7 +261,7 @@ class EmbeddedEngine:
         removed = [seq for seq in map(self._sched.remove, ids) if seq is not None]
         with self._cond:
             for sid in ids:  # finished samples too: their last delta may still be waiting
-                self._deltas.pop(sid, None)
+                self._deltas.discard(sid)
         return removed
 
     def _export(self, ids: list[int] | None, with_kv: bool):

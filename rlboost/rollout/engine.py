@@ -50,6 +50,44 @@ class TokenDelta:
             raise ValueError(f"sample {self.sample_id}: {len(self.ids)} ids but {len(self.logprobs)} logprobs")
 
 
+class PendingDeltas:
+    """Token deltas an engine has produced and poll() has not yet returned, one per sample:
+    tokens that come before the waiting delta is polled are appended to it, so each poll
+    returns every sample's new tokens once and in order. Engines guard it with their lock.
+
+    >>> pending = PendingDeltas()
+    >>> pending.add(7, 0, (5,), (-0.5,), None, weight_version=3)
+    >>> pending.add(7, 1, (6,), (-1.0,), "stop", weight_version=3)
+    >>> [(d.start, d.ids, d.finish_reason) for d in pending.take()], bool(pending)
+    ([(0, (5, 6), 'stop')], False)
+    """
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, TokenDelta] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_id)
+
+    def add(self, sample_id: int, start: int, ids: tuple[int, ...], logprobs: tuple[float, ...],
+            finish_reason: str | None, *, weight_version: int) -> None:
+        prev = self._by_id.get(sample_id)
+        if prev is not None:
+            ids, logprobs, start = prev.ids + ids, prev.logprobs + logprobs, prev.start
+        self._by_id[sample_id] = TokenDelta(sample_id=sample_id, start=start, ids=ids, logprobs=logprobs,
+                                            finish_reason=finish_reason, weight_version=weight_version)
+
+    def discard(self, sample_id: int) -> None:
+        """Forget a sample's waiting tokens (it was aborted or exported)."""
+        self._by_id.pop(sample_id, None)
+
+    def take(self) -> list[TokenDelta]:
+        out = list(self._by_id.values())
+        self._by_id.clear()
+        return out
+
+
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
     """What an engine reports about its load, for routing and the offload policy.

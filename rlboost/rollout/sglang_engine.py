@@ -29,7 +29,7 @@ from rlboost.rollout._sglang_config import SGLangEngineConfig
 from rlboost.rollout._sglang_requests import SGLangSample, cut_at_stop, finish_of, new_entries
 from rlboost.rollout._sglang_thread import LoopThread
 from rlboost.rollout._sglang_weights import check_weights, read_checkpoint_facts, weight_buckets
-from rlboost.rollout.engine import EngineLoad, TokenDelta
+from rlboost.rollout.engine import EngineLoad, PendingDeltas, TokenDelta
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig"]
 T = TypeVar("T")
@@ -76,7 +76,7 @@ class SGLangEngine:
         self._rid_prefix = f"rlboost-{uuid.uuid4().hex[:8]}"
         self._rids = 0
         self._cond = threading.Condition()
-        self._deltas: dict[int, TokenDelta] = {}
+        self._deltas = PendingDeltas()
         self._counts = (0, 0, 0)                       # running, queued, queued tokens
         self._rate = 0.0
         self._closed = False
@@ -111,9 +111,7 @@ class SGLangEngine:
         with self._cond:
             self._cond.wait_for(lambda: self._deltas or self._closed or self._failure, timeout_s)
             self._check_usable()
-            out = list(self._deltas.values())
-            self._deltas.clear()
-            return out
+            return self._deltas.take()
 
     def abort(self, sample_ids: Sequence[int]) -> None:
         ids = list(sample_ids)
@@ -212,7 +210,7 @@ class SGLangEngine:
                 self._abort_request(sample.rid)
         with self._cond:
             for sid in ids:  # finished samples too: their last delta may still be waiting
-                self._deltas.pop(sid, None)
+                self._deltas.discard(sid)
         self._note_idle()
 
     def _export(self, ids: list[int] | None) -> MigrationBatch:
@@ -325,13 +323,8 @@ class SGLangEngine:
         base = len(sample.state.output_ids)
         ids, lps = tuple(sample.ids[sample.emitted:upto]), tuple(sample.logprobs[sample.emitted:upto])
         with self._cond:
-            prev = self._deltas.get(sample.sample_id)
-            start = base + sample.emitted
-            if prev is not None:
-                ids, lps, start = prev.ids + ids, prev.logprobs + lps, prev.start
-            self._deltas[sample.sample_id] = TokenDelta(sample_id=sample.sample_id, start=start, ids=ids,
-                                                        logprobs=lps, finish_reason=finish,
-                                                        weight_version=self._version)
+            self._deltas.add(sample.sample_id, base + sample.emitted, ids, lps, finish,
+                             weight_version=self._version)
             self._cond.notify_all()
         sample.emitted = upto
 
