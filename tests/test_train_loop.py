@@ -22,14 +22,6 @@ TOK = ByteTokenizer()
 GROUP = 4
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _samples(n_groups: int, version: int = 3) -> list[ScoredSample]:
     g = torch.Generator().manual_seed(5)
     out = []

@@ -1,18 +1,8 @@
-"""Fixtures for rollout tests: tiny checkpoints on disk and a quiet torch thread pool."""
+"""Fixtures for rollout tests: tiny checkpoints on disk (one torch thread: tests/conftest.py)."""
 
 import pytest
-import torch
 
 from rlboost.models import build_tiny_checkpoint
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Tiny models run fastest on one intra-op thread, and the engine thread shares the pool.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
