@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from rlboost.controller.clock import ManualClock
+from rlboost.controller.clock import ManualClock, run_virtual
 from rlboost.controller.records import InstanceInfo
+from rlboost.controller.service import RolloutService
 from rlboost.errors import PeerLost
 from rlboost.rollout.emulated import KV_LAYOUT, EmulatedEngine, EmulatedEngineConfig
 from rlboost.rollout.endpoint import MigratingEngine
@@ -187,3 +188,18 @@ def outputs(batches):
                 assert s.sample_id not in out, f"sample {s.sample_id} delivered twice"
                 out[s.sample_id] = (s.output_ids, s.output_logprobs, s.finish_reason)
     return out
+
+
+def run_service(body, config, policy):
+    """Runs `await body(svc, clock, log)` against a started RolloutService on virtual time;
+    returns (its result, the event log)."""
+    log = []
+
+    async def main(clock):
+        svc = RolloutService(config, clock=clock, window_policy=policy)
+        await svc.start()
+        try:
+            return await body(svc, clock, log)
+        finally:
+            await svc.close()
+    return run_virtual(main), log

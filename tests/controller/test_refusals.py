@@ -4,13 +4,12 @@ every instance. Only failed calls lose an instance (and a live one is told to dr
 
 import pytest
 
-from controller_fakes import RecordingEngineForTests, add_instance, outputs, run_step, uninterrupted
-from rlboost.controller.clock import run_virtual
+from controller_fakes import RecordingEngineForTests, add_instance, outputs, run_service, run_step, uninterrupted
 from rlboost.controller.emulation import make_groups
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import GROUP_STRIDE, PromptGroup
 from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.service import ControllerConfig, RolloutService
+from rlboost.controller.service import ControllerConfig
 from rlboost.errors import StepFailed
 from rlboost.migration.state import SamplingParams
 
@@ -20,18 +19,8 @@ POISON = PromptGroup(group_id=99, prompt_ids=(1, 2, 3), params=SamplingParams(ma
 
 
 def scenario(body, **cfg):
-    log = []
-
-    async def main(clock):
-        config = ControllerConfig(**{**dict(poll_interval_s=0.1, idle_timeout_s=30.0, call_timeout_s=1.0), **cfg})
-        svc = RolloutService(config, clock=clock,
-                             window_policy=ReferenceWindowRule(ReferenceWindowConfig(initial_window_s=0.0, floor_s=0)))
-        await svc.start()
-        try:
-            return await body(svc, clock, log)
-        finally:
-            await svc.close()
-    return run_virtual(main), log
+    config = ControllerConfig(**{**dict(poll_interval_s=0.1, idle_timeout_s=30.0, call_timeout_s=1.0), **cfg})
+    return run_service(body, config, ReferenceWindowRule(ReferenceWindowConfig(initial_window_s=0.0, floor_s=0)))
 
 
 def fleet(svc, clock, log, *, declare: bool):

@@ -2,14 +2,14 @@
 
 import pytest
 
-from controller_fakes import RecordingEngineForTests, add_instance, engine_config, outputs, run_step, uninterrupted
-from rlboost.controller.clock import run_virtual
+from controller_fakes import (RecordingEngineForTests, add_instance, engine_config, outputs, run_service, run_step,
+                              uninterrupted)
 from rlboost.controller.emulation import make_groups
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
-from rlboost.controller.service import ControllerConfig, RolloutService
+from rlboost.controller.service import ControllerConfig
 from rlboost.errors import RolloutError, StepFailed
 from rlboost.migration.batch import MigrationBatch
 from rlboost.rollout.emulated import EmulatedEngine
@@ -28,16 +28,7 @@ def window(seconds):
 
 
 def scenario(body, *, cfg=None, policy=None):
-    log = []
-
-    async def main(clock):
-        svc = RolloutService(cfg or config(), clock=clock, window_policy=policy or window(1.0))
-        await svc.start()
-        try:
-            return await body(svc, clock, log)
-        finally:
-            await svc.close()
-    return run_virtual(main), log
+    return run_service(body, cfg or config(), policy or window(1.0))
 
 
 def later(clock, seconds, fn):
