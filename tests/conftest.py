@@ -26,6 +26,6 @@ def one_torch_thread():
 def pytest_collection_modifyitems(config, items):
     root = Path(__file__).parent
     for item in items:
-        parts = Path(item.fspath).relative_to(root).parts
-        if parts and parts[0] in _ONE_THREAD:
+        path = Path(item.fspath)
+        if path.is_relative_to(root) and path.relative_to(root).parts[0] in _ONE_THREAD:
             item.fixturenames.insert(0, "one_torch_thread")

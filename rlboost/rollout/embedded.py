@@ -30,15 +30,16 @@ from rlboost.rollout._engine_io import check_import, load_named_tensors
 from rlboost.rollout._paged_forward import PagedForward
 from rlboost.rollout._paged_kv import PagedKVCache
 from rlboost.rollout._scheduler import EngineSample, Scheduler
+from rlboost.rollout._threaded import ThreadedEngineState
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig
-from rlboost.rollout.engine import EngineLoad, PendingDeltas, TokenDelta
+from rlboost.rollout.engine import EngineLoad
 from rlboost.rollout.sampling import DrawSpec, draw_key, sample_tokens
 
 __all__ = ["EmbeddedEngine", "EmbeddedEngineConfig"]
 T = TypeVar("T")
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(ThreadedEngineState):
     """The embedded rollout engine. Usage:
 
         engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir="ckpt/", stream_interval=4))
@@ -56,6 +57,7 @@ class EmbeddedEngine:
     """
 
     def __init__(self, config: EmbeddedEngineConfig, model: DecoderLM | None = None):
+        self._init_state()
         self.config = config
         device = torch.device(config.device)
         if model is None:
@@ -73,13 +75,8 @@ class EmbeddedEngine:
                                 max_prefill_tokens=config.max_prefill_tokens, scatter=self._scatter)
         self.max_model_len = _max_model_len(config, mc.max_position_embeddings, self._cache.capacity_tokens)
         self._version = config.weight_version
-        self._cond = threading.Condition()
         self._commands: list[tuple[Callable[[], object], Future]] = []
-        self._deltas = PendingDeltas()
         self._steps: deque[tuple[float, float, int]] = deque()  # (end time, duration, tokens)
-        self._counts = (0, 0, 0)                                 # running, queued, queued tokens
-        self._closed = False
-        self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rlboost-embedded-engine", daemon=True)
         self._thread.start()
         # A daemon thread still inside torch when the interpreter finalizes aborts the
@@ -100,14 +97,6 @@ class EmbeddedEngine:
     def submit(self, states: Sequence[RequestState]) -> None:
         states = list(states)
         self._call(lambda: self._add(states, [None] * len(states)))
-
-    def poll(self, timeout_s: float) -> list[TokenDelta]:
-        if not timeout_s >= 0:
-            raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
-        with self._cond:
-            self._cond.wait_for(lambda: self._deltas or self._closed or self._failure, timeout_s)
-            self._check_usable()
-            return self._deltas.take()
 
     def abort(self, sample_ids: Sequence[int]) -> None:
         ids = list(sample_ids)
@@ -133,27 +122,12 @@ class EmbeddedEngine:
                               decode_tokens_per_s=rate, weight_version=self._version)
 
     def close(self) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            self._cond.notify_all()
+        if not self._mark_closed():
+            return
         if threading.current_thread() is not self._thread:
             self._thread.join()
         atexit.unregister(self._close_at_exit)
         self._cache.tensor = torch.empty(0)  # release the cache memory now
-
-    def __enter__(self) -> EmbeddedEngine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise RolloutError(f"engine loop failed: {self._failure!r}") from self._failure
-        if self._closed:
-            raise RolloutError("engine is closed")
 
     def _call(self, fn: Callable[[], T]) -> T:
         fut: Future = Future()

@@ -14,7 +14,6 @@ import asyncio
 import atexit
 import functools
 import importlib
-import threading
 import time
 import uuid
 import weakref
@@ -29,14 +28,15 @@ from rlboost.rollout._sglang_config import SGLangEngineConfig
 from rlboost.rollout._sglang_requests import SGLangSample, cut_at_stop, finish_of, new_entries
 from rlboost.rollout._sglang_thread import LoopThread
 from rlboost.rollout._sglang_weights import check_weights, read_checkpoint_facts, weight_buckets
-from rlboost.rollout.engine import EngineLoad, PendingDeltas, TokenDelta
+from rlboost.rollout._threaded import ThreadedEngineState
+from rlboost.rollout.engine import EngineLoad
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig"]
 T = TypeVar("T")
 _INSTALL_HINT = "SGLangEngine needs SGLang on a GPU machine: pip install 'rlboost[sglang]'"
 
 
-class SGLangEngine:
+class SGLangEngine(ThreadedEngineState):
     """The SGLang rollout engine. Usage (on a GPU machine with SGLang installed):
 
         engine = SGLangEngine(SGLangEngineConfig(model_path="ckpt/", stream_interval=8))
@@ -63,9 +63,11 @@ class SGLangEngine:
 
     exports_kv = False
     batch_invariant = False
+    _failure_label = "SGLang engine"
 
     def __init__(self, config: SGLangEngineConfig, engine_factory: Callable[..., Any] | None = None):
         factory = engine_factory or _sglang_engine_class()
+        self._init_state()
         self.config = config
         self._facts = read_checkpoint_facts(config.model_path)
         self.vocab_size = config.vocab_size or self._facts.vocab_size
@@ -75,12 +77,7 @@ class SGLangEngine:
         self._version = config.weight_version
         self._rid_prefix = f"rlboost-{uuid.uuid4().hex[:8]}"
         self._rids = 0
-        self._cond = threading.Condition()
-        self._deltas = PendingDeltas()
-        self._counts = (0, 0, 0)                       # running, queued, queued tokens
         self._rate = 0.0
-        self._closed = False
-        self._failure: BaseException | None = None
         # Engine thread only:
         self._samples: dict[int, SGLangSample] = {}
         self._running = self._queued = self._queued_tokens = 0  # _samples summed up
@@ -104,14 +101,6 @@ class SGLangEngine:
     def submit(self, states: Sequence[RequestState]) -> None:
         states = list(states)
         self._call(lambda: self._add(states))
-
-    def poll(self, timeout_s: float) -> list[TokenDelta]:
-        if not timeout_s >= 0:
-            raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
-        with self._cond:
-            self._cond.wait_for(lambda: self._deltas or self._closed or self._failure, timeout_s)
-            self._check_usable()
-            return self._deltas.take()
 
     def abort(self, sample_ids: Sequence[int]) -> None:
         ids = list(sample_ids)
@@ -153,28 +142,13 @@ class SGLangEngine:
                               decode_tokens_per_s=self._rate, weight_version=self._version)
 
     def close(self) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            self._cond.notify_all()
+        if not self._mark_closed():
+            return
         self._thread.stop(self._shutdown)
         atexit.unregister(self._close_at_exit)
         if self._shutdown_error is not None:
             e = self._shutdown_error
             raise RolloutError(f"SGLang did not shut down cleanly: {e!r}") from e
-
-    def __enter__(self) -> SGLangEngine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise RolloutError(f"SGLang engine failed: {self._failure!r}") from self._failure
-        if self._closed:
-            raise RolloutError("engine is closed")
 
     def _call(self, fn: Callable[[], T]) -> T:
         with self._cond:
