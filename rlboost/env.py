@@ -6,6 +6,7 @@ Every variable listed here is documented in README.md ("Environment variables").
 from __future__ import annotations
 
 import os
+import shlex
 
 _PREFIX = "RLBOOST_"
 
@@ -28,13 +29,20 @@ def transport() -> str | None:
 
 
 def run_root() -> str:
-    """Where `rlboost train` puts run directories (RLBOOST_RUN_ROOT, default ./runs)."""
-    return get("RUN_ROOT", "runs")
+    """Where `rlboost train` puts run directories (RLBOOST_RUN_ROOT, default ./runs), absolute."""
+    return os.path.abspath(get("RUN_ROOT", "runs"))
 
 
 def cache_dir() -> str:
-    """Cache for converted checkpoints (RLBOOST_CACHE, default ~/.cache/rlboost)."""
-    return get("CACHE", os.path.join(os.path.expanduser("~"), ".cache", "rlboost"))
+    """Cache for converted checkpoints (RLBOOST_CACHE, default ~/.cache/rlboost), absolute."""
+    return os.path.abspath(os.path.expanduser(get("CACHE", os.path.join("~", ".cache", "rlboost"))))
+
+
+def extra_overrides() -> list[str]:
+    """Config overrides applied after the command line's --set ones (RLBOOST_SET: KEY=VALUE
+    assignments separated by spaces, e.g. "run.steps=2 run.progress=false")."""
+    value = get("SET")
+    return shlex.split(value) if value else []
 
 
 def ray_address() -> str | None:

@@ -51,12 +51,12 @@ def plan_trace(config: RunConfig, steps: int, step_s: float, duration_s: float |
     return TracePlan(events, duration)
 
 
-def ray_settings(config: RunConfig, plan: TracePlan) -> RaySettings:
+def ray_settings(config: RunConfig, plan: TracePlan, worker_dir: str | None = None) -> RaySettings:
     c = config.cluster
     joins = sum(1 for e in plan.events if e.kind == "join")
     return RaySettings(address=c.address, num_cpus=c.num_cpus, object_store_mb=c.object_store_mb,
                        reserved=config.trainer.world_size + c.reserved_instances,
-                       preemptible=max(1, joins + c.initial_preemptible))
+                       preemptible=max(1, joins + c.initial_preemptible), worker_dir=worker_dir)
 
 
 class Cluster:

@@ -7,11 +7,16 @@ for one CPU each would leave every later actor waiting forever.
 
 from __future__ import annotations
 
+import os
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import ray
 
 from rlboost import env
+from rlboost.errors import ConfigError
 
 
 @dataclass(kw_only=True, slots=True)
@@ -20,7 +25,9 @@ class RaySettings:
 
     address: join this cluster (None: RLBOOST_RAY_ADDRESS (see join_address), else start a
     local one with num_cpus CPUs (None: all), `reserved` and `preemptible` units and an
-    object store of object_store_mb; bulk weights never go through it).
+    object store of object_store_mb; bulk weights never go through it). worker_dir: the
+    working directory of the run's Ray workers on this machine (None: the system's temporary
+    folder); never the caller's, see `_workers_start_in`.
     """
 
     address: str | None = None
@@ -28,6 +35,7 @@ class RaySettings:
     reserved: int = 4
     preemptible: int = 8
     object_store_mb: int = 256
+    worker_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_cpus is not None and self.num_cpus < 1:
@@ -54,7 +62,12 @@ class RaySession:
         s = self.settings
         address = join_address(s.address)
         if address:
-            ray.init(address=address, log_to_driver=False)
+            try:
+                with _workers_start_in(s.worker_dir):
+                    ray.init(address=address, log_to_driver=False)
+            except ConnectionError as exc:
+                raise ConfigError(f"cannot join the Ray cluster at {address}: {exc}; start it with `ray start "
+                                  "--head` or set cluster.address / RLBOOST_RAY_ADDRESS to a running one") from None
             self._owned = True
             try:  # a cluster without the run's resources would leave its actors pending forever
                 check_resources(ray.cluster_resources(), s)
@@ -63,9 +76,10 @@ class RaySession:
                 raise
         else:
             env.apply_ray_defaults()
-            ray.init(num_cpus=s.num_cpus, resources={"reserved": s.reserved, "preemptible": s.preemptible},
-                     object_store_memory=s.object_store_mb << 20, include_dashboard=False,
-                     log_to_driver=False)
+            with _workers_start_in(s.worker_dir):
+                ray.init(num_cpus=s.num_cpus, resources={"reserved": s.reserved, "preemptible": s.preemptible},
+                         object_store_memory=s.object_store_mb << 20, include_dashboard=False,
+                         log_to_driver=False)
             self._owned = True
         return self
 
@@ -75,6 +89,20 @@ class RaySession:
             self._owned = False
 
 
+@contextmanager
+def _workers_start_in(folder: str | None) -> Iterator[None]:
+    """Run ray.init from `folder`. Ray puts the driver's working directory first on every
+    worker's sys.path and starts workers there: from a clone's root that is the source folder
+    `rlboost/`, without the compiled core the installed package has, so every actor would
+    fail to import. Paths the driver hands to workers are absolute."""
+    previous = os.getcwd()
+    os.chdir(folder or tempfile.gettempdir())
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
 def join_address(configured: str | None) -> str | None:
     """The Ray cluster a run joins: the configured address, else RLBOOST_RAY_ADDRESS; None
     when the run starts a local cluster of its own."""
@@ -82,11 +110,11 @@ def join_address(configured: str | None) -> str | None:
 
 
 def check_resources(have: dict, settings: RaySettings) -> None:
-    """RuntimeError, saying what to start the cluster with, unless it offers `reserved`
+    """ConfigError, saying what to start the cluster with, unless it offers `reserved`
     units for every trainer rank and reserved engine and some `preemptible` units."""
     reserved, preemptible = have.get("reserved", 0), have.get("preemptible", 0)
     if reserved < settings.reserved or preemptible <= 0:
-        raise RuntimeError(
+        raise ConfigError(
             f"the Ray cluster offers reserved={reserved:g} and preemptible={preemptible:g} units; this run "
             f"needs reserved >= {settings.reserved} (trainer ranks + reserved engines) and preemptible >= 1. "
             f"Start its nodes with e.g. `ray start --resources='{{\"reserved\": {settings.reserved}}}'` on "
