@@ -1,42 +1,67 @@
-"""The `rlboost` command line: train, report, info."""
+"""The `rlboost` command line: train, config, report, info.
+
+Every expected failure prints one or two lines saying what is wrong and what to do, and
+exits with a documented code (2 bad input, 3 the run failed, 130 interrupted); a traceback
+appears only with --debug, or for a bug.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from rlboost.outcome import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
+
+# what a user can fix: bad values, missing or damaged files, a missing optional package
+_BAD_INPUT = (ValueError, OSError, ModuleNotFoundError)
+
 
 def _info(_args: argparse.Namespace) -> int:
     from rlboost import __version__, _C
 
     print(f"rlboost {__version__}: HAS_UCX={_C.HAS_UCX} HAS_CUDA={_C.HAS_CUDA}")
-    return 0
+    return EXIT_OK
+
+
+def _config(args: argparse.Namespace) -> int:
+    from rlboost.config.describe import describe, format_table
+
+    print(format_table(list(describe(_run_config(args)))))
+    return EXIT_OK
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlboost.errors import ConfigError, RunHalted
     from rlboost.job import preflight, train
+    from rlboost.outcome import ending_lines, exit_code, stopped_lines
 
     try:
         config = _run_config(args)
         preflight(config)
-    except (ValueError, FileNotFoundError) as exc:  # a bad recipe, --set, run directory or cluster
-        print(f"rlboost train: {exc}", file=sys.stderr)
-        return 2
-
+    except _BAD_INPUT as exc:
+        return _bad_input(args, exc)
     try:
-        run = train(config, resume=args.resume)
-    except KeyboardInterrupt:
-        print("stopped; resume from the last checkpoint with --resume RUN_DIR", file=sys.stderr)
-        return 130
-    print(run.path)
-    return 0
+        result = train(config, resume=args.resume)
+    except ConfigError as exc:  # found while preparing, before any process started
+        return _bad_input(args, exc)
+    except RunHalted as exc:
+        if args.debug:
+            raise
+        _say(*ending_lines(exc))
+        return exit_code(exc)
+    if result.stopped:
+        _say(*stopped_lines(result))
+        return EXIT_INTERRUPTED
+    print(result.run.path)
+    return EXIT_OK
 
 
 def _run_config(args: argparse.Namespace):
+    from rlboost import env
     from rlboost.recipes import DEFAULT_RECIPE, get_recipe
     from rlboost.recipes.overrides import apply_overrides
 
-    if args.resume is not None:
+    if getattr(args, "resume", None) is not None:
         if args.recipe is not None:
             raise ValueError("--resume continues a run with its own config; do not give --recipe too")
         from rlboost.runtime import read_run_config
@@ -44,7 +69,7 @@ def _run_config(args: argparse.Namespace):
         config = read_run_config(args.resume)
     else:
         config = get_recipe(args.recipe or DEFAULT_RECIPE)
-    return apply_overrides(config, args.set)
+    return apply_overrides(config, [*args.set, *env.extra_overrides()])
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -54,26 +79,33 @@ def _report(args: argparse.Namespace) -> int:
     from rlboost.rundir import METRICS_FILE, RunDirectory
 
     if not (Path(args.run_dir) / METRICS_FILE).is_file():
-        print(f"rlboost report: {args.run_dir} is not a run directory with metrics", file=sys.stderr)
-        return 2
+        raise FileNotFoundError(f"{args.run_dir} is not a run directory with metrics ({METRICS_FILE})")
     write_report(RunDirectory(args.run_dir))
-    return 0
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlboost", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show tracebacks of expected failures too")
+    parser = argparse.ArgumentParser(prog="rlboost", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="print what the native core was built with")
+    info = sub.add_parser("info", parents=[common], help="print what the native core was built with")
     info.set_defaults(func=_info)
-    train = sub.add_parser("train", help="streaming GRPO with preemptible rollout instances",
-                           description="Train with a recipe (default tiny_cpu); the run directory goes "
-                                       "under RLBOOST_RUN_ROOT (default ./runs).")
-    train.add_argument("--recipe", help="tiny_cpu (default), smollm2_cpu or qwen3_gpu")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config field, e.g. --set run.steps=10 (repeatable)")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    train.set_defaults(func=_train)
-    report = sub.add_parser("report", help="redraw a run's plots and print its summary")
+    for name, func, helptext in (
+            ("train", _train, "streaming GRPO with preemptible rollout instances"),
+            ("config", _config, "list every config field with its value, type and meaning")):
+        cmd = sub.add_parser(name, parents=[common], help=helptext, description=helptext + ". Recipes: "
+                             "tiny_cpu (default), smollm2_cpu, qwen3_gpu. Extra --set assignments may "
+                             "come from RLBOOST_SET; run directories go under RLBOOST_RUN_ROOT (./runs).")
+        cmd.add_argument("--recipe", help="tiny_cpu (default), smollm2_cpu or qwen3_gpu")
+        cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a config field, e.g. --set run.steps=10 (repeatable; "
+                              "`rlboost config` lists the fields)")
+        cmd.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint"
+                         if name == "train" else "show the config of a run directory")
+        cmd.set_defaults(func=func)
+    report = sub.add_parser("report", parents=[common], help="redraw a run's plots and print its summary")
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.set_defaults(func=_report)
     return parser
@@ -81,7 +113,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        if args.func is _train:  # tells bad input from a bug itself: the run may have started
+            return _train(args)
+        try:
+            return args.func(args)
+        except _BAD_INPUT as exc:
+            return _bad_input(args, exc)
+    except KeyboardInterrupt:  # before the run started (or outside train)
+        if args.debug:
+            raise
+        _say(f"rlboost {args.command}: interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _bad_input(args: argparse.Namespace, exc: BaseException) -> int:
+    if args.debug:
+        raise exc
+    _say(f"rlboost {args.command}: {_one_line(exc)}")
+    return EXIT_BAD_INPUT
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, ModuleNotFoundError) and "pip install" not in text:
+        text += f" (install it: pip install {exc.name})" if exc.name else ""
+    return text or type(exc).__name__
+
+
+def _say(*lines: str) -> None:
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

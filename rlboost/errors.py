@@ -66,3 +66,30 @@ class StepFailed(RlboostError):
     def __init__(self, message: str, missing: tuple[int, ...] = ()):
         super().__init__(message)
         self.missing = missing
+
+
+class ConfigError(RlboostError, ValueError):
+    """A run cannot start as configured: a bad value, a missing file, a cluster that lacks
+    what the run needs. `rlboost train` prints it as one line and exits 2."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint cannot be resumed from (missing, incomplete or damaged files)."""
+
+
+class RunHalted(RlboostError):
+    """A started run ended before its last step. `step` is the step it was in; `resume_from`
+    the step of its last complete checkpoint (None if there is none)."""
+
+    def __init__(self, message: str, *, step: int, run_dir: str, resume_from: int | None):
+        super().__init__(message)
+        self.step, self.run_dir, self.resume_from = step, run_dir, resume_from
+
+
+class RunFailed(RunHalted):
+    """A failure stopped the run (a step that cannot complete, a process of the run that
+    died): `rlboost train` prints it and exits 3."""
+
+
+class RunInterrupted(RunHalted):
+    """The user stopped the run at once (a second Ctrl-C): `rlboost train` exits 130."""

@@ -7,7 +7,9 @@ arrive, steps the optimizer, and publishes version k+1, which every instance pul
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Callable
 
 from rlboost.cluster.session import RaySession, join_address
 from rlboost.migration.state import SamplingParams
@@ -17,10 +19,13 @@ from rlboost.recipes.config import RunConfig, TaskSection, check_multi_node
 from rlboost.recipes.tokenizers import load_tokenizer
 from rlboost.cluster.cost import CostLedger
 from rlboost.launch import Cluster, plan_trace, ray_settings
+from rlboost.errors import ConfigError, RunFailed, RunInterrupted
+from rlboost.models.checkpoint import verify_checkpoint_dir
+from rlboost.outcome import RunResult, failure_summary, halted
 from rlboost.report import write_report
 from rlboost.rundir import RunDirectory
-from rlboost.runtime import (Phases, StepProgress, StopSignal, checkpoint_state, open_run, resume_weights,
-                             save_checkpoint, step_record)
+from rlboost.runtime import (Phases, StepProgress, StopSignal, checkpoint_state, last_checkpoint_step, open_run,
+                             resume_weights, save_checkpoint, say, step_record)
 from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.tasks.dataset import MathDatasetConfig, MathTask
 from rlboost.trainer.feed import TaskFeed
@@ -28,27 +33,49 @@ from rlboost.trainer.loop import train_streaming
 
 
 def preflight(config: RunConfig) -> None:
-    """Checks that need the environment, not just the config: ValueError naming the field."""
+    """Checks that need the environment, not just the config, before anything starts:
+    ConfigError (or FileNotFoundError) naming the field or file."""
     if join_address(config.cluster.address):  # from the config or the environment
         check_multi_node(config)
+    if config.model.source == "path":
+        try:
+            verify_checkpoint_dir(Path(config.model.path).expanduser())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model.path: {exc}") from None
 
 
-def train(config: RunConfig, *, resume: str | None = None) -> RunDirectory:
-    """Run (or resume) a training run; returns its run directory."""
+def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str], None] = say) -> RunResult:
+    """Run (or resume) a training run. Expected failures of a started run raise RunFailed
+    (RunInterrupted for a second Ctrl-C), naming the step and the checkpoint to resume
+    from; a new run that ends before its first step leaves no run directory behind."""
     preflight(config)  # refused before anything starts
-    run, first = open_run(config, resume)
+    run, first = open_run(config, resume, echo)
+    try:
+        return _train(config, run, first)
+    except BaseException:
+        if resume is None and not run.metrics():
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise
+
+
+def _train(config: RunConfig, run: RunDirectory, first: int) -> RunResult:
     state = checkpoint_state(run, first)
-    start = prepare_checkpoint(config.model, config.task)  # built and cached once
-    feed = task_feed(config.task, start)
+    try:
+        start = prepare_checkpoint(config.model, config.task).resolve()  # built and cached once
+        feed = task_feed(config.task, start)
+    except (ValueError, OSError, ModuleNotFoundError) as exc:  # the model, tokenizer or dataset
+        raise ConfigError(str(exc)) from exc
     weights, optimizer_state = resume_weights(run, start, first)
     plan = plan_trace(config, config.run.steps - first + 1, step_s=1.0)  # sizes Ray's resources
     ledger = CostLedger(config.cost)
     ledger.carry(state.get("ledger", {}))  # costs of the launches before this resume
-    with StopSignal() as stop, RaySession(ray_settings(config, plan)):
-        cluster = Cluster(config, run, ledger, weights=weights, reference=start,
-                          optimizer_state=optimizer_state)
-        progress = StepProgress(first, config.run.steps, config.run.progress)
+    step, done = first, first - 1
+    with StopSignal() as stop, RaySession(ray_settings(config, plan, worker_dir=str(run.path))):
+        cluster = progress = None
         try:
+            cluster = Cluster(config, run, ledger, weights=weights, reference=start,
+                              optimizer_state=optimizer_state)
+            progress = StepProgress(first, config.run.steps, config.run.progress)
             cluster.begin(version=first)
             if state.get("trace"):  # resumed: the trace goes on from where the checkpoint left it
                 saved = state["trace"]
@@ -62,13 +89,24 @@ def train(config: RunConfig, *, resume: str | None = None) -> RunDirectory:
                     cluster.replay_trace(plan_trace(config, config.run.steps - step, record["step_wall_s"]))
                 if step % config.run.checkpoint_every == 0 or step == config.run.steps or stop.requested:
                     save_checkpoint(cluster, run, step, start)
+                done = step
                 if stop.requested:
                     break
+        except KeyboardInterrupt:
+            raise halted(RunInterrupted, "interrupted", run, step, last_checkpoint_step(run)) from None
+        except Exception as exc:
+            summary = failure_summary(exc)
+            if summary is None:
+                raise  # a bug: its traceback says where
+            raise halted(RunFailed, summary, run, step, last_checkpoint_step(run)) from exc
         finally:
-            progress.close()
-            cluster.close()
-    write_report(run, echo=config.run.progress)
-    return run
+            if progress is not None:
+                progress.close()
+            if cluster is not None:
+                cluster.close()
+            if run.metrics():  # what the run did so far: plots and summary, even when it failed
+                write_report(run, echo=config.run.progress)
+    return RunResult(run, done, stopped=done < config.run.steps)
 
 
 def train_step(cluster: Cluster, feed: TaskFeed, step: int, config: RunConfig) -> dict:

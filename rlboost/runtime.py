@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -21,43 +21,67 @@ from rlboost import env
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.instance import PullRecord
 from rlboost.controller.metrics import StepMetrics
+from rlboost.errors import ConfigError
 from rlboost.recipes.config import RunConfig
 from rlboost.recipes.overrides import from_dict, to_dict
-from rlboost.rundir import RunDirectory
+from rlboost.rundir import CONFIG_FILE, RunDirectory
+from rlboost.trainer.checkpoint import (COMPLETE_MARKER, MODEL_DIR, OPTIMIZER_FILE, STATE_FILE, choose_resume_point,
+                                        file_sizes, read_state)
 from rlboost.trainer.loop import StepOutcome
-from rlboost.trainer.rank import MODEL_DIR, OPTIMIZER_FILE
-
-STATE_FILE = "state.json"
 
 
 # -- run directory and checkpoints ----------------------------------------------------------
 
-def open_run(config: RunConfig, resume: str | None) -> tuple[RunDirectory, int]:
-    """A new run directory (config.json written) or the one to resume; returns the first step."""
+def run_name(config: RunConfig) -> str:
+    """The run directory's name: the run's name and, unless it says so already, its
+    rollout backend (so an emulated run is never mistaken for a real one)."""
+    name, backend = config.run.name, config.rollout.backend
+    return name if backend in name.split("-") else f"{name}-{backend}"
+
+
+def open_run(config: RunConfig, resume: str | None, echo: Callable[[str], None]) -> tuple[RunDirectory, int]:
+    """A new run directory (config.json written) or the one to resume; returns the first
+    step. A resume says which checkpoint it continues from and why it passed over newer
+    ones; CheckpointError (before anything is changed) when none can be resumed."""
     if resume is None:
-        run = RunDirectory.create(env.run_root(), config.run.name)
+        run = RunDirectory.create(env.run_root(), run_name(config))
         run.write_config(to_dict(config))
         random.seed(config.run.seed)
         torch.manual_seed(config.run.seed)
         return run, 1
-    run = RunDirectory(resume)
-    latest = run.latest_checkpoint()
-    if latest is None:
-        raise FileNotFoundError(f"{resume} has no complete checkpoint to resume from")
-    step, ckpt = latest
-    saved = json.loads((ckpt / STATE_FILE).read_text())
-    run.truncate_metrics(step)  # what came after the checkpoint is redone
+    point = choose_resume_point(Path(resume) / "checkpoints")
+    if point.step >= config.run.steps:
+        raise ConfigError(f"{resume} has finished its {config.run.steps} steps (checkpoint {point.path.name}); "
+                          f"to train on, raise run.steps: --set run.steps={point.step + config.run.steps}")
+    for why in point.skipped:
+        echo(f"skipped {why}")
+    echo(f"resuming {resume} from checkpoint {point.path.name} (step {point.step + 1} of {config.run.steps} next)")
+    run = RunDirectory(Path(resume).resolve())  # workers are handed absolute paths
+    saved = read_state(point.path)
+    run.truncate_metrics(point.step)  # what came after the checkpoint is redone
     run.truncate_events(float(saved["elapsed_s"]))
     run.continue_clock(float(saved["elapsed_s"]))
     run.write_config(to_dict(config))
-    return run, step + 1
+    return run, point.step + 1
 
 
 def read_run_config(path: str) -> RunConfig:
-    """The config a run directory was started with (FileNotFoundError if it is none)."""
-    if not (Path(path) / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is not a run directory (no config.json)")
-    return from_dict(RunConfig, RunDirectory(path).read_config())
+    """The config a run directory was started with (ConfigError if it is none)."""
+    file = Path(path) / CONFIG_FILE
+    if not file.is_file():
+        raise ConfigError(f"{path} is not a run directory (no {CONFIG_FILE})")
+    try:
+        return from_dict(RunConfig, json.loads(file.read_text()))
+    except ValueError as exc:
+        raise ConfigError(f"{file} cannot be read back: {exc}") from None
+
+
+def last_checkpoint_step(run: RunDirectory) -> int | None:
+    """The step of the run's newest complete checkpoint, or None (no resume possible)."""
+    try:
+        return choose_resume_point(run.path / "checkpoints").step
+    except ConfigError:
+        return None
 
 
 def checkpoint_state(run: RunDirectory, first_step: int) -> dict:
@@ -65,7 +89,7 @@ def checkpoint_state(run: RunDirectory, first_step: int) -> dict:
     driver's random state is restored from it."""
     if first_step == 1:
         return {}
-    state = json.loads((run.checkpoint_dir(first_step - 1) / STATE_FILE).read_text())
+    state = read_state(run.checkpoint_dir(first_step - 1))
     random.setstate(_tuplify(state["python_rng"]))
     return state
 
@@ -81,22 +105,29 @@ def resume_weights(run: RunDirectory, start: Path, first_step: int) -> tuple[Pat
 
 def save_checkpoint(cluster: Any, run: RunDirectory, step: int, tokenizer_dir: Path) -> Path:
     """Model, optimizer, step, random state (the driver's here, each trainer rank's in its
-    rng_rank{r}.pt), the cost ledger's totals and the trace's position
-    (so a resumed run's costs and preemptions continue from here). Written into a staging
-    folder, flushed to disk, marked COMPLETE and renamed into place: a crash at any point
-    leaves no half checkpoint under the name a resume reads."""
+    rng_rank{r}.pt), the cost ledger's totals, the trace's position (so a resumed run's
+    costs and preemptions continue from here) and the size of every file (so a damaged
+    checkpoint is caught before a resume starts). Written into a staging folder, flushed to
+    disk, marked COMPLETE and renamed into place: a crash at any point leaves no half
+    checkpoint under the name a resume reads."""
     staging = run.staging_dir(step)
     cluster.save_checkpoint(staging, tokenizer_dir)
     now = run.elapsed()
     state = {"step": step, "weight_version": step + 1, "elapsed_s": now, "python_rng": random.getstate(),
-             "ledger": cluster.ledger.totals(at_s=now), "trace": cluster.trace_position()}
+             "ledger": cluster.ledger.totals(at_s=now), "trace": cluster.trace_position(),
+             "files": file_sizes(staging)}
     (staging / STATE_FILE).write_text(json.dumps(state))
-    (staging / "COMPLETE").write_text("")
+    (staging / COMPLETE_MARKER).write_text("")
     return run.commit_checkpoint(step)
 
 
 def _tuplify(value: Any) -> Any:
     return tuple(_tuplify(v) for v in value) if isinstance(value, list) else value
+
+
+def say(line: str) -> None:
+    """A line for the user on stderr (stdout carries only what scripts read: the run path)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 # -- Ctrl-C ---------------------------------------------------------------------------------

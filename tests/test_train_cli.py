@@ -125,8 +125,12 @@ def test_ctrl_c_checkpoints_the_current_step_and_stops(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
-    run = Path(out.decode().strip().splitlines()[-1])
+    lines = err.decode(errors="replace").strip().splitlines()
+    assert proc.returncode == 130, "\n".join(lines[-30:])  # interrupted, though cleanly
+    # the last line says where it stopped and the command that continues it
+    assert lines[-1].startswith("rlboost train: stopped at step "), lines[-3:]
+    run = Path(lines[-1].split("rlboost train --resume ", 1)[1])
+    assert f"stopped at step {_jsonl(run / 'metrics.jsonl')[-1]['step']} " in lines[-1]
     last = _jsonl(run / "metrics.jsonl")[-1]["step"]
     assert 1 <= last < 200
     assert (run / "checkpoints" / f"step_{last:06d}" / "COMPLETE").is_file()

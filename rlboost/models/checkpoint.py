@@ -64,6 +64,58 @@ def checkpoint_files(directory: str | Path) -> dict[str, list[str]]:
     raise FileNotFoundError(f"{directory} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
 
 
+def verify_checkpoint_dir(directory: str | Path) -> None:
+    """Check a checkpoint directory without loading it: config.json parses and every
+    safetensors file is whole (its header parses and the file holds every byte the header
+    names). Cheap (headers only), so runs check before starting any process.
+
+    Raises FileNotFoundError or ValueError saying which file is wrong and how.
+    """
+    root = Path(directory)
+    if not (root / "config.json").is_file():
+        raise FileNotFoundError(f"{root} holds no config.json (not a model checkpoint directory)")
+    try:
+        json.loads((root / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{root / 'config.json'} is not valid JSON ({exc})") from None
+    index = root / INDEX_FILE
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{index} is not a valid safetensors index ({exc!r})") from None
+    elif (root / SINGLE_FILE).is_file():
+        names = [SINGLE_FILE]
+    else:
+        raise FileNotFoundError(f"{root} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
+    for name in names:
+        verify_safetensors(root / name)
+
+
+def verify_safetensors(path: str | Path) -> None:
+    """ValueError unless `path` is a whole safetensors file: an 8-byte little-endian header
+    length, a JSON header, and exactly the data bytes its tensors' offsets cover."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+        if n < 2 or 8 + n > size:
+            raise ValueError(f"{path} is truncated or not a safetensors file ({size} bytes)")
+        try:
+            header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+                      default=0)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"{path} has a damaged header ({exc!r})") from None
+    if size < 8 + n + end:
+        raise ValueError(f"{path} is truncated: {size} of {8 + n + end} bytes")
+    if size > 8 + n + end:
+        raise ValueError(f"{path} has {size - 8 - n - end} bytes after its last tensor")
+
+
 def empty_model(config: ModelConfig, *, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu") -> DecoderLM:
     """A DecoderLM with uninitialised parameters (no time spent on random init), allocated

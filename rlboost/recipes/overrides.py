@@ -21,8 +21,12 @@ def _split_union(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def parse_value(text: str, tp: Any, key: str) -> Any:
-    """Parse `text` as a value of annotated type `tp` (str, int, float, bool, tuples, Optional)."""
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def parse_value(text: str, tp: Any, key: str, example: Any = None) -> Any:
+    """Parse `text` as a value of annotated type `tp` (str, int, float, bool, tuples,
+    Optional). ValueError saying the field, the type it expects and an example."""
     inner, nullable = _split_union(tp)
     if nullable and text.lower() in ("none", "null", ""):
         return None
@@ -31,29 +35,45 @@ def parse_value(text: str, tp: Any, key: str) -> Any:
         item_types = typing.get_args(inner)
         item_tp = item_types[0] if item_types else str
         parts = [p for p in text.split(",") if p.strip()] if text else []
-        return tuple(parse_value(p.strip(), item_tp, key) for p in parts)
-    if typing.get_origin(inner) is typing.Literal:
+        return tuple(parse_value(p.strip(), item_tp, key, example) for p in parts)
+    if origin is typing.Literal:
         allowed = typing.get_args(inner)
         if text not in allowed:
-            raise ValueError(f"--set {key}: {text!r} is not one of {allowed}")
+            raise ValueError(f"--set {key}={text}: expected one of {', '.join(map(str, allowed))}")
         return text
+    value = _parse_scalar(text, inner)
+    if value is _INVALID:
+        kind = _KINDS.get(inner, getattr(inner, "__name__", str(inner)))
+        also = " or none" if nullable else ""
+        raise ValueError(f"--set {key}={text}: expected {kind}{also}, e.g. {key}={_example(inner, example)}")
+    return value
+
+
+_INVALID = object()
+
+
+def _parse_scalar(text: str, tp: Any) -> Any:
+    if tp is bool:
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        return False if lowered in ("0", "false", "no", "off") else _INVALID
     try:
-        if inner is bool:
-            lowered = text.lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"not a boolean: {text!r}")
-        if inner is int:
+        if tp is int:
             return int(text, 0)
-        if inner is float:
+        if tp is float:
             return float(text)
-        if inner is str or inner is Any:
-            return text
-    except ValueError as exc:
-        raise ValueError(f"--set {key}: cannot parse {text!r} as {getattr(inner, '__name__', inner)}: {exc}") from None
-    raise ValueError(f"--set {key}: fields of type {tp} cannot be set from the command line")
+    except ValueError:
+        return _INVALID
+    if tp is str or tp is Any:
+        return text
+    raise ValueError(f"fields of type {tp} cannot be set from the command line")
+
+
+def _example(tp: Any, current: Any) -> str:
+    if current is not None and not isinstance(current, tuple) and isinstance(current, tp):
+        return str(current).lower() if tp is bool else str(current)
+    return {bool: "true", int: "1", float: "0.5", str: "text"}.get(tp, "...")
 
 
 def _field_types(obj: Any) -> dict[str, Any]:
@@ -61,40 +81,60 @@ def _field_types(obj: Any) -> dict[str, Any]:
     return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(obj)}
 
 
+def apply_overrides(config: Any, assignments: list[str] | tuple[str, ...]) -> Any:
+    """Return a copy of `config` with `dotted.key=value` assignments applied (a later one
+    wins). Each value is parsed by its field's type as it comes; each section's own checks
+    run once, on all of its new values together, so fields that depend on each other
+    (model.source=path with model.path=...) can be set in any order."""
+    changes: dict[str, Any] = {}
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise ValueError(f"--set expects key=value, got {assignment!r}")
+        key, text = (part.strip() for part in assignment.split("=", 1))
+        _set_path(changes, key, _parse_at(config, key.split("."), text, key))
+    return _rebuild(config, changes, "")
+
+
 def apply_override(config: Any, assignment: str) -> Any:
     """Return a copy of `config` with one `dotted.key=value` assignment applied."""
-    if "=" not in assignment:
-        raise ValueError(f"--set expects key=value, got {assignment!r}")
-    key, text = assignment.split("=", 1)
-    path = key.strip().split(".")
-    return _apply(config, path, text.strip(), key.strip())
+    return apply_overrides(config, [assignment])
 
 
-def _apply(obj: Any, path: list[str], text: str, key: str) -> Any:
-    if not dataclasses.is_dataclass(obj):
-        raise ValueError(f"--set {key}: {type(obj).__name__} has no fields")
-    types = _field_types(obj)
-    head = path[0]
-    if head not in types:
-        raise ValueError(f"--set {key}: unknown field {head!r}; known: {', '.join(sorted(types))}")
-    current = getattr(obj, head)
-    if len(path) == 1:
-        if dataclasses.is_dataclass(current):
-            raise ValueError(f"--set {key}: {head!r} is a section; set one of its fields")
-        value = parse_value(text, types[head], key)
-    else:
-        value = _apply(current, path[1:], text, key)
+def _parse_at(obj: Any, path: list[str], text: str, key: str) -> Any:
+    """The value of `text` for the field at `path` under `obj` (ValueError naming the key)."""
+    for depth, name in enumerate(path):
+        if not dataclasses.is_dataclass(obj):
+            raise ValueError(f"--set {key}: {'.'.join(path[:depth])} has no fields")
+        types = _field_types(obj)
+        if name not in types:
+            raise ValueError(f"--set {key}: unknown field {name!r}; known: {', '.join(sorted(types))}")
+        current = getattr(obj, name)
+        if depth == len(path) - 1:
+            if dataclasses.is_dataclass(current):
+                raise ValueError(f"--set {key}: {name!r} is a section; set one of its fields")
+            return parse_value(text, types[name], key, current)
+        obj = current
+    raise ValueError(f"--set expects key=value, got {key!r}")
+
+
+def _set_path(tree: dict[str, Any], key: str, value: Any) -> None:
+    *sections, name = key.split(".")
+    for section in sections:
+        tree = tree.setdefault(section, {})
+    tree[name] = value
+
+
+def _rebuild(obj: Any, changes: dict[str, Any], prefix: str) -> Any:
+    if not changes:
+        return obj
+    values = {name: _rebuild(getattr(obj, name), sub, f"{prefix}{name}.") if isinstance(sub, dict) else sub
+              for name, sub in changes.items()}
     try:
-        return dataclasses.replace(obj, **{head: value})
-    except ValueError as exc:  # a section's own check: say which --set it refused
-        raise ValueError(f"--set {key}: {exc}") from None
-
-
-def apply_overrides(config: Any, assignments: list[str] | tuple[str, ...]) -> Any:
-    """Apply several `--set` assignments in order."""
-    for assignment in assignments:
-        config = apply_override(config, assignment)
-    return config
+        return dataclasses.replace(obj, **values)
+    except ValueError as exc:  # the section's own check: say which --set it refused
+        keys = [prefix + name for name, sub in changes.items() if not isinstance(sub, dict)]
+        named = [k for k in keys if k in str(exc)] or keys  # the ones the check names, if any
+        raise ValueError(f"--set {', '.join(named) or prefix.rstrip('.')}: {exc}") from None
 
 
 def to_dict(config: Any) -> dict[str, Any]:

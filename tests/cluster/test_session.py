@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from rlboost.cluster.session import RaySettings, check_resources
+from rlboost.errors import ConfigError
 
 
 @pytest.mark.parametrize("have", [{"CPU": 8.0}, {"reserved": 4.0}, {"reserved": 2.0, "preemptible": 3.0}])
 def test_a_cluster_without_the_run_resources_is_refused_with_the_fix(have):
-    with pytest.raises(RuntimeError, match=r"reserved >= 3 .*ray start --resources"):
+    with pytest.raises(ConfigError, match=r"reserved >= 3 .*ray start --resources"):
         check_resources(have, RaySettings(reserved=3, preemptible=2))
 
 

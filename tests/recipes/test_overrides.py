@@ -43,10 +43,10 @@ def test_optional_accepts_none():
 
 @pytest.mark.parametrize("assignment, message", [
     ("inner.lrr=1", "unknown field 'lrr'"),
-    ("inner.steps=ten", "cannot parse 'ten' as int"),
-    ("inner.enabled=maybe", "not a boolean"),
+    ("inner.steps=ten", r"inner.steps=ten: expected an integer, e.g. inner.steps="),
+    ("inner.enabled=maybe", "expected true or false"),
     ("inner=3", "is a section"),
-    ("inner.mode=c", "not one of"),
+    ("inner.mode=c", "expected one of"),
     ("seed", "expects key=value"),
 ])
 def test_bad_overrides_raise_value_error_naming_the_key(assignment, message):

@@ -1,0 +1,1 @@
+"""Describing and overriding a run's configuration from the command line."""

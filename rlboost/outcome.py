@@ -1,0 +1,93 @@
+"""How a training run ends, in words a user can act on: which failures of a started run are
+expected (a step that cannot complete, a process of the run that died) and the one or two
+lines `rlboost train` prints for each way a run ends, with its exit code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rlboost.errors import RlboostError, RunHalted, RunInterrupted
+from rlboost.rundir import RunDirectory
+
+EXIT_OK = 0
+EXIT_BUG = 1            # an unexpected exception: Python prints its traceback
+EXIT_BAD_INPUT = 2      # the run cannot start as configured (config, files, checkpoints, cluster)
+EXIT_RUN_FAILED = 3     # a started run stopped on a failure
+EXIT_INTERRUPTED = 130  # stopped by the user (Ctrl-C), as shells report SIGINT
+
+_MAX_CHARS = 400
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """How a train() call ended: its run directory, the last step trained and checkpointed,
+    and whether the user stopped it (Ctrl-C) before its last step."""
+
+    run: RunDirectory
+    last_step: int
+    stopped: bool
+
+
+def failure_summary(exc: BaseException) -> str | None:
+    """One line describing an expected failure of a started run, or None when `exc` is a
+    bug (which deserves its traceback)."""
+    import ray.exceptions as rex  # the run has started Ray already
+
+    if isinstance(exc, rex.RayTaskError):
+        cause = exc.cause if isinstance(exc.cause, BaseException) else None
+        return failure_summary(cause) if cause is not None and isinstance(cause, RlboostError) else None
+    if isinstance(exc, RlboostError):
+        return _clip(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, rex.RayActorError):
+        match = re.search(r"class_name:\s*(\w+)", str(exc))
+        who = match.group(1) if match else "an actor"
+        return _clip(f"a process of the run died ({who}): {_first_line(exc)}")
+    if isinstance(exc, (rex.NodeDiedError, rex.ObjectLostError, rex.WorkerCrashedError, rex.LocalRayletDiedError,
+                        rex.OutOfMemoryError)):
+        return _clip(f"{type(exc).__name__}: {_first_line(exc)}")
+    if isinstance(exc, rex.GetTimeoutError):
+        return _clip(f"a process of the run did not answer in time: {_first_line(exc)}")
+    return None
+
+
+def halted(kind: type[RunHalted], message: str, run: RunDirectory, step: int,
+           resume_from: int | None) -> RunHalted:
+    return kind(message, step=step, run_dir=str(run.path), resume_from=resume_from)
+
+
+def ending_lines(exc: RunHalted) -> list[str]:
+    """What `rlboost train` prints when a started run ends early (at most two lines)."""
+    if isinstance(exc, RunInterrupted):
+        first = f"rlboost train: interrupted in step {exc.step}"
+    else:
+        first = f"rlboost train: step {exc.step} failed: {exc}"
+    return [first, resume_hint(exc.run_dir, exc.resume_from)]
+
+
+def stopped_lines(result: RunResult) -> list[str]:
+    """What `rlboost train` prints when the user stopped a run after a checkpoint."""
+    return [f"rlboost train: stopped at step {result.last_step} (checkpoint written); continue with: "
+            f"rlboost train --resume {result.run.path}"]
+
+
+def resume_hint(run_dir: str, resume_from: int | None) -> str:
+    if resume_from is None:
+        return "no checkpoint was written; start the run again with the same command"
+    return f"continue from the checkpoint of step {resume_from} with: rlboost train --resume {run_dir}"
+
+
+def exit_code(exc: RunHalted) -> int:
+    return EXIT_INTERRUPTED if isinstance(exc, RunInterrupted) else EXIT_RUN_FAILED
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_CHARS else text[:_MAX_CHARS - 3] + "..."
+
