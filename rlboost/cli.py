@@ -41,7 +41,7 @@ def _train(args: argparse.Namespace) -> int:
     except _BAD_INPUT as exc:
         return _bad_input(args, exc)
     try:
-        result = train(config, resume=args.resume)
+        result = train(config, resume=args.resume, quiet=not args.debug)
     except ConfigError as exc:  # found while preparing, before any process started
         return _bad_input(args, exc)
     except RunHalted as exc:

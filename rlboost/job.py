@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, TextIO
 
 from rlboost.cluster.session import RaySession, join_address
 from rlboost.migration.state import SamplingParams
@@ -18,14 +19,14 @@ from rlboost.recipes.checkpoints import prepare_checkpoint
 from rlboost.recipes.config import RunConfig, TaskSection, check_multi_node
 from rlboost.recipes.tokenizers import load_tokenizer
 from rlboost.cluster.cost import CostLedger
-from rlboost.launch import Cluster, plan_trace, ray_settings
+from rlboost.launch import Cluster, TracePlan, plan_trace, ray_settings
 from rlboost.errors import ConfigError, RunFailed, RunInterrupted
 from rlboost.models.checkpoint import verify_checkpoint_dir
 from rlboost.outcome import RunResult, failure_summary, halted
 from rlboost.report import write_report
 from rlboost.rundir import RunDirectory
-from rlboost.runtime import (Phases, StepProgress, StopSignal, checkpoint_state, last_checkpoint_step, open_run,
-                             resume_weights, save_checkpoint, say, step_record)
+from rlboost.runtime import (DRIVER_LOG, Phases, StepProgress, StopSignal, checkpoint_state, driver_output,
+                             last_checkpoint_step, open_run, resume_weights, save_checkpoint, say, step_record)
 from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.tasks.dataset import MathDatasetConfig, MathTask
 from rlboost.trainer.feed import TaskFeed
@@ -44,69 +45,98 @@ def preflight(config: RunConfig) -> None:
             raise ConfigError(f"model.path: {exc}") from None
 
 
-def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str], None] = say) -> RunResult:
+def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str], None] = say,
+          quiet: bool = True) -> RunResult:
     """Run (or resume) a training run. Expected failures of a started run raise RunFailed
     (RunInterrupted for a second Ctrl-C), naming the step and the checkpoint to resume
-    from; a new run that ends before its first step leaves no run directory behind."""
+    from; a new run that ends before its first step leaves no run directory behind.
+    quiet: what Ray and native code print goes to the run directory's driver.log."""
     preflight(config)  # refused before anything starts
     run, first = open_run(config, resume, echo)
     try:
-        return _train(config, run, first)
+        launch = prepare_launch(config, run, first)
+        try:
+            with driver_output(run.path / DRIVER_LOG, enabled=quiet) as terminal:
+                done = run_steps(config, run, launch, terminal)
+        finally:
+            if run.metrics():  # what the run did so far: plots and summary, even when it failed
+                write_report(run, echo=config.run.progress)
     except BaseException:
         if resume is None and not run.metrics():
             shutil.rmtree(run.path, ignore_errors=True)
         raise
+    return RunResult(run, done, stopped=done < config.run.steps)
 
 
-def _train(config: RunConfig, run: RunDirectory, first: int) -> RunResult:
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What one launch of a run starts from: its first step, the checkpoint state it resumes
+    (empty for a new run), the starting and reference weights, the prompts, the trace plan
+    and the cost ledger carried over from earlier launches."""
+
+    first: int
+    state: dict
+    start: Path
+    weights: Path
+    optimizer_state: str | None
+    feed: TaskFeed
+    plan: TracePlan
+    ledger: CostLedger
+
+
+def prepare_launch(config: RunConfig, run: RunDirectory, first: int) -> Launch:
+    """Everything before any process starts; a bad model, tokenizer or dataset is ConfigError."""
     state = checkpoint_state(run, first)
     try:
         start = prepare_checkpoint(config.model, config.task).resolve()  # built and cached once
         feed = task_feed(config.task, start)
-    except (ValueError, OSError, ModuleNotFoundError) as exc:  # the model, tokenizer or dataset
+    except (ValueError, OSError, ModuleNotFoundError) as exc:
         raise ConfigError(str(exc)) from exc
     weights, optimizer_state = resume_weights(run, start, first)
-    plan = plan_trace(config, config.run.steps - first + 1, step_s=1.0)  # sizes Ray's resources
     ledger = CostLedger(config.cost)
     ledger.carry(state.get("ledger", {}))  # costs of the launches before this resume
-    step, done = first, first - 1
-    with StopSignal() as stop, RaySession(ray_settings(config, plan, worker_dir=str(run.path))):
+    return Launch(first, state, start, weights, optimizer_state, feed,
+                  plan_trace(config, config.run.steps - first + 1, step_s=1.0), ledger)
+
+
+def run_steps(config: RunConfig, run: RunDirectory, launch: Launch, terminal: TextIO) -> int:
+    """Start the run's processes and train its steps; returns the last step done."""
+    step = done = launch.first - 1
+    with StopSignal(terminal) as stop, RaySession(ray_settings(config, launch.plan, worker_dir=str(run.path))):
         cluster = progress = None
         try:
-            cluster = Cluster(config, run, ledger, weights=weights, reference=start,
-                              optimizer_state=optimizer_state)
-            progress = StepProgress(first, config.run.steps, config.run.progress)
-            cluster.begin(version=first)
-            if state.get("trace"):  # resumed: the trace goes on from where the checkpoint left it
-                saved = state["trace"]
+            cluster = Cluster(config, run, launch.ledger, weights=launch.weights, reference=launch.start,
+                              optimizer_state=launch.optimizer_state)
+            progress = StepProgress(launch.first, config.run.steps, config.run.progress, file=terminal)
+            cluster.begin(version=launch.first)
+            if launch.state.get("trace"):  # resumed: the trace goes on from where the checkpoint left it
+                saved = launch.state["trace"]
                 cluster.replay_trace(plan_trace(config, 0, 0.0, duration_s=saved["duration_s"]),
                                      offset_s=saved["offset_s"])
-            for step in range(first, config.run.steps + 1):
-                record = train_step(cluster, feed, step, config)
+            for step in range(launch.first, config.run.steps + 1):
+                record = train_step(cluster, launch.feed, step, config)
                 run.append_metrics(record)
                 progress.update(record)
                 if cluster.replay is None:  # paced by the first step, so it fits the run
                     cluster.replay_trace(plan_trace(config, config.run.steps - step, record["step_wall_s"]))
                 if step % config.run.checkpoint_every == 0 or step == config.run.steps or stop.requested:
-                    save_checkpoint(cluster, run, step, start)
+                    save_checkpoint(cluster, run, step, launch.start)
                 done = step
                 if stop.requested:
                     break
         except KeyboardInterrupt:
-            raise halted(RunInterrupted, "interrupted", run, step, last_checkpoint_step(run)) from None
+            raise halted(RunInterrupted, "interrupted", run, max(step, done + 1), last_checkpoint_step(run)) from None
         except Exception as exc:
             summary = failure_summary(exc)
             if summary is None:
                 raise  # a bug: its traceback says where
-            raise halted(RunFailed, summary, run, step, last_checkpoint_step(run)) from exc
+            raise halted(RunFailed, summary, run, max(step, done + 1), last_checkpoint_step(run)) from exc
         finally:
             if progress is not None:
                 progress.close()
             if cluster is not None:
                 cluster.close()
-            if run.metrics():  # what the run did so far: plots and summary, even when it failed
-                write_report(run, echo=config.run.progress)
-    return RunResult(run, done, stopped=done < config.run.steps)
+    return done
 
 
 def train_step(cluster: Cluster, feed: TaskFeed, step: int, config: RunConfig) -> dict:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 import signal
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TextIO
 
 import torch
 
@@ -130,14 +131,45 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+DRIVER_LOG = "driver.log"
+
+
+@contextmanager
+def driver_output(log: Path, enabled: bool = True) -> Iterator[TextIO]:
+    """While the run's processes live, send whatever this process writes to its stdout and
+    stderr (Ray's notices of dead workers, native logs) to `log`; yield a stream to the
+    terminal's stderr for the run's own lines (progress, Ctrl-C notes). enabled=False
+    (--debug) leaves both streams alone and yields sys.stderr."""
+    if not enabled:
+        yield sys.stderr
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    terminal = os.fdopen(os.dup(saved[2]), "w", buffering=1)
+    with open(log, "ab") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield terminal
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+            terminal.close()
+
+
 # -- Ctrl-C ---------------------------------------------------------------------------------
 
 class StopSignal:
     """First Ctrl-C: finish the current step, checkpoint, stop. Second: stop at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, terminal: TextIO | None = None) -> None:
         self.requested = False
         self._previous = None
+        self._terminal = terminal
 
     def __enter__(self) -> StopSignal:
         try:
@@ -151,7 +183,7 @@ class StopSignal:
             raise KeyboardInterrupt
         self.requested = True
         print("\nstopping after this step (checkpoint, then exit); Ctrl-C again to stop now",
-              file=sys.stderr, flush=True)
+              file=self._terminal or sys.stderr, flush=True)
 
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
@@ -219,11 +251,11 @@ def _std(values: list[float]) -> float:
 class StepProgress:
     """A tqdm bar over steps with reward, tokens/s, instances up, offload share and pull time."""
 
-    def __init__(self, first: int, last: int, enabled: bool):
+    def __init__(self, first: int, last: int, enabled: bool, file: TextIO | None = None):
         from tqdm import tqdm
 
         self.bar = tqdm(total=last, initial=first - 1, desc="train", unit="step", disable=not enabled,
-                        dynamic_ncols=True)
+                        dynamic_ncols=True, file=file)
 
     def update(self, rec: dict) -> None:
         self.bar.set_postfix_str(

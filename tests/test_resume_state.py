@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import random
 
+import torch
+
 from rlboost.cluster.cost import CostConfig, CostLedger
+from rlboost.models.checkpoint import build_tiny_checkpoint
 from rlboost.rundir import RunDirectory
 from rlboost.recipes.config import RunConfig
-from rlboost.runtime import STATE_FILE, checkpoint_state, open_run, save_checkpoint
+from rlboost.runtime import checkpoint_state, open_run, save_checkpoint
+from rlboost.trainer.checkpoint import STATE_FILE, choose_resume_point
 
 
 class FakeClusterForTests:
@@ -24,9 +28,9 @@ class FakeClusterForTests:
 
     def save_checkpoint(self, directory, tokenizer_dir) -> None:
         self.saved_into.append(directory)
-        (directory / "model").mkdir(parents=True, exist_ok=True)
-        (directory / "model" / "model.safetensors").write_bytes(b"weights")
-        (directory / "optimizer.pt").write_bytes(b"adam")
+        build_tiny_checkpoint(directory / "model", seed=len(self.saved_into), hidden_size=16,
+                              intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
+        torch.save({"optimizer": {"label": "adam"}}, directory / "optimizer.pt")
 
 
 def test_costs_continue_across_a_resume(tmp_path):
@@ -75,7 +79,7 @@ def test_resume_keeps_the_trace_position_and_drops_what_came_after_the_checkpoin
     run.append_metrics({"step": 3, "elapsed_s": run.elapsed()})
     run.append_event("death", instance="spot-0", up=0)
 
-    resumed, first = open_run(RunConfig(), str(run.path))
+    resumed, first = open_run(RunConfig(), str(run.path), echo=print)
     assert first == 3
     assert [m["step"] for m in resumed.metrics()] == [1, 2]
     assert [e["kind"] for e in resumed.events()] == ["join"]
@@ -99,23 +103,21 @@ def test_a_save_that_dies_half_way_leaves_no_checkpoint_to_resume_from(tmp_path)
     except RuntimeError:
         pass
     assert not run.checkpoint_dir(2).exists()
-    step, path = run.latest_checkpoint()
-    assert step == 1 and (path / "model" / "model.safetensors").read_bytes() == b"weights"
+    point = choose_resume_point(run.path / "checkpoints")
+    assert point.step == 1 and point.skipped == ()
 
     save_checkpoint(FakeClusterForTests(CostLedger()), run, 2, tmp_path)  # the step saved again
-    assert run.latest_checkpoint()[0] == 2
+    assert choose_resume_point(run.path / "checkpoints").step == 2
     assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
-    assert (run.checkpoint_dir(2) / "optimizer.pt").read_bytes() == b"adam"
+    assert torch.load(run.checkpoint_dir(2) / "optimizer.pt", weights_only=True) == {"optimizer": {"label": "adam"}}
 
 
 def test_run_seed_seeds_the_driver(tmp_path, monkeypatch):
-    import torch
-
     from rlboost.recipes.overrides import apply_overrides
 
     monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path / "runs"))
     draws = []
     for seed in (5, 5, 6):
-        open_run(apply_overrides(RunConfig(), [f"run.seed={seed}"]), None)
+        open_run(apply_overrides(RunConfig(), [f"run.seed={seed}"]), None, echo=print)
         draws.append((random.random(), float(torch.rand(1))))
     assert draws[0] == draws[1] and draws[0] != draws[2]
