@@ -19,7 +19,8 @@ from rlboost.recipes.checkpoints import prepare_checkpoint
 from rlboost.recipes.config import RunConfig, TaskSection, check_multi_node
 from rlboost.recipes.tokenizers import load_tokenizer
 from rlboost.cluster.cost import CostLedger
-from rlboost.launch import Cluster, TracePlan, plan_trace, ray_settings
+from rlboost.cluster.placement import check_local, local_gpus
+from rlboost.launch import Cluster, TracePlan, gpu_needs, plan_trace, ray_settings
 from rlboost.errors import ConfigError, RunFailed, RunInterrupted
 from rlboost.models.checkpoint import verify_checkpoint_dir
 from rlboost.outcome import RunResult, failure_summary, halted
@@ -37,7 +38,9 @@ def preflight(config: RunConfig) -> None:
     """Checks that need the environment, not just the config, before anything starts:
     ConfigError (or FileNotFoundError) naming the field or file."""
     if join_address(config.cluster.address):  # from the config or the environment
-        check_multi_node(config)
+        check_multi_node(config)  # its GPUs are checked once joined
+    else:
+        check_local(gpu_needs(config), local_gpus())
     if config.model.source == "path":
         try:
             verify_checkpoint_dir(Path(config.model.path).expanduser())

@@ -15,6 +15,7 @@ import ray
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
+from rlboost.cluster.placement import GpuNeeds
 from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
 from rlboost.cluster.session import RaySettings, actor_options
 from rlboost.controller.actor import RolloutController
@@ -51,12 +52,20 @@ def plan_trace(config: RunConfig, steps: int, step_s: float, duration_s: float |
     return TracePlan(events, duration)
 
 
+def gpu_needs(config: RunConfig) -> GpuNeeds:
+    """The GPUs the run's processes ask Ray for (none on a CPU run)."""
+    t, r, c = config.trainer, config.rollout, config.cluster
+    return GpuNeeds(trainer_ranks=t.world_size, gpus_per_rank=t.rank_gpus, reserved_engines=c.reserved_instances,
+                    gpus_per_engine=r.instance_gpus, preemptible=c.max_preemptible, gpus_per_instance=r.instance_gpus)
+
+
 def ray_settings(config: RunConfig, plan: TracePlan, worker_dir: str | None = None) -> RaySettings:
     c = config.cluster
     joins = sum(1 for e in plan.events if e.kind == "join")
     return RaySettings(address=c.address, num_cpus=c.num_cpus, object_store_mb=c.object_store_mb,
                        reserved=config.trainer.world_size + c.reserved_instances,
-                       preemptible=max(1, joins + c.initial_preemptible), worker_dir=worker_dir)
+                       preemptible=max(1, joins + c.initial_preemptible), worker_dir=worker_dir,
+                       gpus=gpu_needs(config))
 
 
 class Cluster:

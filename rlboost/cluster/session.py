@@ -16,6 +16,7 @@ from typing import Iterator
 import ray
 
 from rlboost import env
+from rlboost.cluster.placement import GpuNeeds, check_cluster
 from rlboost.errors import ConfigError
 
 
@@ -27,7 +28,8 @@ class RaySettings:
     local one with num_cpus CPUs (None: all), `reserved` and `preemptible` units and an
     object store of object_store_mb; bulk weights never go through it). worker_dir: the
     working directory of the run's Ray workers on this machine (None: the system's temporary
-    folder); never the caller's, see `_workers_start_in`.
+    folder); never the caller's, see `_workers_start_in`. gpus: what the run's actors ask
+    for, checked against a joined cluster's nodes (a local one is checked before it starts).
     """
 
     address: str | None = None
@@ -36,6 +38,7 @@ class RaySettings:
     preemptible: int = 8
     object_store_mb: int = 256
     worker_dir: str | None = None
+    gpus: GpuNeeds | None = None
 
     def __post_init__(self) -> None:
         if self.num_cpus is not None and self.num_cpus < 1:
@@ -71,6 +74,8 @@ class RaySession:
             self._owned = True
             try:  # a cluster without the run's resources would leave its actors pending forever
                 check_resources(ray.cluster_resources(), s)
+                if s.gpus is not None:
+                    check_cluster(s.gpus, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
             except BaseException:
                 self.__exit__()
                 raise

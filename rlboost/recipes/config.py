@@ -336,6 +336,9 @@ def check_rollout(config: RunConfig) -> None:
             raise ValueError(f"rollout.capacity ({r.capacity}) must be <= rollout.emulated.max_running "
                              f"({r.emulated.max_running})")
         return
+    if r.backend == "sglang" and r.instance_gpus < r.sglang_tp_size:
+        raise ValueError(f"rollout.instance_gpus ({r.instance_gpus:g}) must be >= rollout.sglang_tp_size "
+                         f"({r.sglang_tp_size}): each SGLang engine spans tp_size GPUs")
     if config.trainer.device == "cuda" and r.engine.device == "cpu":
         raise ValueError("rollout.engine.device must be a CUDA device when trainer.device is 'cuda'")
     if r.capacity > r.engine.max_batch_size:

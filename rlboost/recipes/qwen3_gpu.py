@@ -1,14 +1,15 @@
-"""qwen3_gpu: the shape of a GPU run. A Qwen3-class checkpoint (HF layout) trained with
-GRPO on a math dataset: 4 FSDP ranks over NCCL (bfloat16 compute, float32 reductions),
-one reserved engine per GPU left on the node, preemptible engines following the bundled
-trace. Give the checkpoint and the dataset on the command line:
+"""qwen3_gpu: a GPU run in the shape of the RLBoost paper's artifact. A Qwen3-class
+checkpoint (HF layout) trained with GRPO on a math dataset. The reserved cluster is one
+8-GPU node: 4 FSDP ranks over NCCL (bfloat16 compute, float32 reductions) and 2 SGLang
+engines of 2 GPUs each; up to 4 preemptible SGLang instances of 2 GPUs each (a quarter of
+an 8-GPU spot node) follow the bundled trace. Give the checkpoint and the dataset:
 
     rlboost train --recipe qwen3_gpu --set model.path=/models/Qwen3-1.7B \\
         --set task.math_path=/data/gsm8k/train.parquet
 
-The embedded engine stands in for SGLang here; one GPU per rank and per engine. Weight
-servers listen on every interface, so RLBOOST_SECRET must be set (the recipe refuses to
-build without it).
+`--set rollout.backend=embedded` rolls out with rlboost's own engine instead (one GPU each).
+The run checks that the Ray cluster has these GPUs before it starts anything. Weight
+servers listen on every interface, so RLBOOST_SECRET must be set.
 """
 
 from __future__ import annotations
@@ -40,17 +41,18 @@ def qwen3_gpu() -> RunConfig:
             poll_interval_s=0.05, idle_timeout_s=600.0, call_timeout_s=120.0,
             reserved_tokens_per_s=20000.0, preemptible_tokens_per_s=20000.0, sample_tokens_per_s=60.0,
             registry=RegistryConfig(heartbeat_interval_s=2.0, missed_beats=5, drain_margin_s=10.0)),
-        rollout=RolloutSection(engine=EmbeddedEngineConfig(device="cuda", dtype="bfloat16", num_blocks=16384,
+        rollout=RolloutSection(backend="sglang", sglang_tp_size=2, sglang_mem_fraction=0.8,
+                               engine=EmbeddedEngineConfig(device="cuda", dtype="bfloat16", num_blocks=16384,
                                                            block_size=16, max_batch_size=256,
                                                            max_prefill_tokens=8192, stream_interval=16),
-                               capacity=256, instance_cpus=1.0, instance_gpus=1.0),
+                               capacity=256, instance_cpus=1.0, instance_gpus=2.0),
         # every node's weight servers listen on all interfaces (peers dial each node's own
         # address), so a shared secret is required: set RLBOOST_SECRET
         transfer=TransferConfig(bind_host="0.0.0.0", streams=8, chunk_bytes=32 << 20),
-        cluster=ClusterSection(reserved_instances=4, max_preemptible=4, trace="sample",
+        cluster=ClusterSection(reserved_instances=2, max_preemptible=4, trace="sample",
                                notice_s=30.0, sudden_fraction=0.5),
-        # the reserved cluster is one 8-GPU node (4 ranks + 4 engines); a preemptible
-        # instance is one GPU: an eighth of an 8x H100 spot node
-        cost=CostConfig(reserved_usd_per_hour=83.79, preemptible_usd_per_hour=21.28 / 8),
+        # the reserved cluster is one 8x H100 on-demand node (4 ranks + 2 engines of 2 GPUs);
+        # a preemptible instance is 2 GPUs: a quarter of an 8x H100 spot node (the paper's prices)
+        cost=CostConfig(reserved_usd_per_hour=83.79, preemptible_usd_per_hour=21.28 / 4),
         run=RunSection(name="qwen3_gpu", steps=200, checkpoint_every=20),
     )
