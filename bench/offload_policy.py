@@ -17,12 +17,13 @@ import sys
 import time
 
 from rlboost.controller.clock import run_virtual
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.emulation import (EmulatedFleet, EmulatedTrainerConfig, InstanceSpec, make_groups,
                                           run_emulated_steps)
 from rlboost.controller.offload import (AdaptiveWindow, AdaptiveWindowConfig, ReferenceWindowConfig,
                                         ReferenceWindowRule, ideal_step_time)
 from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.service import ControllerConfig, RolloutService
+from rlboost.controller.service import RolloutService
 from rlboost.rollout.emulated import EmulatedEngineConfig
 
 

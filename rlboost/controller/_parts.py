@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rlboost.controller.offload import WindowPolicy
     from rlboost.controller.registry import Registry
     from rlboost.controller.router import Router
-    from rlboost.controller.service import ControllerConfig
+    from rlboost.controller.config import ControllerConfig
 
 
 class EngineSlot:

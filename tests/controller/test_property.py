@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 
 from controller_fakes import engine_config, outputs, uninterrupted
 from rlboost.controller.clock import MonotonicClock, run_virtual
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.emulation import EmulatedFleet, FleetEvent, InstanceSpec, make_groups
 from rlboost.controller.offload import (AdaptiveWindow, AdaptiveWindowConfig, ReferenceWindowConfig,
                                         ReferenceWindowRule)
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
-from rlboost.controller.service import ControllerConfig, RolloutService
+from rlboost.controller.service import RolloutService
 from rlboost.models import build_tiny_checkpoint
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
 

@@ -5,11 +5,11 @@ every instance. Only failed calls lose an instance (and a live one is told to dr
 import pytest
 
 from controller_fakes import RecordingEngineForTests, add_instance, outputs, run_service, run_step, uninterrupted
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.emulation import make_groups
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import GROUP_STRIDE, PromptGroup
 from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.service import ControllerConfig
 from rlboost.errors import StepFailed
 from rlboost.migration.state import SamplingParams
 
