@@ -17,13 +17,13 @@ import sys
 import time
 
 from rlboost.controller.clock import run_virtual
-from rlboost.controller.emulation import (EmulatedFleet, EmulatedTrainerConfig, InstanceSpec, make_groups,
-                                          run_emulated_steps)
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import (AdaptiveWindow, AdaptiveWindowConfig, ReferenceWindowConfig,
                                         ReferenceWindowRule, ideal_step_time)
 from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.service import ControllerConfig, RolloutService
+from rlboost.controller.service import RolloutService
 from rlboost.rollout.emulated import EmulatedEngineConfig
+from rlboost.sim import EmulatedFleet, EmulatedTrainerConfig, SimInstance, make_groups, run_emulated_steps
 
 
 def parse() -> argparse.Namespace:
@@ -62,8 +62,8 @@ def run_policy(args, policy) -> list:
                              clock=clock, window_policy=policy)
         await svc.start()
         fleet = EmulatedFleet(svc, clock)
-        fleet.spawn(InstanceSpec(instance_id="reserved-0", kind="reserved", pull_s=0.0,
-                                 engine=engine(args, args.reserved_tps, args.groups * args.group_size)))
+        fleet.spawn(SimInstance(instance_id="reserved-0", kind="reserved", pull_s=0.0,
+                                engine=engine(args, args.reserved_tps, args.groups * args.group_size)))
         live: list[str] = []
         serial = [0]
 
@@ -74,8 +74,8 @@ def run_policy(args, policy) -> list:
             while len(live) < want:
                 serial[0] += 1
                 name = f"spot-{serial[0]}"
-                fleet.spawn(InstanceSpec(instance_id=name, pull_s=args.pull_s,
-                                         engine=engine(args, args.spot_tps, spot_capacity)))
+                fleet.spawn(SimInstance(instance_id=name, pull_s=args.pull_s,
+                                        engine=engine(args, args.spot_tps, spot_capacity)))
                 live.append(name)
 
         trainer = EmulatedTrainerConfig(train_s_per_token=1.0 / args.train_tps, switch_s=2.0, wait_s=600.0)

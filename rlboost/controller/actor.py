@@ -12,10 +12,11 @@ import ray
 
 from rlboost.controller.adapters import RayEngineHandle
 from rlboost.controller.clock import MonotonicClock
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.metrics import StepMetrics
 from rlboost.controller.offload import AdaptiveWindowConfig, ReferenceWindowConfig, make_policy
 from rlboost.controller.records import GroupBatch, InstanceInfo, InstanceStatus, Lease, PromptGroup
-from rlboost.controller.service import ControllerConfig, RolloutService
+from rlboost.controller.service import RolloutService
 
 
 @ray.remote(num_cpus=0)

@@ -1,57 +1,74 @@
-"""How RolloutService decides each tick: close the local window (or ask for the reserved
-instances back), place queued samples, steal work for idle slots, and fail a step that
-cannot finish.
+"""StepDecisions: what the controller should do each tick of a running step. It closes the
+local window (or asks for the reserved instances back), places queued samples, steals work
+for idle slots, and fails a step that cannot finish.
 
-The policies (offload window, router) only answer questions; this mixin asks them with the
-service's current measurements and carries out their answers through EngineMoves.
+Decisions only read: they ask the policies (offload window, router) with the current
+measurements and return actions that the service carries out through the mover.
 """
 
 from __future__ import annotations
 
-from rlboost.controller._parts import ServiceParts
-from rlboost.controller.collector import Collector
-from rlboost.controller.metrics import StepMeter
-from rlboost.controller.offload import WindowContext
-from rlboost.controller.registry import ACTIVE, DRAINING
-from rlboost.controller.router import InstanceView
+from dataclasses import dataclass
+
+from rlboost.controller.clock import Clock
+from rlboost.controller.config import ControllerConfig
+from rlboost.controller.engines import EngineTable
+from rlboost.controller.estimates import LengthModel
+from rlboost.controller.offload import WindowContext, WindowPolicy
+from rlboost.controller.registry import ACTIVE, DRAINING, InstanceRecord, Registry
+from rlboost.controller.router import Assign, InstanceView, Move, Router
+from rlboost.controller.step import StepState
 from rlboost.errors import StepFailed
 
 
-class StepState:
-    """The running step: its samples' tokens, its tallies, and who holds the reserved instances.
+@dataclass(frozen=True, slots=True)
+class CloseWindow:
+    """Close the local window: the reserved instances' samples (evacuate) move elsewhere."""
 
-    window_open: the controller may route to the reserved instances. handed_over: the
-    trainer has been told (wait_window_closed returned True) that they are its own; from
-    then on only lend_reserved() gives them back. reserved_needed: queued samples can run
-    nowhere else, so the controller asks for them (next_microbatch returns early once).
-    """
-
-    __slots__ = ("collector", "meter", "window_open", "handed_over", "reserved_needed", "need_announced",
-                 "failure", "last_progress", "delivered_last", "ending")
-
-    def __init__(self, collector: Collector, meter: StepMeter):
-        self.collector, self.meter = collector, meter
-        self.window_open = True
-        self.handed_over = False
-        self.reserved_needed = False
-        self.need_announced = False
-        self.failure: BaseException | None = None
-        self.last_progress = meter.started_at
-        self.delivered_last = False
-        self.ending = False  # end_step() has begun: nothing new is placed
+    num_preemptible: int
+    evacuate: tuple[str, ...]
 
 
-class StepDecisions(ServiceParts):
-    """Mixin of RolloutService: the per-tick decisions of a running step."""
+@dataclass(frozen=True, slots=True)
+class ReopenWindow:
+    """Queued samples can run only on the reserved instances, which the trainer does not hold yet."""
 
-    def _remaining(self, sid: int) -> float:
-        col = self._step.collector
-        return self.lengths.expected_remaining(col.progress(sid), col.max_new(sid))
 
-    def _context(self, st: StepState) -> WindowContext:
+@dataclass(frozen=True, slots=True)
+class AskForReserved:
+    """Queued samples can run only on the reserved instances, which the trainer holds: ask for them."""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutDone:
+    """Every sample is done: the rollout part of the step ends now."""
+
+    num_preemptible: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailStep:
+    error: StepFailed
+
+
+WindowAction = CloseWindow | ReopenWindow | AskForReserved
+CheckAction = RolloutDone | FailStep
+
+
+class StepDecisions:
+    """Per-tick decisions of a running step. From the table it needs only which instances
+    have an engine (`in`) and their measured rates (`rates(instance_id)`)."""
+
+    def __init__(self, config: ControllerConfig, clock: Clock, *, table: EngineTable, registry: Registry,
+                 router: Router, lengths: LengthModel, policy: WindowPolicy):
+        self.config, self.clock, self.table, self.registry = config, clock, table, registry
+        self.router, self.lengths, self.policy = router, lengths, policy
+
+    def context(self, st: StepState) -> WindowContext:
+        """The running step as the offload policy sees it."""
         def rate(kind: str) -> float:
-            return sum(self._engines[r.instance_id].rates.full_rate(r.info.capacity)
-                       for r in self.registry.routable(kind) if r.instance_id in self._engines)
+            return sum(self.table.rates(r.instance_id).full_rate(r.info.capacity)
+                       for r in self.registry.routable(kind) if r.instance_id in self.table)
         col = st.collector
         missing = col.missing()
         remaining = self.lengths.expected_remaining_total([col.progress(s) for s in missing],
@@ -62,35 +79,25 @@ class StepDecisions(ServiceParts):
             local_tokens_per_s=rate("reserved"), remote_tokens_per_s=rate("preemptible"),
             num_preemptible=len(self.registry.routable("preemptible")))
 
-    async def _window(self, st: StepState) -> None:
+    def window(self, st: StepState) -> WindowAction | None:
         """Close the local window when the policy says so. When queued samples can run only on
         the reserved instances: reopen it, or, once the trainer holds them, ask for them."""
-        remote = [r for r in self.registry.routable("preemptible") if r.instance_id in self._engines]
+        remote = [r for r in self.registry.routable("preemptible") if r.instance_id in self.table]
         if st.window_open:
             if st.collector.all_done:
-                return
-            if remote and self.policy.should_close(self._context(st)) and not self._reserved_only(st, remote):
-                st.window_open = False
-                if st.meter.window_closed_at is None:
-                    st.meter.window_closed_at = self.clock.now()
-                    st.meter.num_preemptible = len(remote)
-                for rec in self.registry.live():
-                    if rec.kind == "reserved" and rec.instance_id in self._engines:
-                        await self._evacuate(rec.instance_id)
-                self._wake()
-        elif self._needs_reserved(st, remote):
+                return None
+            if remote and self.policy.should_close(self.context(st)) and not self._reserved_only(st, remote):
+                reserved = tuple(r.instance_id for r in self.registry.live()
+                                 if r.kind == "reserved" and r.instance_id in self.table)
+                return CloseWindow(num_preemptible=len(remote), evacuate=reserved)
+        elif self._reserved_only(st, remote, self.router.queued):
             if not st.handed_over:  # the trainer was not told they are free: take them back
-                st.window_open = True
-                st.meter.reopened += 1
-            elif not st.reserved_needed:
-                st.reserved_needed = True
-                self._wake()
+                return ReopenWindow()
+            if not st.reserved_needed:
+                return AskForReserved()
+        return None
 
-    def _needs_reserved(self, st: StepState, remote) -> bool:
-        """Some queued sample can run on no preemptible instance (none left, or all refuse it)."""
-        return self._reserved_only(st, remote, self.router.queued)
-
-    def _reserved_only(self, st: StepState, remote, sids=None) -> bool:
+    def _reserved_only(self, st: StepState, remote: list[InstanceRecord], sids=None) -> bool:
         """Whether any of sids (default: every unfinished sample) can run on no preemptible
         instance: closing the window would strand it."""
         sids = st.collector.missing() if sids is None else sids
@@ -100,8 +107,8 @@ class StepDecisions(ServiceParts):
         length = st.collector.max_length
         return any(not any(self.router.can_run(sid, v, length) for v in views) for sid in sids)
 
-    def _view(self, rec, *, accepts: bool, time_left_s: float | None = None) -> InstanceView:
-        return InstanceView(rec.instance_id, rec.info.capacity, self._engines[rec.instance_id].rates, accepts,
+    def _view(self, rec: InstanceRecord, *, accepts: bool, time_left_s: float | None = None) -> InstanceView:
+        return InstanceView(rec.instance_id, rec.info.capacity, self.table.rates(rec.instance_id), accepts,
                             rec.info.max_model_len, time_left_s)
 
     def _views(self, st: StepState) -> list[InstanceView]:
@@ -110,67 +117,71 @@ class StepDecisions(ServiceParts):
         then), and only once its rate has been measured rather than assumed."""
         views = []
         for rec in self.registry.live():
-            if rec.instance_id not in self._engines or rec.state not in (ACTIVE, DRAINING):
+            if rec.instance_id not in self.table or rec.state not in (ACTIVE, DRAINING):
                 continue
             if rec.kind == "reserved" and not st.window_open:
                 continue
             accepts, left = self.registry.takes_work(rec), self.registry.time_left_s(rec)
             if left is not None:
-                accepts = accepts and self._engines[rec.instance_id].rates.observed
+                accepts = accepts and self.table.rates(rec.instance_id).observed
                 left -= self.config.poll_interval_s
             views.append(self._view(rec, accepts=accepts, time_left_s=left))
         return views
 
-    def _budget(self, sid: int) -> int:
-        """The most tokens the sample may still produce (what a deadline must allow for)."""
-        col = self._step.collector
-        return col.max_new(sid) - col.progress(sid)
-
-    async def _place(self, st: StepState) -> None:
+    def dispatch(self, st: StepState) -> list[Assign]:
+        """Where queued samples start now."""
         col = st.collector
-        for a in self.router.dispatch(self._views(st), self._remaining, col.max_length, self._budget, col.position):
-            await self._send(a.instance_id, a.sample_ids)
-        if self.router.queued:
-            return
-        for m in self.router.steal(self._views(st), self._remaining, col.position, col.max_length, self._budget):
-            if not self.registry.takes_work(self.registry.get(m.target)):
-                continue  # lost (or past its drain time) while earlier moves ran
-            moved = await self._take_back(m.source, m.sample_ids)
-            if moved:
-                await self._send(m.target, moved)
+        return self.router.dispatch(self._views(st), self._remaining(st), col.max_length, self._budget(st),
+                                    col.position)
 
-    def _check(self, st: StepState) -> None:
+    def steal(self, st: StepState) -> list[Move]:
+        """Samples to move from busy instances to idle slots (once nothing is queued)."""
+        col = st.collector
+        return self.router.steal(self._views(st), self._remaining(st), col.position, col.max_length,
+                                 self._budget(st))
+
+    def _remaining(self, st: StepState):
+        col = st.collector
+        return lambda sid: self.lengths.expected_remaining(col.progress(sid), col.max_new(sid))
+
+    @staticmethod
+    def _budget(st: StepState):
+        """The most tokens a sample may still produce (what a deadline must allow for)."""
+        col = st.collector
+        return lambda sid: col.max_new(sid) - col.progress(sid)
+
+    def check(self, st: StepState) -> CheckAction | None:
+        """The rollout is done, or the step cannot finish (and why), or neither."""
         col, now = st.collector, self.clock.now()
         if col.all_done:
             if st.meter.rollout_done_at is None:
-                st.meter.rollout_done_at = now
-                if st.meter.window_closed_at is None:
-                    st.meter.num_preemptible = len(self.registry.routable("preemptible"))
-            return
+                return RolloutDone(len(self.registry.routable("preemptible")))
+            return None
         exhausted = self.router.exhausted()
         stranded = self._stranded(st)
         if exhausted:
-            self._fail(StepFailed(
+            return FailStep(StepFailed(
                 f"step {st.meter.step}: samples {list(exhausted)} lost their instance more than "
                 f"retry_budget={self.config.router.retry_budget} times", missing=col.missing()))
-        elif stranded:
+        if stranded:
             why = "; ".join(f"sample {sid}: " + ", ".join(f"{i} refused it ({r})" for i, r in sorted(
                 self.router.refusals(sid).items())) for sid in stranded[:5])
-            self._fail(StepFailed(f"step {st.meter.step}: no instance will run samples {stranded[:20]}: {why}",
-                                  missing=col.missing()))
-        elif now - st.last_progress > self.config.idle_timeout_s:
+            return FailStep(StepFailed(f"step {st.meter.step}: no instance will run samples {stranded[:20]}: {why}",
+                                       missing=col.missing()))
+        if now - st.last_progress > self.config.idle_timeout_s:
             missing = col.missing()
             hint = (" (the reserved instances are needed back: call lend_reserved())"
                     if st.reserved_needed else "")
-            self._fail(StepFailed(
+            return FailStep(StepFailed(
                 f"step {st.meter.step}: no token arrived for {now - st.last_progress:.1f} s "
                 f"(idle_timeout_s={self.config.idle_timeout_s}){hint}; {len(missing)} samples unfinished: "
                 f"{list(missing[:20])}{' ...' if len(missing) > 20 else ''}", missing=missing))
+        return None
 
     def _stranded(self, st: StepState) -> list[int]:
         """Queued samples that every live instance has refused (or cannot fit)."""
         candidates = [self._view(r, accepts=True) for r in self.registry.live()
-                      if r.instance_id in self._engines and r.state != DRAINING]
+                      if r.instance_id in self.table and r.state != DRAINING]
         if not candidates:
             return []
         length = st.collector.max_length

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlboost.cluster.cost import CostConfig
-from rlboost.controller.service import ControllerConfig
+from rlboost.controller.config import ControllerConfig
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig
 from rlboost.rollout.emulated import EmulatedEngineConfig
 from rlboost.tasks.arithmetic import ArithmeticConfig

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from rlboost.cluster.cost import CostConfig
 from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.service import ControllerConfig
+from rlboost.controller.config import ControllerConfig
 from rlboost.recipes.config import (ClusterSection, ModelSection, RolloutSection, RunConfig, RunSection,
                                     TaskSection, TrainerSection)
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig

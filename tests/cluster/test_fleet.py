@@ -16,10 +16,10 @@ from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
 from rlboost.controller.actor import RolloutController
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.records import PromptGroup
 from rlboost.controller.offload import ReferenceWindowConfig
 from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.service import ControllerConfig
 from rlboost.migration.state import SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig

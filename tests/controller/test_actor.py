@@ -8,13 +8,13 @@ import ray
 from controller_fakes import engine_config, uninterrupted
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.clock import MonotonicClock
-from rlboost.controller.emulation import make_groups
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig
 from rlboost.controller.records import InstanceInfo
-from rlboost.controller.service import ControllerConfig
 from rlboost.errors import RolloutError
 from rlboost.rollout.emulated import KV_LAYOUT, EmulatedEngine
 from rlboost.rollout.endpoint import MigratingEngine
+from rlboost.sim import make_groups
 
 
 @pytest.fixture(scope="module")

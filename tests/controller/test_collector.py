@@ -3,9 +3,9 @@
 import pytest
 
 from rlboost.controller.collector import APPLIED, DUPLICATE, FOREIGN, GAP, Collector
-from rlboost.controller.emulation import make_groups
 from rlboost.errors import ProtocolError, StaleSampleError
 from rlboost.rollout.engine import TokenDelta
+from rlboost.sim import make_groups
 
 GROUPS = make_groups(0, num_groups=3, group_size=2, prompt_len=2, max_new_tokens=8)
 

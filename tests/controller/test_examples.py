@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 MODULES = ["rlboost.controller.clock", "rlboost.controller.records", "rlboost.controller.estimates",
-           "rlboost.controller.offload", "rlboost.controller.metrics", "rlboost.controller.emulation",
+           "rlboost.controller.offload", "rlboost.controller.metrics", "rlboost.sim.workload",
            "rlboost.rollout.emulated", "rlboost.rollout._emulated_tokens", "rlboost.rollout.engine",
            "rlboost.rollout._paged_forward"]
 

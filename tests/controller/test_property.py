@@ -12,21 +12,22 @@ from hypothesis import strategies as st
 
 from controller_fakes import engine_config, outputs, uninterrupted
 from rlboost.controller.clock import MonotonicClock, run_virtual
-from rlboost.controller.emulation import EmulatedFleet, FleetEvent, InstanceSpec, make_groups
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import (AdaptiveWindow, AdaptiveWindowConfig, ReferenceWindowConfig,
                                         ReferenceWindowRule)
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
-from rlboost.controller.service import ControllerConfig, RolloutService
+from rlboost.controller.service import RolloutService
 from rlboost.models import build_tiny_checkpoint
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance, make_groups
 
 WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
 
 
 @st.composite
 def instance_specs(draw, name, kind="preemptible"):
-    return InstanceSpec(
+    return SimInstance(
         instance_id=name, kind=kind, pull_s=0.0 if kind == "reserved" else draw(st.floats(0.0, 3.0)),
         engine=engine_config(max_running=draw(st.integers(1, 3 if kind == "reserved" else 8)),
                              sample_tokens_per_s=draw(st.floats(2.0, 40.0)),
@@ -141,7 +142,7 @@ def embedded_reference(model_dir, groups):
 
 @st.composite
 def real_time_schedules(draw):
-    spot = lambda name: InstanceSpec(instance_id=name, pull_s=0.0, capacity=draw(st.integers(1, 4)))  # noqa: E731
+    spot = lambda name: SimInstance(instance_id=name, pull_s=0.0, capacity=draw(st.integers(1, 4)))  # noqa: E731
     initial = [spot(f"spot-{i}") for i in range(draw(st.integers(0, 2)))]
     names, events = [s.instance_id for s in initial], []
     for k in range(draw(st.integers(1, 4))):
@@ -182,7 +183,7 @@ def test_embedded_engine_samples_complete_exactly_once_under_preemption(tiny_mod
         await svc.start()
         fleet = EmulatedFleet(svc, clock, make_engine=make_engine)
         try:
-            fleet.spawn(InstanceSpec(instance_id="reserved-0", kind="reserved", pull_s=0.0, capacity=4))
+            fleet.spawn(SimInstance(instance_id="reserved-0", kind="reserved", pull_s=0.0, capacity=4))
             for spec in initial:
                 fleet.spawn(spec)
             fleet.schedule(events)

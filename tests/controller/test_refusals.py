@@ -5,13 +5,13 @@ every instance. Only failed calls lose an instance (and a live one is told to dr
 import pytest
 
 from controller_fakes import RecordingEngineForTests, add_instance, outputs, run_service, run_step, uninterrupted
-from rlboost.controller.emulation import make_groups
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import GROUP_STRIDE, PromptGroup
 from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.service import ControllerConfig
 from rlboost.errors import StepFailed
 from rlboost.migration.state import SamplingParams
+from rlboost.sim import make_groups
 
 GROUPS = make_groups(0, num_groups=3, group_size=2, prompt_len=4, max_new_tokens=20)
 POISON = PromptGroup(group_id=99, prompt_ids=(1, 2, 3), params=SamplingParams(max_new_tokens=500, stop_token_ids=(2,)),

@@ -4,15 +4,15 @@ import pytest
 
 from controller_fakes import (RecordingEngineForTests, add_instance, engine_config, outputs, run_service, run_step,
                               uninterrupted)
-from rlboost.controller.emulation import make_groups
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
-from rlboost.controller.service import ControllerConfig
 from rlboost.errors import RolloutError, StepFailed
 from rlboost.migration.batch import MigrationBatch
 from rlboost.rollout.emulated import EmulatedEngine
+from rlboost.sim import make_groups
 
 GROUPS = make_groups(0, num_groups=4, group_size=4, prompt_len=4, max_new_tokens=60)
 

@@ -6,11 +6,12 @@ import asyncio
 from controller_fakes import engine_config, outputs, run_step, uninterrupted
 from rlboost.controller.adapters import InProcessEngine
 from rlboost.controller.clock import run_virtual
-from rlboost.controller.emulation import make_groups
+from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import InstanceInfo
-from rlboost.controller.service import ControllerConfig, RolloutService
+from rlboost.controller.service import RolloutService
 from rlboost.rollout.emulated import EmulatedEngine
+from rlboost.sim import make_groups
 
 
 class SlowCallsForTests(InProcessEngine):

@@ -1,6 +1,6 @@
-"""The trainer's side of RolloutService: start a step, learn when the reserved instances are
-free, take micro-batches, lend the reserved instances back when the rollout needs them,
-and end the step cleanly (nothing of it left running on any engine).
+"""StepLifecycle: the trainer's side of the controller. Start a step, learn when the
+reserved instances are free, take micro-batches, lend the reserved instances back when the
+rollout needs them, and end the step cleanly (nothing of it left running on any engine).
 
 The reserved instances belong to one side at a time. From start_step() until
 wait_window_closed() returns True they roll out; after that they are the trainer's, and
@@ -13,19 +13,58 @@ wait_window_closed() again before it trains on them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
-from rlboost.controller._parts import ServiceParts
+from rlboost.controller.clock import Clock
 from rlboost.controller.collector import Collector
-from rlboost.controller.decisions import StepState
+from rlboost.controller.config import ControllerConfig
+from rlboost.controller.decisions import StepDecisions
+from rlboost.controller.engines import EngineTable
+from rlboost.controller.estimates import LengthModel
 from rlboost.controller.metrics import StepMeter, StepMetrics
-from rlboost.controller.offload import StepObservation
+from rlboost.controller.mover import SampleMover
+from rlboost.controller.offload import StepObservation, WindowPolicy
 from rlboost.controller.records import GroupBatch, PromptGroup
+from rlboost.controller.registry import Registry
+from rlboost.controller.router import Router
+from rlboost.controller.step import Outcome, StepState
+from rlboost.controller.wakeup import ChangeSignal
 from rlboost.errors import RolloutError
 
 
-class StepApi(ServiceParts):
-    """Mixin of RolloutService: the step lifecycle the trainer drives."""
+class StepLifecycle:
+    """Owns the running step (current): the trainer's calls on it, and what it learns from
+    moves (lengths of finished samples, lost instances) and from its end (the offload policy).
+    The loop runs each tick under tick_lock; end_step() takes it too, so it runs between ticks."""
+
+    def __init__(self, config: ControllerConfig, clock: Clock, *, registry: Registry, router: Router,
+                 table: EngineTable, mover: SampleMover, decisions: StepDecisions, lengths: LengthModel,
+                 policy: WindowPolicy, signal: ChangeSignal):
+        self.config, self.clock, self.registry, self.router = config, clock, registry, router
+        self.table, self.mover, self.decisions = table, mover, decisions
+        self.lengths, self.policy, self.signal = lengths, policy, signal
+        self.tick_lock = asyncio.Lock()  # held by each tick of the loop, and by end_step() between ticks
+        self.current: StepState | None = None
+
+    def note(self, out: Outcome) -> Outcome:
+        """Learn from a move: finished samples' lengths; each lost instance counts as a death
+        (its samples as resumes) and wakes the trainer's waiting calls."""
+        st = self.current
+        for sid in out.finished:
+            self.lengths.observe(st.collector.progress(sid))
+        if out.lost and st is not None:
+            for loss in out.lost:
+                st.meter.deaths += 1
+                st.meter.resumes += len(loss.samples)
+            self.signal.wake()
+        return out
+
+    def fail(self, exc: BaseException) -> None:
+        st = self.current
+        if st is not None and st.failure is None:
+            st.failure = exc
+            self.signal.wake()
 
     def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int) -> float:
         """Begin rolling out groups with weights weight_version; returns the planned local window (s).
@@ -33,9 +72,9 @@ class StepApi(ServiceParts):
         Raises ValueError, starting nothing, if a group's prompt + max_new_tokens exceeds the
         max_model_len of every live instance (when they all declare one).
         """
-        self._check_loop()
-        if self._step is not None:
-            raise RolloutError(f"step {self._step.meter.step} is still running: call end_step() first")
+        self.signal.check()
+        if self.current is not None:
+            raise RolloutError(f"step {self.current.meter.step} is still running: call end_step() first")
         self._check_lengths(groups)
         if weight_version != self.registry.current_version:
             self.registry.set_weight_version(weight_version)
@@ -46,14 +85,14 @@ class StepApi(ServiceParts):
                               max_staleness=cfg.registry.max_staleness)
         meter = StepMeter(step=step, weight_version=weight_version, started_at=self.clock.now())
         self.router.begin_step(collector.sample_ids)
-        self._held.clear()
-        self._step = StepState(collector, meter)
-        meter.planned_window_s = self.policy.plan(self._context(self._step))
-        self._wake()
+        self.table.forget_held()
+        self.current = StepState(collector, meter)
+        meter.planned_window_s = self.policy.plan(self.decisions.context(self.current))
+        self.signal.wake()
         return meter.planned_window_s
 
     def _check_lengths(self, groups: Sequence[PromptGroup]) -> None:
-        limits = [r.info.max_model_len for r in self.registry.live() if r.instance_id in self._engines]
+        limits = [r.info.max_model_len for r in self.registry.live() if r.instance_id in self.table]
         if not limits or None in limits:
             return  # an instance without a declared limit may take anything; its submit decides
         too_long = [(g.group_id, len(g.prompt_ids) + g.params.max_new_tokens) for g in groups
@@ -73,13 +112,13 @@ class StepApi(ServiceParts):
             if not st.window_open or st.collector.all_done:
                 st.handed_over = True
                 return True
-            if self._expired(deadline):
+            if self.signal.expired(deadline):
                 return False
-            await self._wait_change(deadline)
+            await self.signal.wait(deadline)
 
     def reserved_needed(self) -> bool:
         """True while queued samples can run only on the reserved instances the trainer holds."""
-        st = self._step
+        st = self.current
         return st is not None and st.reserved_needed and not st.window_open
 
     def lend_reserved(self) -> None:
@@ -89,10 +128,9 @@ class StepApi(ServiceParts):
         st = self._require_step()
         if st.window_open:
             return
-        st.window_open = True
+        st.reopen_window()
         st.handed_over = st.reserved_needed = st.need_announced = False
-        st.meter.reopened += 1
-        self._wake()
+        self.signal.wake()
 
     async def next_microbatch(self, timeout_s: float) -> GroupBatch | None:
         """Complete groups for the trainer, or None if none are ready within timeout_s (or at
@@ -119,9 +157,9 @@ class StepApi(ServiceParts):
                 if self.reserved_needed() and not st.need_announced:
                     st.need_announced = True
                     return None
-                if self._expired(deadline):
+                if self.signal.expired(deadline):
                     return None
-                await self._wait_change(deadline)
+                await self.signal.wait(deadline)
         finally:
             closed = st.meter.window_closed_at
             if closed is not None:  # the trainer waits only once the window has given it back
@@ -141,36 +179,12 @@ class StepApi(ServiceParts):
         one (not even when it reuses group ids)."""
         st = self._require_step()
         st.ending = True
-        async with self._tick_lock:  # between ticks: nothing is being placed or moved
-            for iid in sorted(self._calls):
-                await self._settle(iid)
-            await self._abort_leftovers()
-            await self._release_held()
+        async with self.tick_lock:  # between ticks: nothing is being placed or moved
+            self.note(await self.mover.quiesce(st))
             metrics = self._learn(st)
             self.router.begin_step(())
-            self._step = None
+            self.current = None
         return metrics
-
-    async def _abort_leftovers(self) -> None:
-        for iid in sorted(self._engines):
-            sids = self.router.samples_on(iid)
-            if not sids or iid not in self._engines:
-                continue
-            try:
-                await self._guard(self._engines[iid].adapter.abort(list(sids)))
-            except Exception as exc:
-                self._lose(iid, f"abort() failed: {exc!r}")
-                continue
-            for sid in sids:
-                self.router.unassign(sid)
-
-    async def _release_held(self) -> None:
-        by_ticket: dict[int, tuple[str, object, list[int]]] = {}
-        for sid, (src, ticket) in self._held.items():
-            by_ticket.setdefault(id(ticket), (src, ticket, []))[2].append(sid)
-        self._held.clear()
-        for src, ticket, sids in by_ticket.values():
-            await self._release(src, ticket, sids)
 
     def _learn(self, st: StepState) -> StepMetrics:
         col, meter = st.collector, st.meter
@@ -186,6 +200,6 @@ class StepApi(ServiceParts):
         return metrics
 
     def _require_step(self) -> StepState:
-        if self._step is None:
+        if self.current is None:
             raise RolloutError("no step is running: call start_step() first")
-        return self._step
+        return self.current

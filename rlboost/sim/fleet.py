@@ -1,10 +1,9 @@
-"""Emulated fleet and trainer around a RolloutService, on the service's clock.
+"""EmulatedFleet: simulated rollout instances around a real RolloutService, on its clock.
 
 The fleet runs in-process engines (EmulatedEngine unless told otherwise) that join,
 heartbeat, pull each new weight version (taking the time a real pull would), and can be
-preempted with a notice, killed or slowed on a schedule; the trainer consumes micro-batches
-for the time training would take. With a VirtualClock a step of minutes runs in
-milliseconds; benches and property tests use it.
+preempted with a notice, killed or slowed on a schedule. With a VirtualClock a step of
+minutes runs in milliseconds; benches and property tests use it.
 """
 
 from __future__ import annotations
@@ -15,11 +14,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rlboost.controller.adapters import InProcessEngine
 from rlboost.controller.clock import Clock
-from rlboost.controller.metrics import StepMetrics
-from rlboost.controller.records import InstanceInfo, PromptGroup
+from rlboost.controller.records import InstanceInfo
 from rlboost.controller.service import RolloutService
 from rlboost.errors import PeerLost, RolloutError
-from rlboost.migration.state import SamplingParams
 from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
 from rlboost.rollout.engine import RolloutEngine
 
@@ -27,8 +24,9 @@ EVENT_KINDS = ("join", "notice", "death", "speed")
 
 
 @dataclass(kw_only=True, slots=True)
-class InstanceSpec:
-    """An instance of the fleet: its engine's speeds, capacity and how long a weight pull takes.
+class SimInstance:
+    """A simulated instance of the fleet: its engine's speeds, capacity and how long a weight
+    pull takes.
 
     capacity defaults to engine.max_running (set it when the fleet builds other engines).
     """
@@ -53,7 +51,7 @@ class FleetEvent:
     at_s: float
     kind: str
     instance_id: str
-    spec: InstanceSpec | None = None  # for join
+    spec: SimInstance | None = None  # for join
     grace_s: float = 30.0             # for notice
     factor: float = 1.0               # for speed
 
@@ -61,7 +59,7 @@ class FleetEvent:
         if self.kind not in EVENT_KINDS:
             raise ValueError(f"kind must be one of {EVENT_KINDS}, got {self.kind!r}")
         if self.kind == "join" and self.spec is None:
-            raise ValueError("a join event needs a spec")
+            raise ValueError("a join event needs a spec (the SimInstance that joins)")
         if self.at_s < 0:
             raise ValueError(f"at_s must be >= 0, got {self.at_s}")
 
@@ -88,7 +86,7 @@ class EmulatedFleet:
     """
 
     def __init__(self, service: RolloutService, clock: Clock, *,
-                 make_engine: Callable[[InstanceSpec], RolloutEngine] | None = None,
+                 make_engine: Callable[[SimInstance], RolloutEngine] | None = None,
                  weights: Callable[[int], Mapping[str, Any]] | None = None):
         self.service = service
         self.clock = clock
@@ -98,7 +96,7 @@ class EmulatedFleet:
         self._adapters: dict[str, _MortalEngine] = {}
         self._tasks: list[asyncio.Task] = []
 
-    def spawn(self, spec: InstanceSpec) -> RolloutEngine:
+    def spawn(self, spec: SimInstance) -> RolloutEngine:
         engine = self.make_engine(spec)
         adapter = _MortalEngine(engine)
         self.engines[spec.instance_id] = engine
@@ -113,7 +111,7 @@ class EmulatedFleet:
         self._tasks.append(asyncio.create_task(self._agent(spec, engine, adapter)))
         return engine
 
-    async def _agent(self, spec: InstanceSpec, engine: RolloutEngine, adapter: _MortalEngine) -> None:
+    async def _agent(self, spec: SimInstance, engine: RolloutEngine, adapter: _MortalEngine) -> None:
         interval = self.service.config.registry.heartbeat_interval_s
         loaded = engine.load().weight_version
         while not adapter.dead:
@@ -177,68 +175,3 @@ class EmulatedFleet:
         self._tasks.clear()
         for engine in self.engines.values():
             engine.close()  # closing twice is allowed by the engine contract
-
-
-@dataclass(kw_only=True, slots=True)
-class EmulatedTrainerConfig:
-    """Training time per generated token, and the cost of swapping rollout for training memory."""
-
-    train_s_per_token: float
-    switch_s: float = 0.0
-    wait_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.train_s_per_token < 0 or self.switch_s < 0:
-            raise ValueError("train_s_per_token and switch_s must be >= 0")
-        if not self.wait_s > 0:
-            raise ValueError(f"wait_s must be > 0, got {self.wait_s}")
-
-
-async def run_emulated_steps(service: RolloutService, clock: Clock, trainer: EmulatedTrainerConfig,
-                             groups_for_step: Callable[[int], Sequence[PromptGroup]], steps: int, *,
-                             first_step: int = 0,
-                             before_step: Callable[[int], None] | None = None) -> list[StepMetrics]:
-    """Drive steps the way a trainer does; returns each step's metrics.
-
-    Weight version v = step number is made current before each step, so preemptible
-    instances pull it (taking their pull_s) while the reserved ones roll out. When the
-    controller needs the reserved instances back it lends them (switch_s each way).
-    """
-    out = []
-    for step in range(first_step, first_step + steps):
-        if before_step is not None:
-            before_step(step)
-        service.set_weight_version(step)
-        service.start_step(step, groups_for_step(step), step)
-        while not await service.wait_window_closed(trainer.wait_s):
-            pass
-        await clock.asleep(trainer.switch_s)
-        while True:
-            mb = await service.next_microbatch(trainer.wait_s)
-            if mb is None:
-                if service.reserved_needed():  # the rollout cannot finish without them: lend them
-                    await clock.asleep(trainer.switch_s)
-                    service.lend_reserved()
-                    while not await service.wait_window_closed(trainer.wait_s):
-                        pass
-                    await clock.asleep(trainer.switch_s)
-                continue
-            await clock.asleep(trainer.train_s_per_token * mb.num_tokens)
-            if mb.last:
-                break
-        out.append(await service.end_step())
-    return out
-
-
-def make_groups(step: int, *, num_groups: int, group_size: int, prompt_len: int, max_new_tokens: int,
-                seed: int = 0, stop_token_ids: tuple[int, ...] = (2,)) -> list[PromptGroup]:
-    """Prompt groups for one step, deterministic in (seed, step); samples stop at token 2
-    (the emulated engines' default end-of-sequence id) unless told otherwise.
-
-    >>> [g.group_id for g in make_groups(2, num_groups=2, group_size=4, prompt_len=3, max_new_tokens=8)]
-    [200000, 200001]
-    """
-    params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
-    return [PromptGroup(group_id=step * 100_000 + g, prompt_ids=tuple(range(1, prompt_len + 1)),
-                        params=params, num_samples=group_size, seed=seed * 1_000_003 + step)
-            for g in range(num_groups)]

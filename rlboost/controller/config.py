@@ -1,0 +1,47 @@
+"""ControllerConfig: the settings of the rollout controller's driver loop.
+
+It holds the configs of the parts it drives (RegistryConfig, RouterConfig), so a run's
+config reaches them whole (`--set controller.router.retry_budget=...`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.router import RouterConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class ControllerConfig:
+    """Settings of the driver loop; rates are priors used until an instance has been measured.
+
+    idle_timeout_s fails a step when no token arrives for that long while samples are
+    pending (an idle timeout: a long but progressing step never times out).
+    microbatch_min_samples defaults to the first group's size. With migrate_with_kv,
+    instances whose InstanceInfo declares a kv_layout move samples' KV pages engine to
+    engine; a target pulls them within handoff_timeout_s.
+    """
+
+    poll_interval_s: float = 0.05
+    idle_timeout_s: float = 120.0
+    call_timeout_s: float = 30.0
+    handoff_timeout_s: float = 60.0
+    microbatch_min_samples: int | None = None
+    microbatch_max_samples: int | None = None
+    migrate_with_kv: bool = False
+    reserved_tokens_per_s: float = 4000.0
+    preemptible_tokens_per_s: float = 1000.0
+    sample_tokens_per_s: float = 30.0
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("poll_interval_s", "idle_timeout_s", "call_timeout_s", "handoff_timeout_s", "reserved_tokens_per_s",
+                     "preemptible_tokens_per_s", "sample_tokens_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("microbatch_min_samples", "microbatch_max_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")

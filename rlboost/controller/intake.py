@@ -1,0 +1,104 @@
+"""Intake: what engines answer. Each tick every instance has one call out: a poll for
+active and draining ones (their token deltas go to the collector), a load for joining
+and pulling ones (it tells the registry their weight version). A slow instance never holds
+up the others. Settling an answer returns what it finished and who was lost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlboost.controller.clock import Clock
+from rlboost.controller.collector import APPLIED, GAP
+from rlboost.controller.engines import EngineSlot, EngineTable
+from rlboost.controller.registry import ACTIVE, DRAINING, GONE, Registry
+from rlboost.controller.router import Router
+from rlboost.controller.step import Outcome, StepState
+from rlboost.errors import TransferTimeout
+from rlboost.rollout.engine import EngineLoad
+
+
+class Intake:
+    """Asks instances for news and feeds their answers to the running step (if any)."""
+
+    def __init__(self, clock: Clock, *, table: EngineTable, registry: Registry, router: Router):
+        self.clock, self.table, self.registry, self.router = clock, table, registry, router
+
+    def ask_all(self) -> None:
+        """Start a call on every instance without one in flight: active and draining ones are
+        polled for deltas, joining and pulling ones are asked for their load."""
+        for rec in self.registry.live():
+            iid = rec.instance_id
+            if iid not in self.table or self.table.busy(iid):
+                continue
+            if rec.state in (ACTIVE, DRAINING):
+                self.table.ask(iid, "poll", len(self.router.samples_on(iid)))
+            else:
+                self.table.ask(iid, "load")
+
+    async def settle(self, st: StepState | None, iid: str, out: Outcome | None = None) -> Outcome:
+        """Wait for the instance's call in flight (if any) and handle its answer."""
+        out = Outcome() if out is None else out
+        ans = await self.table.answer(iid)
+        if ans is None:
+            return out
+        res = ans.result
+        if ans.kind == "poll":
+            await self.take_poll(st, iid, res, ans.running, out)
+        elif isinstance(res, TransferTimeout):
+            pass  # busy (e.g. loading weights): its heartbeats, or their absence, decide
+        elif isinstance(res, BaseException):
+            out.add_loss(self.table.lose(iid, f"load() failed: {res!r}"))
+        elif self.registry.get(iid).state != GONE:
+            self.registry.heartbeat(iid, res.weight_version)
+            self._loaded(self.table.get(iid), res)
+        return out
+
+    def _loaded(self, slot: EngineSlot, load: EngineLoad) -> None:
+        """An instance answered load(): time before now is not decode time (a weight pull is
+        not slowness), and a decode rate it measured itself is a floor for its aggregate."""
+        slot.polled_at = self.clock.now()
+        if not slot.rates.observed and load.decode_tokens_per_s > slot.rates.aggregate:
+            slot.rates.aggregate = float(load.decode_tokens_per_s)
+
+    async def take_poll(self, st: StepState | None, iid: str, res: Any, running: int, out: Outcome) -> None:
+        """Handle one instance's poll result (deltas, or the exception its poll raised)."""
+        if isinstance(res, BaseException):
+            out.add_loss(self.table.lose(iid, f"poll() failed: {res!r}"))
+            return
+        if self.registry.get(iid).state == GONE:
+            return
+        self.registry.heartbeat(iid)
+        got = await self._take(st, iid, res, out)
+        slot, now = self.table.get(iid), self.clock.now()
+        if slot is not None:
+            slot.rates.observe(got, now - slot.polled_at, running)
+            slot.polled_at = now
+
+    async def _take(self, st: StepState | None, iid: str, deltas, out: Outcome) -> int:
+        """Feed one instance's deltas to the collector; returns how many new tokens they held."""
+        if st is None or not deltas:
+            return 0
+        col, slot = st.collector, self.table.get(iid)
+        start_tokens, gaps = col.tokens, []
+        for d in deltas:
+            if not col.knows(d.sample_id) or self.router.owner(d.sample_id) != iid:
+                continue  # a sample that has left this instance: its tokens come from elsewhere
+            was = col.tokens
+            res = col.apply(d, self.clock.now())
+            if res == GAP:
+                gaps.append(d.sample_id)
+            elif res == APPLIED:
+                st.progressed(iid, slot.kind, col.tokens - was, self.clock.now())
+                if col.finished(d.sample_id):
+                    self.router.finish(d.sample_id)
+                    out.finished.append(d.sample_id)
+        if gaps:  # tokens went missing between engine and collector: resume from what we hold
+            try:
+                await self.table.guard(slot.adapter.abort(gaps))
+            except Exception as exc:
+                out.add_loss(self.table.lose(iid, f"abort() failed: {exc!r}"))  # requeues (and charges) them
+            gaps = [s for s in gaps if self.router.owner(s) == iid]
+            self.router.requeue(gaps, failed=True)
+            st.meter.resumes += len(gaps)
+        return col.tokens - start_tokens
