@@ -16,10 +16,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from rlboost.rundir import RunDirectory  # noqa: E402
-from rlboost.timeline import Timeline, read_timeline  # noqa: E402
+from rlboost.timeline import StepClock, Timeline, read_timeline  # noqa: E402
 
 NOTICE, SUDDEN = "tab:orange", "tab:red"
 RELAUNCH = {"resume": ("tab:purple", "-.", "resumed from a checkpoint"),
@@ -80,7 +80,7 @@ def _reward_and_throughput(metrics: list[dict[str, Any]], timeline: Timeline, ou
 def _availability(timeline: Timeline, max_preemptible: int | None, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 3.8))
     handles = []
-    for i, seg in enumerate(timeline.segments):
+    for seg in timeline.segments:
         if not seg.x:
             continue
         xs = seg.x + [seg.end_x if seg.end_x is not None else seg.x[-1]]
@@ -88,7 +88,7 @@ def _availability(timeline: Timeline, max_preemptible: int | None, out: Path) ->
                          alpha=0.55, label="placed (billed: starting, serving or draining)")
         serving = ax.step(xs, seg.serving + seg.serving[-1:], where="post", color="tab:blue", lw=2.4,
                           label="serving (active, no notice)")
-        if i == 0:
+        if not handles:  # one legend entry for every launch's lines
             handles += placed + serving
     handles += _preemption_marks(ax, timeline)
     handles += _relaunch_lines(ax, timeline, offset=0.0)
@@ -103,10 +103,7 @@ def _availability(timeline: Timeline, max_preemptible: int | None, out: Path) ->
         ax.set_xlabel("training step")
         ax.set_xlim(timeline.clock.steps[0], timeline.clock.last)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        top_axis = ax.secondary_xaxis("top", functions=(timeline.clock.minutes_at,
-                                                         timeline.clock.step_at_minutes))
-        top_axis.set_xlabel("minutes since the run started", fontsize=8)
-        top_axis.tick_params(labelsize=8)
+        _minutes_on_top(ax, timeline.clock)
     else:
         ax.set_xlabel("minutes since the run started (the metrics hold no step times)")
     ax.grid(alpha=0.3)
@@ -116,6 +113,18 @@ def _availability(timeline: Timeline, max_preemptible: int | None, out: Path) ->
                            "line: serving samples. A triangle is a preemption notice, shaded until the "
                            "instance was reclaimed; a cross is a sudden preemption. After a resume or "
                            "restart every instance starts again, so the count rises from 0.")
+
+
+def _minutes_on_top(ax: Any, clock: StepClock) -> None:
+    """Above each step tick, the run's clock in minutes there (steps vary in length, so a
+    linear minute scale would crowd its labels where steps are slow)."""
+    top = ax.secondary_xaxis("top")
+    lo, hi = ax.get_xlim()
+    top.set_xticks([x for x in ax.get_xticks() if lo <= x <= hi])  # kept when it redraws
+    decimals = 1 if clock.minutes_at(clock.last) < 30 else 0
+    top.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{float(clock.minutes_at(x)):.{decimals}f}"))
+    top.set_xlabel("minutes since the run started", fontsize=8)
+    top.tick_params(labelsize=8)
 
 
 def _preemption_marks(ax: Any, timeline: Timeline) -> list:

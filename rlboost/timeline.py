@@ -40,16 +40,10 @@ class StepClock:
     def step_at(self, t_s: float) -> float:
         return float(np.interp(t_s, self.times_s, self.steps))
 
-    def minutes_at(self, step: Any) -> Any:
-        """Minutes on the run clock at a step position (arrays too: a plot's second axis)."""
-        return np.interp(step, self.steps, self.times_s) / 60.0
-
-    def step_at_minutes(self, minutes: Any) -> Any:
-        """The inverse of minutes_at; times outside the run map far off the axis (so a
-        plot's minute ticks there are not drawn at its edges)."""
-        span = self.steps[-1] - self.steps[0] + 1.0
-        return np.interp(np.asarray(minutes) * 60.0, self.times_s, self.steps,
-                         left=self.steps[0] - 100 * span, right=self.steps[-1] + 100 * span)
+    def minutes_at(self, step: float) -> float:
+        """Minutes on the run clock at a step position (the end of a step at a whole one)."""
+        steps, times = self.steps[:1] + self.steps[1::2], self.times_s[:1] + self.times_s[1::2]
+        return float(np.interp(step, steps, times)) / 60.0
 
     @property
     def last(self) -> float:
