@@ -1,7 +1,8 @@
 """A run directory: config, metrics JSONL, instance events, checkpoints, plots, summary.
 
 Everything a run leaves behind lives under one folder so it can be inspected, plotted
-again (`rlboost report RUN_DIR`) or resumed (`rlboost train --resume RUN_DIR`).
+again (`rlboost report RUN_DIR`) or resumed (`rlboost train --resume RUN_DIR`). Every
+event line carries the run clock's time `t` and the training `step` it happened in.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.md"
+LAUNCH_REASONS = ("start", "resume", "restart")
 
 
 class RunDirectory:
@@ -30,6 +32,7 @@ class RunDirectory:
         (self.path / "plots").mkdir(exist_ok=True)
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
+        self._step = self._next_step()
 
     @classmethod
     def create(cls, root: str | os.PathLike[str], name: str) -> RunDirectory:
@@ -55,12 +58,34 @@ class RunDirectory:
 
     # -- metrics and events --------------------------------------------------------------
     def append_metrics(self, record: dict[str, Any]) -> None:
+        """One step's line; the events recorded after it belong to the next step."""
         _append_jsonl(self.path / METRICS_FILE, record)
+        with self._lock:
+            self._step = int(record["step"]) + 1
+
+    @property
+    def step(self) -> int:
+        """The step in progress (or about to start): the last step with metrics plus one."""
+        return self._step
 
     def append_event(self, kind: str, **fields: Any) -> None:
-        record = {"t": round(self.elapsed(), 3), "kind": kind, **fields}
-        with self._lock:  # several threads record instance events
+        """One line of events.jsonl: {"t", "step", "kind", **fields} (a `step` in fields wins)."""
+        with self._lock:  # several threads record instance events; t and order agree
+            record = {"t": round(self.elapsed(), 3), "step": self._step, "kind": kind, **fields}
             _append_jsonl(self.path / EVENTS_FILE, record)
+
+    def record_launch(self, reason: str, first_step: int) -> None:
+        """Mark that a launch of the run begins (its processes start) and runs from
+        first_step on: reason "start" (a new run), "resume" (`--resume` of this directory)
+        or "restart" (the driver relaunches after a failure). Plots draw resumes and
+        restarts, and begin counting that launch's instances from zero."""
+        if reason not in LAUNCH_REASONS:
+            raise ValueError(f"reason must be one of {LAUNCH_REASONS}, got {reason!r}")
+        if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 1:
+            raise ValueError(f"first_step must be an int >= 1, got {first_step!r}")
+        with self._lock:
+            self._step = first_step
+        self.append_event("launch", reason=reason)
 
     def elapsed(self) -> float:
         """Seconds on the run's clock (events' t; continues across resumes)."""
@@ -84,6 +109,11 @@ class RunDirectory:
         """Drop metric lines after `last_step` (used when resuming from a checkpoint)."""
         kept = [m for m in self.metrics() if m.get("step", -1) <= last_step]
         _atomic_write(self.path / METRICS_FILE, "".join(json.dumps(m) + "\n" for m in kept))
+        with self._lock:
+            self._step = self._next_step()
+
+    def _next_step(self) -> int:
+        return max((int(m["step"]) for m in self.metrics() if "step" in m), default=0) + 1
 
     def truncate_events(self, after_s: float) -> None:
         """Drop events recorded after `after_s` on the run's clock (resuming from a

@@ -12,9 +12,10 @@ def test_metrics_events_and_plots(tmp_path):
     for step in range(3):
         run.append_metrics({"step": step, "reward_mean": 0.1 * step, "tokens_per_s": 50.0 + step,
                             "phase_rollout_s": 1.0, "phase_train_s": 0.5})
-    run.append_event("join", instance="p0", up=1)
-    run.append_event("notice", instance="p0", up=1)
-    run.append_event("gone", instance="p0", up=0)
+    run.append_event("join", instance="p0", pool="preemptible", preemptible_up=1, reserved_up=0)
+    run.append_event("notice", instance="p0", pool="preemptible", preemptible_up=1, reserved_up=0, grace_s=1.0)
+    run.append_event("gone", instance="p0", pool="preemptible", preemptible_up=0, reserved_up=0,
+                     reason="reclaimed")
     assert [m["step"] for m in run.metrics()] == [0, 1, 2]
     assert [e["kind"] for e in run.events()] == ["join", "notice", "gone"]
     written = plot_run(run)

@@ -3,9 +3,10 @@
 It starts instances (reserved ones at once, preemptible ones as the trace or the job
 says), preempts them with a notice (the controller drains them, the actor is killed at
 the deadline) or suddenly (the actor is killed; the controller finds out on its next
-call), and records every instance event in the run directory's events.jsonl and every
-instance lifetime in the cost ledger. A watcher thread follows the controller's view
-(first time active, gone) and keeps each instance's list of relay peers current.
+call), and records every instance event in the run directory's events.jsonl (in causal
+order per instance: join, then active, then notice, then its end) and every instance
+lifetime in the cost ledger. A watcher thread follows the controller's view (first time
+active, gone) and keeps each instance's list of relay peers current.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.instance import InstanceSpec, PullRecord, RolloutInstance
 
 WATCH_INTERVAL_S = 0.25
+# Why an instance ended ("gone" events): its notice's deadline came, the controller stopped
+# hearing from it, or the run shut its fleet down.
+GONE_REASONS = ("reclaimed", "lost", "shutdown")
 log = logging.getLogger(__name__)
 
 
@@ -42,8 +46,10 @@ class Fleet:
     """Rollout instances of one run.
 
     template: an InstanceSpec whose instance_id/kind are replaced per instance.
-    record(kind, instance=..., up=...) appends one event (events.jsonl); now() is the
-    run's clock in seconds, shared with the ledger.
+    record(kind, instance=..., pool=..., preemptible_up=..., reserved_up=..., **more)
+    appends one event (events.jsonl; the counts are instances placed and not ended after
+    the event, starting and draining ones included); now() is the run's clock in seconds,
+    shared with the ledger.
     """
 
     def __init__(self, controller: Any, template: InstanceSpec, actor_options: Callable[[str], dict],
@@ -55,6 +61,7 @@ class Fleet:
         self._members: dict[str, _Member] = {}
         self._pulls: dict[tuple[str, int], PullRecord] = {}
         self._lock = threading.RLock()
+        self._ended = threading.Condition(self._lock)  # notified whenever an instance ends
         self._timers: list[threading.Timer] = []
         self._stop = threading.Event()
         self._peers: tuple[str, ...] = ()
@@ -77,11 +84,19 @@ class Fleet:
             self._members[instance_id] = _Member(spec, handle, handle.ready.remote())
             if kind != "reserved":  # reserved engines run on the reserved cluster, billed as a whole
                 self.ledger.start(instance_id, kind, at_s=self.now())
-            self.record("join", instance=instance_id, pool=kind, up=self.up())
+            self._record("join", instance_id)
+
+    def _record(self, kind: str, instance_id: str, **more: Any) -> None:
+        """One instance event with the counts after it (under the lock, so counts and
+        order agree with what happened)."""
+        self.record(kind, instance=instance_id, pool=self._members[instance_id].spec.kind,
+                    preemptible_up=self.up("preemptible"), reserved_up=self.up("reserved"), **more)
 
     def notice(self, instance_id: str, grace_s: float) -> None:
         """Preemption with notice: the controller drains it; the actor dies after grace_s.
-        An instance still starting gets the notice as soon as it has registered."""
+        An instance still starting gets the notice as soon as it has registered (and is
+        then never recorded active: it goes from starting to draining)."""
+        self._observe_now()
         with self._lock:
             member = self._members.get(instance_id)
             if member is None or not member.alive or member.noticed:
@@ -89,7 +104,7 @@ class Fleet:
             member.noticed = True
             member.deadline = self.now() + grace_s
             self.preemptions["notice"] += 1
-            self.record("notice", instance=instance_id, grace_s=grace_s, up=self.up())
+            self._record("notice", instance_id, grace_s=grace_s)
             if member.seen:
                 self._deliver_notice(instance_id, member)
         timer = threading.Timer(grace_s, self._reclaim, args=(instance_id,))
@@ -107,6 +122,7 @@ class Fleet:
 
     def kill(self, instance_id: str) -> None:
         """Preemption without notice: the actor process dies now."""
+        self._observe_now()
         with self._lock:
             member = self._members.get(instance_id)
             if member is None or not member.alive:
@@ -117,9 +133,9 @@ class Fleet:
     def _reclaim(self, instance_id: str) -> None:
         with self._lock:
             if not self._stop.is_set():
-                self._terminate(instance_id, "gone")
+                self._terminate(instance_id, "gone", reason="reclaimed")
 
-    def _terminate(self, instance_id: str, event: str) -> None:
+    def _terminate(self, instance_id: str, event: str, **more: Any) -> None:
         member = self._members[instance_id]
         if not member.alive:
             return
@@ -127,7 +143,16 @@ class Fleet:
         ray.kill(member.handle, no_restart=True)
         if instance_id in self.ledger.running():
             self.ledger.stop(instance_id, at_s=self.now())
-        self.record(event, instance=instance_id, pool=member.spec.kind, up=self.up())
+        self._record(event, instance_id, **more)
+        self._ended.notify_all()
+
+    def wait_ended(self, instance_id: str, timeout_s: float) -> bool:
+        """Block until the instance has ended (True; also for one never started) or
+        timeout_s has passed (False)."""
+        with self._ended:
+            return self._ended.wait_for(
+                lambda: instance_id not in self._members or not self._members[instance_id].alive
+                or self._stop.is_set(), timeout_s)
 
     def announce(self) -> None:
         """Tell every live instance to check its lease now (a new version is current)."""
@@ -209,16 +234,25 @@ class Fleet:
             except Exception:  # keep watching: a bad round must not end the event log
                 log.exception("fleet watcher round failed")
 
-    def _observe(self) -> None:
+    def _observe_now(self) -> None:
+        """One watcher round now, before a preemption: an activation the watcher has not
+        seen yet is recorded before the notice or death that follows it."""
         try:
-            states = {s.instance_id: s.state for s in ray.get(self.controller.instances.remote(), timeout=30)}
+            self._observe(timeout_s=5.0)
+        except Exception:  # the preemption goes ahead; only the active event may be missing
+            log.exception("fleet observation before a preemption failed")
+
+    def _observe(self, timeout_s: float = 30.0) -> None:
+        try:
+            states = {s.instance_id: s.state
+                      for s in ray.get(self.controller.instances.remote(), timeout=timeout_s)}
         except ray.exceptions.GetTimeoutError:  # controller busy: try again next round
             return
         with self._lock:
             for iid, m in self._members.items():
                 state = states.get(iid)
-                if state == "active" and "active" not in m.seen and m.alive:
-                    self.record("active", instance=iid, pool=m.spec.kind, up=self.up())
+                if state == "active" and "active" not in m.seen and m.alive and not m.noticed:
+                    self._record("active", iid)
                 if state is not None:
                     m.seen.add(state)
                     if m.deadline is not None and m.alive:
@@ -226,7 +260,7 @@ class Fleet:
                 elif m.alive and m.seen and not m.noticed:
                     # the controller dropped a live instance (missed heartbeats): end it
                     log.warning("the controller dropped instance %s; ending it", iid)
-                    self._terminate(iid, "gone")
+                    self._terminate(iid, "gone", reason="lost")
             self._refresh_peers()
 
     def _refresh_peers(self) -> None:
@@ -256,4 +290,4 @@ class Fleet:
         with self._lock:
             for iid, m in self._members.items():
                 if m.alive:
-                    self._terminate(iid, "gone")
+                    self._terminate(iid, "gone", reason="shutdown")

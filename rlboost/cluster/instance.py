@@ -295,10 +295,7 @@ def emulated_config(spec: InstanceSpec) -> EmulatedEngineConfig:
     config = emulated_for_model(spec.emulated, spec.engine.model_dir)
     if spec.kind != "preemptible":
         return config
-    f = spec.emulated_preemptible_speed
-    return dataclasses.replace(config, decode_tokens_per_s=config.decode_tokens_per_s * f,
-                               sample_tokens_per_s=config.sample_tokens_per_s * f,
-                               prefill_tokens_per_s=config.prefill_tokens_per_s * f)
+    return config.scaled(spec.emulated_preemptible_speed)
 
 
 def emulated_for_model(config: EmulatedEngineConfig, model_dir: str) -> EmulatedEngineConfig:

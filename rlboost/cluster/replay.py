@@ -1,6 +1,8 @@
 """Replaying an availability trace on a live fleet: the trace (bundled sample, synthetic,
 or a file) is capped to the fleet's size, compressed to the run's length and turned into
-join / notice / kill events, which a thread applies at their times.
+join / notice / kill events, which a thread applies at their times, in order: no instance
+joins before the ones the trace has ended by then are gone, so the fleet never holds more
+instances than the trace (and its cap) allows.
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ def trace_events(trace: AvailabilityTrace | None, *, notice_s: float, sudden_fra
 class TraceReplay:
     """Applies events to a fleet at their times (seconds after start()).
 
-    A notice ends in the fleet's own kill at the deadline, so the trace's announced kills
-    are skipped; sudden kills (no notice) kill at once. With busy_wait_s > 0 a preemption
-    first waits up to that long for its victim to hold samples, so that a short run's few
-    preemptions meet work in flight (the events after it keep their times).
+    A notice ends in the fleet's own kill at the deadline; at the trace's announced kill
+    the replay waits until that instance has ended (the deadline of a notice applied late
+    comes late), so a replacement never joins beside the instance it replaces. Sudden
+    kills (no notice) kill at once. With busy_wait_s > 0 a preemption first waits up to
+    that long for its victim to hold samples, so that a short run's few preemptions meet
+    work in flight; what comes after it keeps its time, unless that time has passed.
     """
 
     def __init__(self, fleet: Fleet, events: tuple[InstanceEvent, ...],
@@ -104,7 +108,11 @@ class TraceReplay:
             self.fleet.join(ev.instance_id, "preemptible")
             return
         if ev.kind == "kill" and not ev.sudden:
-            return  # the notice's own deadline ends it
+            # the notice's own deadline ends it; nothing later goes ahead of that
+            while not self.fleet.wait_ended(ev.instance_id, timeout_s=1.0):
+                if self._stop.is_set():
+                    return
+            return
         if self.busy_wait_s > 0:
             self.fleet.wait_busy(ev.instance_id, self.busy_wait_s)
         if ev.kind == "notice":

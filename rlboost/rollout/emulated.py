@@ -13,7 +13,6 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -24,47 +23,11 @@ from rlboost.migration.state import RequestState
 from rlboost.rollout._admission import validate_states
 from rlboost.rollout._emulated_tokens import (KV_LAYOUT, check_kv_pages, emulated_tokens, kv_pages, sample_key,
                                               weights_fingerprint)
+from rlboost.rollout.emulated_config import EmulatedEngineConfig
 from rlboost.rollout.engine import EngineLoad, TokenDelta
 
 __all__ = ["KV_LAYOUT", "EmulatedEngine", "EmulatedEngineConfig", "emulated_tokens", "sample_key",
            "weights_fingerprint"]
-
-@dataclass(kw_only=True, slots=True)
-class EmulatedEngineConfig:
-    """Speeds and token statistics of an emulated engine.
-
-    decode_tokens_per_s caps the engine's aggregate decode rate; sample_tokens_per_s caps
-    each sample's rate (so with k samples each decodes at min(sample, aggregate / k)).
-    Each token is eos_token_id with probability stop_probability; a sample stops there
-    when eos_token_id is among its stop_token_ids (as a trainer sets it).
-    """
-
-    decode_tokens_per_s: float = 2000.0
-    sample_tokens_per_s: float = 50.0
-    prefill_tokens_per_s: float = 20000.0
-    max_running: int = 64
-    vocab_size: int = 32000
-    stop_probability: float = 0.01
-    eos_token_id: int = 2
-    rate_window_s: float = 1.0
-    max_model_len: int | None = None  # longest prompt + output admitted (None: no limit)
-
-    def __post_init__(self) -> None:
-        for name in ("decode_tokens_per_s", "sample_tokens_per_s", "prefill_tokens_per_s",
-                     "rate_window_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.max_running < 1:
-            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
-        if self.vocab_size < 2:
-            raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
-        if not 0.0 <= self.stop_probability <= 1.0:
-            raise ValueError(f"stop_probability must be in [0, 1], got {self.stop_probability}")
-        if not 0 <= self.eos_token_id < self.vocab_size:
-            raise ValueError(f"eos_token_id must be in [0, vocab_size), got {self.eos_token_id}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
-
 
 class _RealClock:
     virtual = False
@@ -141,7 +104,7 @@ class EmulatedEngine:
     >>> [len(d.ids) for d in eng.poll(0.0)]
     [3]
 
-    Decode: k decoding samples each advance at min(sample_tokens_per_s, decode_tokens_per_s / k);
+    Decode: k decoding samples each advance at min(per-sample rate, decode_tokens_per_s / k);
     prefill runs one sample at a time at prefill_tokens_per_s beside decode. Its KV pages are
     stand-ins (each cached position's token id and index, layout KV_LAYOUT): they travel and
     are checked like real ones, and an import with pages spares the prefill they stand for.
@@ -182,7 +145,7 @@ class EmulatedEngine:
 
     def _sample_rate(self, k: int) -> float:
         cfg = self.config
-        return min(cfg.sample_tokens_per_s, cfg.decode_tokens_per_s / k) * self._speed if k else 0.0
+        return min(cfg.per_sample_tokens_per_s, cfg.decode_tokens_per_s / k) * self._speed if k else 0.0
 
     def _head(self, queue: deque[int], phase: str) -> _Sample | None:
         while queue:

@@ -72,6 +72,8 @@ def test_preemptible_instances_run_at_their_own_speed(checkpoint):
     assert (reserved.decode_tokens_per_s, reserved.sample_tokens_per_s) == (3000.0, 60.0)
     assert (spot.decode_tokens_per_s, spot.sample_tokens_per_s, spot.prefill_tokens_per_s) == (1500.0, 30.0, 4500.0)
     assert spot.stop_probability == base.stop_probability
+    derived = emulated_config(_spec(checkpoint, "preemptible", 0.5, EmulatedEngineConfig(decode_tokens_per_s=6400.0)))
+    assert derived.sample_tokens_per_s is None and derived.per_sample_tokens_per_s == 3200.0 / derived.max_running
 
 
 def test_spec_refuses_two_engines_and_a_bad_speed(checkpoint):

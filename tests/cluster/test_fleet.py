@@ -145,16 +145,24 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         clock[0] = 10.0
         fleet.notice("spot-0", 0.3)
         rec.wait("gone", "spot-0")
+        # preempted the moment the controller has it active, before the fleet's watcher
+        # has looked again: its activation is still recorded first
         fleet.join("spot-1")
         fleet.wait_version(2, "preemptible", 60)
+        fleet.notice("spot-1", 0.3)
+        rec.wait("gone", "spot-1")
+        fleet.join("spot-2")
+        fleet.wait_version(2, "preemptible", 60)
         clock[0] = 20.0
-        fleet.kill("spot-1")
-        rec.wait("death", "spot-1")
-        assert fleet.up() == 0 and fleet.preemptions == {"notice": 1, "sudden": 1}
-        kinds = [(e["kind"], e["instance"]) for e in rec.events]
-        assert kinds.index(("join", "spot-0")) < kinds.index(("active", "spot-0")) < \
-            kinds.index(("notice", "spot-0")) < kinds.index(("gone", "spot-0"))
-        assert all("up" in e for e in rec.events)
+        fleet.kill("spot-2")
+        rec.wait("death", "spot-2")
+        assert fleet.up() == 0 and fleet.preemptions == {"notice": 2, "sudden": 1}
+        for iid, end in (("spot-0", "gone"), ("spot-1", "gone"), ("spot-2", "death")):
+            mine = [e["kind"] for e in rec.events if e["instance"] == iid]
+            assert mine == ["join", "active"] + (["notice"] if end == "gone" else []) + [end], (iid, mine)
+        assert all(e["pool"] in ("reserved", "preemptible") and e["preemptible_up"] <= 1 and e["reserved_up"] == 1
+                   for e in rec.events)
+        assert [e["reason"] for e in rec.events if e["kind"] == "gone"] == ["reclaimed", "reclaimed"]
         # preemptible instances bill from join to their end; the reserved engine is
         # part of the reserved cluster, which the launcher bills as a whole
         assert ledger.running() == {}

@@ -1,10 +1,14 @@
 """Replaying a trace on a fleet: the bundled trace, capped and compressed to a run, gives
-preemptions of both kinds, and the replay applies joins, notices and sudden kills."""
+preemptions of both kinds, and the replay applies joins, notices and sudden kills, never
+holding more instances than the trace allows."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
-from rlboost.cluster.traces import InstanceEvent
+from rlboost.cluster.traces import AvailabilityTrace, InstanceEvent
 
 
 class FakeFleetForTests:
@@ -21,6 +25,9 @@ class FakeFleetForTests:
 
     def kill(self, instance_id):
         self.calls.append(("kill", instance_id))
+
+    def wait_ended(self, instance_id, timeout_s):
+        return True  # a noticed instance ends at once here
 
 
 def test_sample_trace_for_a_short_run_has_both_kinds_of_preemption():
@@ -74,3 +81,57 @@ def test_replay_from_an_offset_starts_with_the_instances_up_then_and_skips_the_p
     # spot-0 was noticed before the offset: gone; spot-1 and spot-2 were up: they join at once
     assert fleet.calls == [("join", "spot-1"), ("join", "spot-2"), ("kill", "spot-1"), ("join", "spot-3")]
     assert replay.position_s >= 4.1
+
+
+class TimedFakeFleetForTests:
+    """Like the real fleet: a noticed instance ends grace_s after its notice on a timer of
+    its own, and a preemption first waits busy_s for its victim to hold samples (which it
+    never does here). Records the most instances up at once."""
+
+    def __init__(self, busy_s):
+        self.busy_s, self.up, self.peak, self.order = busy_s, set(), 0, []
+        self._cond = threading.Condition()
+
+    def join(self, instance_id, kind):
+        with self._cond:
+            self.up.add(instance_id)
+            self.peak = max(self.peak, len(self.up))
+            self.order.append(("join", instance_id))
+
+    def _end(self, instance_id, how):
+        with self._cond:
+            self.up.discard(instance_id)
+            self.order.append((how, instance_id))
+            self._cond.notify_all()
+
+    def notice(self, instance_id, grace_s):
+        self.order.append(("notice", instance_id))
+        threading.Timer(grace_s, self._end, args=(instance_id, "gone")).start()
+
+    def kill(self, instance_id):
+        self._end(instance_id, "death")
+
+    def wait_busy(self, instance_id, timeout_s):
+        time.sleep(min(timeout_s, self.busy_s))
+        return False
+
+    def wait_ended(self, instance_id, timeout_s):
+        with self._cond:
+            return self._cond.wait_for(lambda: instance_id not in self.up, timeout_s)
+
+
+def test_a_late_notice_delays_the_replacement_so_the_cap_holds():
+    """A notice applied late (its victim never got busy) ends late; the instance the trace
+    brings in after that preemption joins only once the noticed one is gone, so the fleet
+    never holds more instances than the trace's cap (the progress bar's up=4 of 3)."""
+    trace = AvailabilityTrace.from_steps([(0.0, 3), (0.6, 2), (0.65, 3), (1.2, 2), (1.25, 3)], duration_s=1.5)
+    events = trace_events(trace, notice_s=0.3, sudden_fraction=0.0)
+    assert sum(e.kind == "notice" for e in events) == 2
+    fleet = TimedFakeFleetForTests(busy_s=0.25)
+    replay = TraceReplay(fleet, events, busy_wait_s=0.25).start()
+    assert replay.wait(timeout=30) and replay.error is None
+    assert fleet.peak == 3
+    for e in events:
+        if e.kind == "kill":  # each replacement joined after the instance it replaces left
+            replacement = next(x for x in events if x.kind == "join" and x.time_s > e.time_s)
+            assert fleet.order.index(("gone", e.instance_id)) < fleet.order.index(("join", replacement.instance_id))

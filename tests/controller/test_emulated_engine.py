@@ -102,6 +102,22 @@ def test_decode_rate_is_shared_beyond_the_aggregate_limit_and_capacity_queues():
     assert e.load().decode_tokens_per_s == pytest.approx(20.0, rel=0.2)
 
 
+def test_by_default_a_full_engine_decodes_at_the_configured_engine_rate():
+    """decode_tokens_per_s is what a full engine does (the README's 8000 tok/s example):
+    each sample gets decode_tokens_per_s / max_running unless sample_tokens_per_s says
+    otherwise, so a half-full engine decodes at half the rate."""
+    for running, expected in ((64, 8000.0), (32, 4000.0)):
+        clock = ManualClock()
+        e = engine(clock, stop_probability=0.0, sample_tokens_per_s=None, decode_tokens_per_s=8000.0,
+                   max_running=64)
+        e.submit([state(i, max_new=10_000, stop=()) for i in range(running)])
+        clock.advance(1.0)
+        assert sum(len(d.ids) for d in e.poll(0.0)) == pytest.approx(expected, rel=0.01)
+    assert EmulatedEngineConfig(decode_tokens_per_s=8000.0, max_running=64).per_sample_tokens_per_s == 125.0
+    with pytest.raises(ValueError, match="sample_tokens_per_s"):
+        EmulatedEngineConfig(sample_tokens_per_s=0.0)
+
+
 def test_prefill_takes_time_and_imported_kv_pages_spare_it():
     clock = ManualClock()
     e = engine(clock, prefill_tokens_per_s=100.0, stop_probability=0.0)
