@@ -47,6 +47,7 @@ def open_run(config: RunConfig, resume: str | None, echo: Callable[[str], None])
     if resume is None:
         run = RunDirectory.create(env.run_root(), run_name(config))
         run.write_config(to_dict(config))
+        run.record_launch("start", first_step=1)
         random.seed(config.run.seed)
         torch.manual_seed(config.run.seed)
         return run, 1
@@ -63,6 +64,7 @@ def open_run(config: RunConfig, resume: str | None, echo: Callable[[str], None])
     run.truncate_events(float(saved["elapsed_s"]))
     run.continue_clock(float(saved["elapsed_s"]))
     run.write_config(to_dict(config))
+    run.record_launch("resume", first_step=point.step + 1)
     return run, point.step + 1
 
 

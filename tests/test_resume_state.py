@@ -82,7 +82,8 @@ def test_resume_keeps_the_trace_position_and_drops_what_came_after_the_checkpoin
     resumed, first = open_run(RunConfig(), str(run.path), echo=print)
     assert first == 3
     assert [m["step"] for m in resumed.metrics()] == [1, 2]
-    assert [e["kind"] for e in resumed.events()] == ["join"]
+    assert [e["kind"] for e in resumed.events()] == ["join", "launch"]  # the resume is recorded
+    assert resumed.events()[-1]["reason"] == "resume" and resumed.events()[-1]["step"] == 3
     assert checkpoint_state(resumed, first)["trace"] == {"duration_s": 30.0, "offset_s": 7.5}
     assert 10.0 <= resumed.elapsed() < 20.0  # the clock goes on from the checkpoint
 
