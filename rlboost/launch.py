@@ -44,7 +44,8 @@ def plan_trace(config: RunConfig, steps: int, step_s: float, duration_s: float |
     its length), so its preemptions fall inside the run."""
     c = config.cluster
     duration = duration_s or c.trace_duration_s or max(1.0, step_s * max(steps, 1) * c.trace_fraction)
-    trace = named_trace(c.trace, max_count=c.max_preemptible, seed=c.seed)
+    # instances that join at the start count against the cap the trace must stay under
+    trace = named_trace(c.trace, max_count=c.max_preemptible - c.initial_preemptible, seed=c.seed)
     if trace is None:
         return TracePlan((), duration)
     events = trace_events(trace.compressed_to(duration), notice_s=c.notice_s,
