@@ -1,6 +1,6 @@
 """Tokens per dollar with preemptible rollout instances against the reserved cluster alone.
 
-Runs the same short recipe twice through `rlboost.job.train` (real Ray actors, FSDP ranks,
+Runs the same short recipe twice through `rlboost.run.job.train` (real Ray actors, FSDP ranks,
 controller, weight pulls, migrations, preemptions): (a) reserved only
 (cluster.max_preemptible=0), (b) with the bundled spot trace. Both are billed from their
 cost ledgers at the same $/hour prices (defaults: the recipe's CostConfig, $83.79/h
@@ -73,7 +73,7 @@ def emulated_overrides(args: argparse.Namespace) -> list[str]:
 
 def run_once(recipe: str, overrides: list[str]) -> list[dict]:
     """One training run through the job's own code path; its metrics, one dict per step."""
-    from rlboost.job import train
+    from rlboost.run.job import train
     from rlboost.recipes import get_recipe
     from rlboost.recipes.overrides import apply_overrides
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlboost.outcome import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
+from rlboost.run.outcome import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 
 # what a user can fix: bad values, missing or damaged files, a missing optional package
 _BAD_INPUT = (ValueError, OSError, ModuleNotFoundError)
 
 
 def _info(_args: argparse.Namespace) -> int:
-    from rlboost import __version__, _C
+    from rlboost import _C, __version__
 
     print(f"rlboost {__version__}: HAS_UCX={_C.HAS_UCX} HAS_CUDA={_C.HAS_CUDA}")
     return EXIT_OK
@@ -32,8 +32,8 @@ def _config(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from rlboost.errors import ConfigError, RunHalted
-    from rlboost.job import preflight, train
-    from rlboost.outcome import ending_lines, exit_code, stopped_lines
+    from rlboost.run.job import preflight, train
+    from rlboost.run.outcome import ending_lines, exit_code, stopped_lines
 
     try:
         config = _run_config(args)
@@ -64,7 +64,7 @@ def _run_config(args: argparse.Namespace):
     if getattr(args, "resume", None) is not None:
         if args.recipe is not None:
             raise ValueError("--resume continues a run with its own config; do not give --recipe too")
-        from rlboost.runtime import read_run_config
+        from rlboost.run.checkpoints import read_run_config
 
         config = read_run_config(args.resume)
     else:
@@ -75,8 +75,8 @@ def _run_config(args: argparse.Namespace):
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rlboost.report import write_report
-    from rlboost.rundir import METRICS_FILE, RunDirectory
+    from rlboost.run.directory import METRICS_FILE, RunDirectory
+    from rlboost.run.report import write_report
 
     if not (Path(args.run_dir) / METRICS_FILE).is_file():
         raise FileNotFoundError(f"{args.run_dir} is not a run directory with metrics ({METRICS_FILE})")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from rlboost.recipes import checkpoints
-from rlboost.rundir import RunDirectory
+from rlboost.run.directory import RunDirectory
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):

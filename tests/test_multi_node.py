@@ -84,7 +84,7 @@ def test_joining_a_cluster_needs_reachable_servers_a_secret_and_a_shared_rendezv
 
 def test_an_address_from_the_environment_gets_the_same_checks_before_anything_starts(tmp_path, monkeypatch):
     from rlboost.cluster.session import join_address
-    from rlboost.job import train
+    from rlboost.run.job import train
 
     monkeypatch.setenv("RLBOOST_RAY_ADDRESS", "10.0.0.1:6379")
     monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path / "runs"))

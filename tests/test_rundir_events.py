@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlboost.rundir import RunDirectory
+from rlboost.run.directory import RunDirectory
 
 
 def test_every_event_carries_the_step_in_progress(tmp_path):

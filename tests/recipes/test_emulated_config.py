@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlboost.launch import instance_template
+from rlboost.run.launch import instance_template
 from rlboost.recipes import get_recipe
 from rlboost.recipes.config import RunConfig
 from rlboost.recipes.overrides import apply_overrides, from_dict, to_dict

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+
 @dataclass(frozen=True, slots=True)
 class StepClock:
     """Run-clock seconds to a position on the step axis: step k spans [k - 1, k] (from its

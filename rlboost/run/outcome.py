@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 
 from rlboost.errors import RlboostError, RunHalted, RunInterrupted
-from rlboost.rundir import RunDirectory
+from rlboost.run.directory import RunDirectory
 
 EXIT_OK = 0
 EXIT_BUG = 1            # an unexpected exception: Python prints its traceback

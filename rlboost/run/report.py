@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlboost.plots import plot_run
-from rlboost.rundir import RunDirectory
+from rlboost.run.directory import RunDirectory
+from rlboost.run.plots import plot_run
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

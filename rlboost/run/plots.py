@@ -18,8 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
-from rlboost.rundir import RunDirectory  # noqa: E402
-from rlboost.timeline import StepClock, Timeline, read_timeline  # noqa: E402
+from rlboost.run.directory import RunDirectory  # noqa: E402
+from rlboost.run.timeline import StepClock, Timeline, read_timeline  # noqa: E402
 
 NOTICE, SUDDEN = "tab:orange", "tab:red"
 RELAUNCH = {"resume": ("tab:purple", "-.", "resumed from a checkpoint"),

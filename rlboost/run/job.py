@@ -8,26 +8,27 @@ arrive, steps the optimizer, and publishes version k+1, which every instance pul
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, TextIO
 
+from rlboost.cluster.cost import CostLedger
+from rlboost.cluster.placement import check_local, local_gpus
 from rlboost.cluster.session import RaySession, join_address
+from rlboost.errors import ConfigError, RunFailed, RunInterrupted
 from rlboost.migration.state import SamplingParams
 from rlboost.models import ModelConfig
+from rlboost.models.checkpoint import verify_checkpoint_dir
 from rlboost.recipes.checkpoints import prepare_checkpoint
 from rlboost.recipes.config import RunConfig, TaskSection, check_multi_node
 from rlboost.recipes.tokenizers import load_tokenizer
-from rlboost.cluster.cost import CostLedger
-from rlboost.cluster.placement import check_local, local_gpus
-from rlboost.launch import Cluster, TracePlan, gpu_needs, plan_trace, ray_settings
-from rlboost.errors import ConfigError, RunFailed, RunInterrupted
-from rlboost.models.checkpoint import verify_checkpoint_dir
-from rlboost.outcome import RunResult, failure_summary, halted
-from rlboost.report import write_report
-from rlboost.rundir import RunDirectory
-from rlboost.runtime import (DRIVER_LOG, Phases, StepProgress, StopSignal, checkpoint_state, driver_output,
-                             last_checkpoint_step, open_run, resume_weights, save_checkpoint, say, step_record)
+from rlboost.run.checkpoints import checkpoint_state, last_checkpoint_step, open_run, resume_weights, save_checkpoint
+from rlboost.run.directory import RunDirectory
+from rlboost.run.launch import Cluster, TracePlan, gpu_needs, plan_trace, ray_settings
+from rlboost.run.metrics import Phases, step_record
+from rlboost.run.outcome import RunResult, failure_summary, halted
+from rlboost.run.report import write_report
+from rlboost.run.terminal import DRIVER_LOG, StepProgress, StopSignal, driver_output, say
 from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.tasks.dataset import MathDatasetConfig, MathTask
 from rlboost.trainer.feed import TaskFeed

@@ -1,0 +1,72 @@
+"""One line of metrics.jsonl per step: the controller's step metrics, the trainer's
+outcome, time per phase, weight pulls and costs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from rlboost.cluster.cost import CostLedger
+from rlboost.cluster.instance import PullRecord
+from rlboost.controller.metrics import StepMetrics
+from rlboost.trainer.loop import StepOutcome
+
+
+class Phases:
+    """Wall time per named phase of one step: `with phases("train"): ...`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    @property
+    def total(self) -> float:
+        return time.perf_counter() - self._t0
+
+
+def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: Phases,
+                pulls: list[PullRecord], publish: dict, instances_up: int, ledger: CostLedger,
+                elapsed_s: float, example: dict) -> dict:
+    """One line of metrics.jsonl."""
+    rec = {k: v for k, v in dataclasses.asdict(rollout).items() if k != "format_version"}
+    rec["tokens_per_instance"] = dict(rollout.tokens_per_instance)
+    phase = dict(phases.seconds)
+    phase["wait"] = outcome.wait_s  # trainer idle, waiting for groups still being generated
+    phase["train"] = max(0.0, phase.get("train", 0.0) - outcome.wait_s)
+    cost = ledger.summary(at_s=elapsed_s)
+    rec.update({
+        "step": step, "reward_mean": outcome.reward_mean, "reward_std": _std(outcome.rewards),
+        "tokens_per_s": rollout.total_tokens / rollout.rollout_time_s if rollout.rollout_time_s > 0 else 0.0,
+        "instances_up": instances_up,
+        "weight_pull_s": max((p.pull_s for p in pulls), default=0.0),
+        "weight_load_s": max((p.load_s for p in pulls), default=0.0),
+        "weight_peer_bytes": sum(p.peer_bytes for p in pulls), "pulls": len(pulls),
+        "publish_bytes": publish.get("bytes", 0), "samples_trained": outcome.samples,
+        "samples_unique": outcome.unique_samples, "sample_versions": sorted(outcome.versions),
+        "microbatches": outcome.microbatches,
+        "response_tokens": outcome.denominator, **outcome.train,
+        "step_wall_s": phases.total, "elapsed_s": elapsed_s,
+        "cost_usd": cost.total_usd, "reserved_usd": cost.reserved_usd, "tokens_billed": cost.tokens,
+    })
+    rec.update({f"phase_{k}_s": v for k, v in phase.items()})
+    rec.update(example)
+    return rec
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
