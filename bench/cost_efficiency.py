@@ -75,7 +75,7 @@ def run_once(recipe: str, overrides: list[str]) -> list[dict]:
     """One training run through the job's own code path; its metrics, one dict per step."""
     from rlboost.run.job import train
     from rlboost.recipes import get_recipe
-    from rlboost.recipes.overrides import apply_overrides
+    from rlboost.config.overrides import apply_overrides
 
     run = train(apply_overrides(get_recipe(recipe), overrides))
     return run.metrics()

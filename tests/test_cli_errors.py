@@ -17,7 +17,7 @@ from rlboost.cli import main
 from rlboost.errors import CheckpointError
 from rlboost.models.checkpoint import build_tiny_checkpoint
 from rlboost.recipes import get_recipe
-from rlboost.recipes.overrides import to_dict
+from rlboost.config.overrides import to_dict
 from rlboost.trainer.checkpoint import choose_resume_point, file_sizes
 
 
@@ -60,7 +60,7 @@ def _make_run(tmp_path: Path, steps: int = 10) -> Path:
 @pytest.mark.parametrize("assignment, expected", [
     ("run.steps=abc", "--set run.steps=abc: expected an integer, e.g. run.steps=60"),
     ("run.progress=maybe", "--set run.progress=maybe: expected true or false, e.g. run.progress=true"),
-    ("trainer.lr=7", "trainer.lr must be in (0, 1), got 7.0"),
+    ("trainer.lr=7", "--set trainer.optimizer.lr: lr must be in (0, 1), got 7.0"),  # an old path
     ("run.stepz=3", "unknown field 'stepz'"),
 ])
 def test_a_bad_setting_is_one_line_naming_the_field_and_what_it_takes(user_env, capsys, assignment, expected):

@@ -11,8 +11,8 @@ import torch
 
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
 from rlboost.recipes import get_recipe
-from rlboost.recipes.config import check_multi_node
-from rlboost.recipes.overrides import apply_overrides
+from rlboost.config.run import check_multi_node
+from rlboost.config.overrides import apply_overrides
 from rlboost.transfer import TransferConfig, WeightPublisher, WeightPuller
 from rlboost.trainer.rank import RankSpec, TrainerRank
 from rlboost.transfer.config import parse_address

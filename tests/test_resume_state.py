@@ -10,7 +10,7 @@ import torch
 
 from rlboost.cluster.cost import CostConfig, CostLedger
 from rlboost.models.checkpoint import build_tiny_checkpoint
-from rlboost.recipes.config import RunConfig
+from rlboost.config.run import RunConfig
 from rlboost.run.checkpoints import checkpoint_state, open_run, save_checkpoint
 from rlboost.run.directory import RunDirectory
 from rlboost.trainer.checkpoint import STATE_FILE, choose_resume_point
@@ -114,7 +114,7 @@ def test_a_save_that_dies_half_way_leaves_no_checkpoint_to_resume_from(tmp_path)
 
 
 def test_run_seed_seeds_the_driver(tmp_path, monkeypatch):
-    from rlboost.recipes.overrides import apply_overrides
+    from rlboost.config.overrides import apply_overrides
 
     monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path / "runs"))
     draws = []

@@ -65,11 +65,13 @@ class RolloutController:
         idle_timeout_s, saying so.
     """
 
-    def __init__(self, config: ControllerConfig | None = None, policy: str = "adaptive",
+    def __init__(self, config: ControllerConfig | None = None, policy: str | None = None,
                  policy_config: AdaptiveWindowConfig | ReferenceWindowConfig | None = None,
                  clock_speed: float = 1.0):
         self._config = config or ControllerConfig()
-        self._policy = make_policy(policy, policy_config)
+        window = self._config.window  # policy/policy_config, when given, override it
+        self._policy = make_policy(policy or window.policy,
+                                   policy_config if policy is not None else window.selected)
         self._clock = MonotonicClock(clock_speed)
         self._svc: RolloutService | None = None
 

@@ -1,15 +1,34 @@
 """ControllerConfig: the settings of the rollout controller's driver loop.
 
-It holds the configs of the parts it drives (RegistryConfig, RouterConfig), so a run's
-config reaches them whole (`--set controller.router.retry_budget=...`).
+It holds the configs of the parts it drives (RegistryConfig, RouterConfig, the offload
+window's), so a run's config reaches them whole (`--set controller.router.retry_budget=...`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlboost.controller.offload import POLICIES, AdaptiveWindowConfig, ReferenceWindowConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
+from rlboost.validate import require
+
+
+@dataclass(kw_only=True, slots=True)
+class WindowConfig:
+    """The offload policy: how long the reserved engines roll out each step."""
+
+    policy: str = "adaptive"
+    """adaptive (sized from measured rates) or reference (the published 1/3-gain rule)"""
+    adaptive: AdaptiveWindowConfig = field(default_factory=AdaptiveWindowConfig)
+    reference: ReferenceWindowConfig = field(default_factory=ReferenceWindowConfig)
+
+    def __post_init__(self) -> None:
+        require(self.policy in POLICIES, "policy", f"one of {POLICIES}", self.policy)
+
+    @property
+    def selected(self) -> AdaptiveWindowConfig | ReferenceWindowConfig:
+        return self.adaptive if self.policy == "adaptive" else self.reference
 
 
 @dataclass(kw_only=True, slots=True)
@@ -35,6 +54,7 @@ class ControllerConfig:
     sample_tokens_per_s: float = 30.0
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    window: WindowConfig = field(default_factory=WindowConfig)
 
     def __post_init__(self) -> None:
         for name in ("poll_interval_s", "idle_timeout_s", "call_timeout_s", "handoff_timeout_s", "reserved_tokens_per_s",

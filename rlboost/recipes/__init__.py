@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rlboost.recipes.config import RunConfig
+from rlboost.config.run import RunConfig
 
 DEFAULT_RECIPE = "tiny_cpu"
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 from rlboost.cluster.cost import CostConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.config import ControllerConfig
-from rlboost.recipes.config import (ClusterSection, ModelSection, RolloutSection, RunConfig, RunSection,
-                                    TaskSection, TrainerSection)
+from rlboost.cluster.config import ClusterConfig
+from rlboost.config.run import ModelSection, RolloutSection, RunConfig, RunOptions, TaskSection
+from rlboost.trainer.config import TrainerConfig
+from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig
 from rlboost.trainer.grpo import GRPOConfig
 from rlboost.transfer.config import TransferConfig
@@ -32,9 +34,9 @@ def qwen3_gpu() -> RunConfig:
                          prompt_template="{prompt}\nPut the final answer in \\boxed{}.",
                          chat_template=True, answer="extract", groups_per_step=64, group_size=8,
                          max_new_tokens=1024),
-        trainer=TrainerSection(world_size=4, device="cuda", backend="nccl", rendezvous="tcp", lr=1e-6,
-                               param_dtype="bfloat16", reduce_dtype="float32", microbatch_groups=8,
-                               rank_cpus=1.0, rank_gpus=1.0),
+        trainer=TrainerConfig(world_size=4, device="cuda", backend="nccl", rendezvous="tcp", microbatch_groups=8,
+                              rank_cpus=1.0, rank_gpus=1.0, optimizer=OptimizerConfig(lr=1e-6),
+                              sharding=FSDPConfig(param_dtype="bfloat16", reduce_dtype="float32")),
         grpo=GRPOConfig(clip_eps_low=0.2, clip_eps_high=0.28),
         controller=ControllerConfig(
             migrate_with_kv=True,
@@ -49,10 +51,10 @@ def qwen3_gpu() -> RunConfig:
         # every node's weight servers listen on all interfaces (peers dial each node's own
         # address), so a shared secret is required: set RLBOOST_SECRET
         transfer=TransferConfig(bind_host="0.0.0.0", streams=8, chunk_bytes=32 << 20),
-        cluster=ClusterSection(reserved_instances=2, max_preemptible=4, trace="sample",
+        cluster=ClusterConfig(reserved_instances=2, max_preemptible=4, trace="sample",
                                notice_s=30.0, sudden_fraction=0.5),
         # the reserved cluster is one 8x H100 on-demand node (4 ranks + 2 engines of 2 GPUs);
         # a preemptible instance is 2 GPUs: a quarter of an 8x H100 spot node (the paper's prices)
         cost=CostConfig(reserved_usd_per_hour=83.79, preemptible_usd_per_hour=21.28 / 4),
-        run=RunSection(name="qwen3_gpu", steps=200, checkpoint_every=20),
+        run=RunOptions(name="qwen3_gpu", steps=200, checkpoint_every=20),
     )

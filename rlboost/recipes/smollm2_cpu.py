@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.config import ControllerConfig
-from rlboost.recipes.config import (ClusterSection, ModelSection, RolloutSection, RunConfig, RunSection,
-                                    TaskSection, TrainerSection)
+from rlboost.cluster.config import ClusterConfig
+from rlboost.config.run import ModelSection, RolloutSection, RunConfig, RunOptions, TaskSection
+from rlboost.trainer.config import TrainerConfig
+from rlboost.trainer.fsdp import OptimizerConfig
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig
 from rlboost.tasks.arithmetic import ArithmeticConfig
 
@@ -21,7 +23,7 @@ def smollm2_cpu() -> RunConfig:
                          prompt_template="{prompt} Reply with the number only.", chat_template=True,
                          answer="extract", groups_per_step=4, group_size=4, max_new_tokens=20,
                          temperature=0.7),
-        trainer=TrainerSection(world_size=2, lr=2e-6, max_grad_norm=1.0, microbatch_groups=2),
+        trainer=TrainerConfig(world_size=2, microbatch_groups=2, optimizer=OptimizerConfig(lr=2e-6, max_grad_norm=1.0)),
         controller=ControllerConfig(
             migrate_with_kv=True,
             poll_interval_s=0.1, idle_timeout_s=300.0, call_timeout_s=120.0,
@@ -29,7 +31,7 @@ def smollm2_cpu() -> RunConfig:
         rollout=RolloutSection(engine=EmbeddedEngineConfig(num_blocks=64, block_size=16, max_batch_size=16,
                                                            max_prefill_tokens=512, stream_interval=4),
                                capacity=16),
-        cluster=ClusterSection(reserved_instances=1, max_preemptible=1, initial_preemptible=1, trace="none",
+        cluster=ClusterConfig(reserved_instances=1, max_preemptible=1, initial_preemptible=1, trace="none",
                                inject=("notice@2",), notice_s=10.0),
-        run=RunSection(name="smollm2_cpu", steps=3, checkpoint_every=3),
+        run=RunOptions(name="smollm2_cpu", steps=3, checkpoint_every=3),
     )

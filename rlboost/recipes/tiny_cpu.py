@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.config import ControllerConfig
-from rlboost.recipes.config import (ClusterSection, ModelSection, RolloutSection, RunConfig, RunSection,
-                                    TaskSection, TrainerSection)
+from rlboost.cluster.config import ClusterConfig
+from rlboost.config.run import ModelSection, RolloutSection, RunConfig, RunOptions, TaskSection
+from rlboost.trainer.config import TrainerConfig
+from rlboost.trainer.fsdp import OptimizerConfig
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig
 from rlboost.tasks.arithmetic import ArithmeticConfig
 
@@ -19,7 +21,7 @@ def tiny_cpu() -> RunConfig:
         model=ModelSection(source="tiny", arch="qwen3", warmup_steps=40, warmup_batch=64, warmup_lr=3e-3),
         task=TaskSection(name="arithmetic", arithmetic=ArithmeticConfig(max_operand=9),
                          groups_per_step=64, group_size=8, max_new_tokens=4),
-        trainer=TrainerSection(world_size=2, lr=1e-3, max_grad_norm=1.0, microbatch_groups=16),
+        trainer=TrainerConfig(world_size=2, microbatch_groups=16, optimizer=OptimizerConfig(lr=1e-3, max_grad_norm=1.0)),
         controller=ControllerConfig(
             migrate_with_kv=True,
             poll_interval_s=0.05, idle_timeout_s=120.0, call_timeout_s=30.0,
@@ -27,7 +29,7 @@ def tiny_cpu() -> RunConfig:
         rollout=RolloutSection(engine=EmbeddedEngineConfig(num_blocks=256, block_size=16, max_batch_size=64,
                                                            max_prefill_tokens=512, stream_interval=4),
                                capacity=64),
-        cluster=ClusterSection(reserved_instances=1, max_preemptible=3, trace="sample", trace_fraction=0.6,
+        cluster=ClusterConfig(reserved_instances=1, max_preemptible=3, trace="sample", trace_fraction=0.6,
                                notice_s=8.0, sudden_fraction=0.5, preempt_busy_wait_s=5.0),
-        run=RunSection(name="tiny_cpu", steps=60, checkpoint_every=20),
+        run=RunOptions(name="tiny_cpu", steps=60, checkpoint_every=20),
     )

@@ -14,8 +14,8 @@ import torch
 
 from rlboost import env
 from rlboost.errors import ConfigError
-from rlboost.recipes.config import RunConfig
-from rlboost.recipes.overrides import from_dict, to_dict
+from rlboost.config.run import RunConfig
+from rlboost.config.overrides import from_dict, to_dict
 from rlboost.run.directory import CONFIG_FILE, RunDirectory
 from rlboost.trainer.checkpoint import (
     COMPLETE_MARKER,

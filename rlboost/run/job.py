@@ -20,7 +20,7 @@ from rlboost.migration.state import SamplingParams
 from rlboost.models import ModelConfig
 from rlboost.models.checkpoint import verify_checkpoint_dir
 from rlboost.recipes.checkpoints import prepare_checkpoint
-from rlboost.recipes.config import RunConfig, TaskSection, check_multi_node
+from rlboost.config.run import RunConfig, TaskSection, check_multi_node
 from rlboost.recipes.tokenizers import load_tokenizer
 from rlboost.run.checkpoints import checkpoint_state, last_checkpoint_step, open_run, resume_weights, save_checkpoint
 from rlboost.run.directory import RunDirectory

@@ -20,10 +20,9 @@ from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
 from rlboost.cluster.session import RaySettings, actor_options
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
-from rlboost.recipes.config import RunConfig, parse_injection
+from rlboost.config.run import RunConfig, parse_injection
 from rlboost.rollout.sglang_engine import SGLangEngineConfig
 from rlboost.run.directory import RunDirectory
-from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.trainer.loop import TrainerGroup
 from rlboost.trainer.rank import RankSpec
 
@@ -209,19 +208,14 @@ def start_controller(config: RunConfig) -> Any:
     if ctl.microbatch_min_samples is None:
         ctl = dataclasses.replace(
             ctl, microbatch_min_samples=config.trainer.microbatch_groups * config.task.group_size)
-    return RolloutController.options(num_cpus=0).remote(ctl, config.rollout.policy)
+    return RolloutController.options(num_cpus=0).remote(ctl)
 
 
 def rank_specs(config: RunConfig, weights: Path, reference: Path) -> list[RankSpec]:
     t = config.trainer
-    sharding = FSDPConfig(param_dtype=t.param_dtype, reduce_dtype=t.reduce_dtype,
-                          gather_bucket_bytes=t.gather_bucket_mb << 20)
-    optimizer = OptimizerConfig(lr=t.lr, eps=t.adam_eps, weight_decay=t.weight_decay,
-                                max_grad_norm=t.max_grad_norm)
-    backend = None if t.backend == "auto" else t.backend
     return [RankSpec(rank=r, world_size=t.world_size, checkpoint=str(weights), transfer=config.transfer,
-                     reference_checkpoint=str(reference), device=t.device, backend=backend,
-                     sharding=sharding, optimizer=optimizer, grpo=config.grpo,
+                     reference_checkpoint=str(reference), device=t.device, backend=t.distributed_backend,
+                     sharding=t.sharding, optimizer=t.optimizer, grpo=config.grpo,
                      publish_dtype=config.rollout.engine.dtype)
             for r in range(t.world_size)]
 

@@ -41,14 +41,19 @@ class FSDPConfig:
     requires under a process group) gives the exact full-batch gradient however samples
     are spread over ranks and micro-batches; "mean" is FSDP's default average (then the
     gradient is 1/world of the full-batch one).
-    gather_bucket_bytes bounds the extra memory of one full-weight gather step.
+    gather_bucket_mb bounds the extra memory of one full-weight gather step.
     """
 
     param_dtype: str | None = None
+    """compute dtype of sharded parameters (bfloat16, float16, float32; None: their own)"""
     reduce_dtype: str | None = None
+    """dtype in which gradients are reduced across ranks (None: the compute dtype)"""
     reshard_after_forward: bool = True
+    """free each block's gathered weights after its forward (less memory, one more gather)"""
     grad_reduction: str = "sum"
-    gather_bucket_bytes: int = 64 << 20
+    """how ranks' gradients combine: sum (exact full-batch gradient) or mean (FSDP's default)"""
+    gather_bucket_mb: int = 64
+    """MiB of full weights gathered at once when publishing or checkpointing"""
 
     def __post_init__(self) -> None:
         for name in ("param_dtype", "reduce_dtype"):
@@ -58,8 +63,12 @@ class FSDPConfig:
         if self.grad_reduction not in GRAD_REDUCTIONS:
             raise ValueError(f"grad_reduction must be one of {GRAD_REDUCTIONS}, "
                              f"got {self.grad_reduction!r}")
-        if self.gather_bucket_bytes < 1 << 10:
-            raise ValueError(f"gather_bucket_bytes must be >= 1024, got {self.gather_bucket_bytes}")
+        if self.gather_bucket_mb < 1:
+            raise ValueError(f"gather_bucket_mb must be >= 1, got {self.gather_bucket_mb}")
+
+    @property
+    def gather_bucket_bytes(self) -> int:
+        return self.gather_bucket_mb << 20
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,11 +76,17 @@ class OptimizerConfig:
     """AdamW settings; max_grad_norm None disables clipping."""
 
     lr: float = 1e-5
+    """AdamW learning rate, in (0, 1)"""
     beta1: float = 0.9
+    """AdamW first-moment decay"""
     beta2: float = 0.999
+    """AdamW second-moment decay"""
     eps: float = 1e-8
+    """AdamW epsilon"""
     weight_decay: float = 0.0
+    """decoupled weight decay"""
     max_grad_norm: float | None = 1.0
+    """clip the global gradient norm to this (None: no clipping)"""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.lr < 1.0:

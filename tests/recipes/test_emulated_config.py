@@ -9,8 +9,8 @@ import pytest
 
 from rlboost.run.launch import instance_template
 from rlboost.recipes import get_recipe
-from rlboost.recipes.config import RunConfig
-from rlboost.recipes.overrides import apply_overrides, from_dict, to_dict
+from rlboost.config.run import RunConfig
+from rlboost.config.overrides import apply_overrides, from_dict, to_dict
 
 EMULATED = ["rollout.backend=emulated", "rollout.emulated.decode_tokens_per_s=3000",
             "rollout.emulated.sample_tokens_per_s=75", "rollout.emulated_preemptible_speed=0.5"]

@@ -7,7 +7,7 @@ from typing import Literal
 
 import pytest
 
-from rlboost.recipes.overrides import apply_overrides
+from rlboost.config.overrides import apply_overrides
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from rlboost.recipes import DEFAULT_RECIPE, get_recipe, recipes
-from rlboost.recipes.config import RunConfig, parse_injection
-from rlboost.recipes.overrides import apply_overrides, from_dict, to_dict
+from rlboost.config.run import RunConfig, parse_injection
+from rlboost.config.overrides import apply_overrides, from_dict, to_dict
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_overrides_reach_nested_sections():
         "rollout.engine.num_blocks=64"])
     assert config.task.arithmetic.max_operand == 19
     assert config.cluster.inject == ("notice@2", "kill@3")
-    assert config.trainer.max_grad_norm is None and config.rollout.engine.num_blocks == 64
+    assert config.trainer.optimizer.max_grad_norm is None and config.rollout.engine.num_blocks == 64
 
 
 def test_secrets_never_reach_config_json():

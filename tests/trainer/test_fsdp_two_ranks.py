@@ -263,7 +263,7 @@ def test_models_without_decoder_layers_are_rejected():
 
 @pytest.mark.parametrize("kwargs,field", [
     ({"param_dtype": "fp8"}, "param_dtype"), ({"grad_reduction": "max"}, "grad_reduction"),
-    ({"gather_bucket_bytes": 10}, "gather_bucket_bytes")])
+    ({"gather_bucket_mb": 0}, "gather_bucket_mb")])
 def test_fsdp_config_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
         fsdp.FSDPConfig(**kwargs)

@@ -1,7 +1,9 @@
 """`--set key=value` overrides applied to nested config dataclasses.
 
-Keys are dotted paths through dataclass fields (`trainer.lr=3e-4`); values are parsed by
-the field's annotated type, so a typo or a bad value fails before any process starts.
+Keys are dotted paths through dataclass fields (`trainer.optimizer.lr=3e-4`); values are
+parsed by the field's annotated type, so a typo or a bad value fails before any process
+starts. A config class may list fields that moved (`renamed_fields`: old dotted path, or
+old prefix ending in ".", to the new one); old keys, and old config.json files, still work.
 """
 
 from __future__ import annotations
@@ -91,8 +93,20 @@ def apply_overrides(config: Any, assignments: list[str] | tuple[str, ...]) -> An
         if "=" not in assignment:
             raise ValueError(f"--set expects key=value, got {assignment!r}")
         key, text = (part.strip() for part in assignment.split("=", 1))
+        key = current_path(type(config), key)
         _set_path(changes, key, _parse_at(config, key.split("."), text, key))
     return _rebuild(config, changes, "")
+
+
+def current_path(cls: type, key: str) -> str:
+    """Where the field an old dotted path named lives now (the path itself if it did not move)."""
+    renamed = getattr(cls, "renamed_fields", {})
+    if key in renamed:
+        return renamed[key]
+    for old, new in renamed.items():
+        if old.endswith(".") and key.startswith(old):
+            return new + key[len(old):]
+    return key
 
 
 def apply_override(config: Any, assignment: str) -> Any:
@@ -154,7 +168,31 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def from_dict(cls: Any, data: dict[str, Any]) -> Any:
-    """Rebuild a nested config dataclass from to_dict's output (unknown keys are refused)."""
+    """Rebuild a nested config dataclass from to_dict's output (unknown keys are refused;
+    fields the class lists as renamed are read from their old place too)."""
+    if getattr(cls, "renamed_fields", None) and isinstance(data, dict):
+        data = _moved(cls, data)
+    return _from_dict(cls, data)
+
+
+def _moved(cls: Any, data: dict[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[current_path(cls, prefix + k)] = v
+
+    walk(data, "")
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        _set_path(tree, key, value)
+    return tree
+
+
+def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
     if not isinstance(data, dict):
         raise ValueError(f"{cls.__name__}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -166,7 +204,7 @@ def from_dict(cls: Any, data: dict[str, Any]) -> Any:
     for name, value in data.items():
         tp, _ = _split_union(hints.get(name, fields[name].type))
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-            values[name] = from_dict(tp, value)
+            values[name] = _from_dict(tp, value)
         elif typing.get_origin(tp) is tuple and isinstance(value, list):
             values[name] = tuple(value)
         else:

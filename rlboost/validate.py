@@ -1,0 +1,13 @@
+"""The one check that config dataclasses use in __post_init__: a ValueError naming the
+field, what it must be, and what it got."""
+
+from __future__ import annotations
+
+
+def require(ok: bool, field: str, allowed: str, got: object) -> None:
+    """Raise ValueError(f"{field} must be {allowed}, got {got!r}") unless ok.
+
+    >>> require(3 > 0, "steps", "> 0", 3)
+    """
+    if not ok:
+        raise ValueError(f"{field} must be {allowed}, got {got!r}")
