@@ -24,8 +24,11 @@ class CostConfig:
     """
 
     reserved_usd_per_hour: float = 83.79
+    """price of the whole reserved cluster (trainer ranks and reserved engines), $/h"""
     preemptible_usd_per_hour: float = 21.28
+    """price of one preemptible instance, $/h"""
     time_scale: float = 1.0
+    """billed seconds per second of the run (60: a trace hour replayed as a minute)"""
 
     def __post_init__(self) -> None:
         for name in ("reserved_usd_per_hour", "preemptible_usd_per_hour"):

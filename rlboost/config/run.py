@@ -163,11 +163,17 @@ class RunOptions:
     """
 
     name: str = "run"
+    """the run directory's name starts with this"""
     steps: int = 30
+    """GRPO steps to train (a resume trains up to this step)"""
     seed: int = 0
+    """seeds the driver's random and torch generators"""
     checkpoint_every: int = 10
+    """steps between checkpoints (the last step is always saved)"""
     progress: bool = True
+    """show the progress bar and print the summary at the end"""
     microbatch_timeout_s: float = 600.0
+    """the trainer gives up waiting for its next micro-batch after this long"""
 
     def __post_init__(self) -> None:
         require(bool(self.name) and "/" not in self.name, "run.name", "a non-empty name without '/'",

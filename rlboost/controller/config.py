@@ -43,15 +43,25 @@ class ControllerConfig:
     """
 
     poll_interval_s: float = 0.05
+    """seconds between the controller's rounds of polls and decisions"""
     idle_timeout_s: float = 120.0
+    """a step fails when no token arrives for this long while samples are pending"""
     call_timeout_s: float = 30.0
+    """an engine call unanswered for this long loses the instance"""
     handoff_timeout_s: float = 60.0
+    """seconds a target has to pull migrated KV pages from their source"""
     microbatch_min_samples: int | None = None
+    """samples a micro-batch waits for (None: trainer.microbatch_groups x task.group_size)"""
     microbatch_max_samples: int | None = None
+    """most samples in one micro-batch (None: no cap)"""
     migrate_with_kv: bool = False
+    """move samples with their KV pages engine to engine where both sides can"""
     reserved_tokens_per_s: float = 4000.0
+    """prior decode rate of a reserved engine until it is measured"""
     preemptible_tokens_per_s: float = 1000.0
+    """prior decode rate of a preemptible instance until it is measured"""
     sample_tokens_per_s: float = 30.0
+    """prior decode rate of one sample until it is measured"""
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     window: WindowConfig = field(default_factory=WindowConfig)

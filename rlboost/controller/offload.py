@@ -81,13 +81,21 @@ class AdaptiveWindowConfig:
     """
 
     initial_window_s: float = 30.0
+    """local window until one step has measured the training time per token, seconds"""
     min_window_s: float = 0.0
+    """shortest local window, seconds"""
     max_window_s: float | None = None
+    """longest local window, seconds (None: no cap)"""
     idle_target_s: float = 1.0
+    """trainer idle time per step the window aims at, seconds"""
     up_gain: float = 0.6
+    """share of the trainer's excess idle time the window grows by"""
     down_gain: float = 0.5
+    """share of the least micro-batch slack the window shrinks by"""
     train_ema: float = 0.5
+    """weight of each step's training-time measurement in the moving average"""
     train_jump: float = 2.0
+    """one step moves the training-time estimate at most this factor either way"""
 
     def __post_init__(self) -> None:
         if self.initial_window_s < 0 or self.min_window_s < 0 or self.idle_target_s < 0:
@@ -200,8 +208,11 @@ class ReferenceWindowConfig:
     """The published rule's constants: 150 s to start, a 5 s floor, whole seconds, gain 1/3."""
 
     initial_window_s: float = 150.0
+    """the published rule's first window, seconds"""
     floor_s: float = 5.0
+    """the published rule's shortest window, seconds"""
     whole_seconds: bool = True
+    """round idle times to whole seconds, as the published rule does"""
 
     def __post_init__(self) -> None:
         if self.floor_s < 0 or self.initial_window_s < self.floor_s:

@@ -32,10 +32,15 @@ class RegistryConfig:
     """
 
     heartbeat_interval_s: float = 1.0
+    """seconds between an instance's heartbeats (its lease renewals)"""
     missed_beats: int = 3
+    """heartbeat intervals without a sign of life before an instance counts as dead"""
     max_staleness: int = 0
+    """weight versions a sample may lag (0: strictly on-policy, the only value training accepts)"""
     drain_margin_s: float = 5.0
+    """a noticed instance's samples leave this long before its deadline"""
     route_to_draining: bool = True
+    """a noticed instance still takes samples that surely finish before its drain time"""
 
     def __post_init__(self) -> None:
         if not self.heartbeat_interval_s > 0:

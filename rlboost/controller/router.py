@@ -26,10 +26,15 @@ class RouterConfig:
     """
 
     retry_budget: int = 3
+    """instance losses one sample may survive before its step fails"""
     steal_margin: float = 0.3
+    """a sample moves to an idle instance only if it finishes this fraction sooner there"""
     min_steal_gain_s: float = 2.0
+    """... and at least this many seconds sooner, re-prefill included"""
     max_moves_per_tick: int = 64
+    """most samples stolen per controller round"""
     prefill_tokens_per_s: float = 10000.0
+    """prefill rate assumed when pricing a move's re-prefill"""
 
     def __post_init__(self) -> None:
         if self.retry_budget < 0:
