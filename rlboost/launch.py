@@ -20,7 +20,7 @@ from rlboost.cluster.session import RaySettings, actor_options
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
 from rlboost.recipes.config import RunConfig, parse_injection
-from rlboost.rollout.sglang_engine import SGLangEngineConfig
+from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.rundir import RunDirectory
 from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.trainer.loop import TrainerGroup

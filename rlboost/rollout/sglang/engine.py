@@ -24,12 +24,13 @@ from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState
 from rlboost.rollout._admission import validate_states
-from rlboost.rollout._sglang_config import SGLangEngineConfig
-from rlboost.rollout._sglang_requests import SGLangSample, cut_at_stop, finish_of, new_entries
-from rlboost.rollout._sglang_thread import LoopThread
-from rlboost.rollout._sglang_weights import check_weights, read_checkpoint_facts, weight_buckets
 from rlboost.rollout._threaded import ThreadedEngineState
 from rlboost.rollout.engine import EngineLoad
+from rlboost.rollout.sglang.config import SGLangEngineConfig
+from rlboost.rollout.sglang.requests import SGLangSample, cut_at_stop, finish_of, new_entries, request_id
+from rlboost.rollout.sglang.thread import LoopThread
+from rlboost.rollout.sglang.weights import (check_weights, flush_when_idle, push_weights, read_checkpoint_facts,
+                                            weight_buckets)
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig"]
 T = TypeVar("T")
@@ -59,6 +60,14 @@ class SGLangEngine(ThreadedEngineState):
     EOS, not among them, is continued by a new request. Logprobs are SGLang's
     `output_token_logprobs`. `engine_factory(**config.engine_kwargs())` builds the SGLang
     engine (default `sglang.Engine`); tests pass a fake with the same API.
+
+    Supported SGLang: 0.5.9 to 0.5.23 (the `sglang` extra pins that range). What differs
+    between them is detected, not assumed from a version string: from 0.5.21 weight updates
+    run inside begin_weight_update()/end_weight_update(). Every release refuses flush_cache
+    while its scheduler is busy, so the flush after a weight load is retried until idle
+    (within config.flush_timeout_s). Engine offers no pause or abort call in any of them:
+    aborts go through its TokenizerManager, by rid, and the scheduler matches rids by
+    prefix, so no rid the adapter issues is a prefix of another (requests.request_id).
     """
 
     exports_kv = False
@@ -204,23 +213,16 @@ class SGLangEngine(ThreadedEngineState):
         if self._released:
             raise RolloutError("SGLang's memory is released: call resume_memory() first")
         pairs = check_weights(self._facts, named)
-        pause = getattr(self._engine, "pause_generation", None)
-        paused = False
+        # No sample is admitted, but requests aborted a moment ago may still drain inside
+        # SGLang: its update waits for their streams to end (model_update_lock), and the
+        # flush that drops prefix KV computed with the old weights is retried until idle.
         try:
-            if pause is not None:  # aborts what SGLang still drains, holds new requests back
-                pause(mode="abort")
-                paused = True
-            for bucket in weight_buckets(pairs, self.config.weight_bucket_bytes, self.config.dtype):
-                _check_result(self._engine.update_weights_from_tensor(bucket, load_format=None, flush_cache=False),
-                              "update_weights_from_tensor")
-            _check_result(self._engine.flush_cache(), "flush_cache")  # no prefix KV of old weights
+            push_weights(self._engine, weight_buckets(pairs, self.config.weight_bucket_bytes, self.config.dtype))
+            flush_when_idle(self._engine, self._sleep, self.config.flush_timeout_s)
         except BaseException as e:
             # Some tensors may already be replaced: this engine's weights are unknown now.
             self._fail(e)
             raise RolloutError(f"SGLang failed to load weights version {version}: {e!r}") from e
-        finally:
-            if paused:
-                self._engine.continue_generation()
         with self._cond:
             self._version = version
 
@@ -228,6 +230,13 @@ class SGLangEngine(ThreadedEngineState):
         if self._samples:
             raise RolloutError(f"cannot move SGLang's memory while {len(self._samples)} samples are in flight")
         if release and not self._released:
+            # SGLang's scheduler asserts it is idle here (and dies if not), so wait for the
+            # requests aborted a moment ago to drain: a flush it accepts means it is idle.
+            try:
+                flush_when_idle(self._engine, self._sleep, self.config.flush_timeout_s)
+            except RolloutError as e:
+                self._fail(e)
+                raise
             self._engine.release_memory_occupation()
         elif not release and self._released:
             self._engine.resume_memory_occupation()
@@ -237,7 +246,11 @@ class SGLangEngine(ThreadedEngineState):
 
     def _new_rid(self, sample_id: int) -> str:
         self._rids += 1  # SGLang refuses a rid it still tracks, so every request gets its own
-        return f"{self._rid_prefix}-{sample_id}-{self._rids}"
+        return request_id(self._rid_prefix, self._rids, sample_id)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait on the engine thread while SGLang's loop runs (streams drain meanwhile)."""
+        self._loop.run_until_complete(asyncio.sleep(seconds))
 
     def _start(self, sample: SGLangSample) -> None:
         task = self._loop.create_task(self._consume(sample, sample.rid))
@@ -303,8 +316,10 @@ class SGLangEngine(ThreadedEngineState):
         sample.emitted = upto
 
     def _abort_request(self, rid: str) -> None:
-        abort = getattr(self._engine, "abort_request", None) or self._engine.tokenizer_manager.abort_request
-        abort(rid=rid)
+        # Engine has no abort call (0.5.9-0.5.23): its TokenizerManager does, and ignores a
+        # rid it has not registered yet (see _consume). The scheduler aborts by rid prefix,
+        # which request_id makes safe.
+        self._engine.tokenizer_manager.abort_request(rid=rid)
 
     def _record_arrival(self, n: int) -> None:
         now = time.perf_counter()
@@ -360,18 +375,6 @@ def _cancel(loop: asyncio.AbstractEventLoop, tasks) -> None:
         task.cancel()
     if tasks:
         loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-
-
-def _check_result(result: Any, what: str) -> None:
-    """SGLang answers (success, message), an object with .success, or None (older versions)."""
-    if isinstance(result, (tuple, list)) and result and isinstance(result[0], bool):
-        ok, message = result[0], result[1] if len(result) > 1 else ""
-    elif hasattr(result, "success"):
-        ok, message = bool(result.success), getattr(result, "message", "") or getattr(result, "error_msg", "")
-    else:
-        return
-    if not ok:
-        raise RolloutError(f"SGLang {what} failed: {message}")
 
 
 def _sglang_engine_class() -> Callable[..., Any]:
