@@ -437,7 +437,8 @@ def test_without_sglang_the_error_names_the_extra(tiny_ckpt, monkeypatch):
 
 @pytest.mark.parametrize("field, value", [("tp_size", 0), ("stream_interval", 0), ("mem_fraction_static", 1.0),
                                           ("dtype", "fp8"), ("max_model_len", 1), ("weight_bucket_bytes", 10),
-                                          ("rate_window_s", 0.0), ("weight_version", -1), ("model_path", "")])
+                                          ("rate_window_s", 0.0), ("flush_timeout_s", float("inf")),
+                                          ("weight_version", -1), ("model_path", "")])
 def test_bad_config_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SGLangEngineConfig(**{"model_path": "/ckpt", field: value})

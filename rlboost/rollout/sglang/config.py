@@ -79,7 +79,8 @@ class SGLangEngineConfig:
                 raise ValueError(f"{name} must be an int >= {low} or None, got {value!r}")
         for name in ("rate_window_s", "flush_timeout_s"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0
+                                               and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         taken = sorted(set(self.extra_engine_kwargs) & set(MANAGED_ENGINE_KWARGS))
         if taken:

@@ -6,6 +6,14 @@ event loop, where one task per SGLang request consumes its token stream, and run
 call between two loop turns, when SGLang's synchronous methods (update_weights_from_tensor,
 flush_cache, ...) may drive that loop. Deltas wait in a buffer that poll() drains under a
 condition variable.
+
+Supported SGLang: 0.5.9 to 0.5.23 (the `sglang` extra pins that range). What differs between
+them is detected, not read from a version string: from 0.5.21 weight updates run inside
+begin_weight_update()/end_weight_update() (weights.push_weights). Every release refuses
+flush_cache while its scheduler is busy, so the flush after a weight load is retried until
+idle, within config.flush_timeout_s. Engine has no pause or abort call in any of them: aborts
+go through its TokenizerManager by rid, and as the scheduler matches rids by prefix, no rid
+the adapter issues is a prefix of another (requests.request_id).
 """
 
 from __future__ import annotations
@@ -14,10 +22,8 @@ import asyncio
 import atexit
 import functools
 import importlib
-import time
 import uuid
 import weakref
-from collections import deque
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from rlboost.errors import RolloutError
@@ -27,6 +33,7 @@ from rlboost.rollout._admission import validate_states
 from rlboost.rollout._threaded import ThreadedEngineState
 from rlboost.rollout.engine import EngineLoad
 from rlboost.rollout.sglang.config import SGLangEngineConfig
+from rlboost.rollout.sglang.rate import DecodeRate
 from rlboost.rollout.sglang.requests import SGLangSample, cut_at_stop, finish_of, new_entries, request_id
 from rlboost.rollout.sglang.thread import LoopThread
 from rlboost.rollout.sglang.weights import (check_weights, flush_when_idle, push_weights, read_checkpoint_facts,
@@ -46,28 +53,12 @@ class SGLangEngine(ThreadedEngineState):
         deltas = engine.poll(1.0)   # [TokenDelta(sample_id=1, start=0, ids=(...), ...)]
         engine.close()
 
-    Each sample is one SGLang request (its own rid): input_ids = prompt + output so far,
-    max_new_tokens reduced by the output so far, and SGLang's per-request `sampling_seed`
-    derived from (seed, sample_id). With deterministic_inference (the default) SGLang draws
-    token t from (sampling_seed, position), so a sample resumed by re-prefill draws the same
-    random numbers; its logits are not promised to be bit-identical though (SGLang's kernels
-    may depend on batch composition, and resumed tokens go through prefill instead of
-    decode), so resumed samples may diverge: `batch_invariant = False`. KV pages stay inside
-    SGLang (`exports_kv = False`): migration is tokens-only.
-
-    Stop tokens are exactly `params.stop_token_ids` (kept in the output): a sample without
-    them runs to max_new_tokens (ignore_eos), and one that SGLang stops on the model's own
-    EOS, not among them, is continued by a new request. Logprobs are SGLang's
-    `output_token_logprobs`. `engine_factory(**config.engine_kwargs())` builds the SGLang
-    engine (default `sglang.Engine`); tests pass a fake with the same API.
-
-    Supported SGLang: 0.5.9 to 0.5.23 (the `sglang` extra pins that range). What differs
-    between them is detected, not assumed from a version string: from 0.5.21 weight updates
-    run inside begin_weight_update()/end_weight_update(). Every release refuses flush_cache
-    while its scheduler is busy, so the flush after a weight load is retried until idle
-    (within config.flush_timeout_s). Engine offers no pause or abort call in any of them:
-    aborts go through its TokenizerManager, by rid, and the scheduler matches rids by
-    prefix, so no rid the adapter issues is a prefix of another (requests.request_id).
+    Each sample is one SGLang request at a time, re-prefilled from prompt + output, with a
+    per-request sampling_seed (requests.py says how). Resumed samples may differ from an
+    uninterrupted run (SGLang's kernels are not batch-invariant: `batch_invariant = False`),
+    and KV pages stay inside SGLang (`exports_kv = False`: migration is tokens-only).
+    `engine_factory(**config.engine_kwargs())` builds the SGLang engine (default
+    `sglang.Engine`); tests pass a stand-in with the same API.
     """
 
     exports_kv = False
@@ -91,8 +82,7 @@ class SGLangEngine(ThreadedEngineState):
         self._samples: dict[int, SGLangSample] = {}
         self._running = self._queued = self._queued_tokens = 0  # _samples summed up
         self._tasks: set[asyncio.Task] = set()
-        self._arrivals: deque[tuple[float, int]] = deque()
-        self._busy_since: float | None = None
+        self._decode_rate = DecodeRate(config.rate_window_s)
         self._released = False
         self._shutdown_error: BaseException | None = None
         try:
@@ -177,8 +167,8 @@ class SGLangEngine(ThreadedEngineState):
             raise RolloutError("SGLang's memory is released: call resume_memory() first")
         validate_states(states, known=self._samples, version=self._version, vocab_size=self.vocab_size,
                         max_model_len=self.max_model_len)
-        if states and self._busy_since is None:
-            self._busy_since = time.perf_counter()
+        if states:
+            self._decode_rate.busy()
         for state in states:
             sample = SGLangSample(state=state, rid=self._new_rid(state.sample_id))
             self._samples[state.sample_id] = sample
@@ -232,11 +222,7 @@ class SGLangEngine(ThreadedEngineState):
         if release and not self._released:
             # SGLang's scheduler asserts it is idle here (and dies if not), so wait for the
             # requests aborted a moment ago to drain: a flush it accepts means it is idle.
-            try:
-                flush_when_idle(self._engine, self._sleep, self.config.flush_timeout_s)
-            except RolloutError as e:
-                self._fail(e)
-                raise
+            flush_when_idle(self._engine, self._sleep, self.config.flush_timeout_s)
             self._engine.release_memory_occupation()
         elif not release and self._released:
             self._engine.resume_memory_occupation()
@@ -316,27 +302,18 @@ class SGLangEngine(ThreadedEngineState):
         sample.emitted = upto
 
     def _abort_request(self, rid: str) -> None:
-        # Engine has no abort call (0.5.9-0.5.23): its TokenizerManager does, and ignores a
-        # rid it has not registered yet (see _consume). The scheduler aborts by rid prefix,
-        # which request_id makes safe.
+        # Engine has no abort call: its TokenizerManager has, and ignores a rid it has not
+        # registered yet (see _consume); the scheduler aborts by rid prefix (request_id).
         self._engine.tokenizer_manager.abort_request(rid=rid)
 
     def _record_arrival(self, n: int) -> None:
-        now = time.perf_counter()
-        window = self.config.rate_window_s
-        self._arrivals.append((now, n))
-        while self._arrivals[0][0] < now - window:
-            self._arrivals.popleft()
-        span = now - max(self._busy_since or now, now - window)
-        if span > 0:
-            rate = sum(k for _, k in self._arrivals) / span
-            with self._cond:
-                self._rate = rate
+        rate = self._decode_rate.add(n)
+        with self._cond:
+            self._rate = rate
 
     def _note_idle(self) -> None:
         if not self._samples:  # the next busy period is measured on its own
-            self._busy_since = None
-            self._arrivals.clear()
+            self._decode_rate.idle()
 
     def _account(self, sample: SGLangSample, sign: int) -> None:
         """Add (+1) or take out (-1) a sample's share of the load counts."""

@@ -2,6 +2,14 @@
 chunks become output tokens. Pure functions and a plain record, so the mapping is tested
 without SGLang.
 
+A request's input_ids are prompt + output so far, max_new_tokens what is left, and its
+sampling_seed derives from (seed, sample_id): with deterministic inference SGLang draws
+token t from (sampling_seed, position), so a sample resumed by re-prefill draws the same
+random numbers. Stop tokens are exactly the sample's stop_token_ids (kept in the output): a
+sample without them runs to max_new_tokens (ignore_eos), and one SGLang stops on the model's
+own EOS, not among them, is continued by a new request. Logprobs are SGLang's
+output_token_logprobs.
+
 A streamed chunk is `{"output_ids": [...], "meta_info": {"id": rid, "finish_reason": None |
 {"type": "stop", "matched": id} | {"type": "length", "length": n} | {"type": "abort", ...},
 "completion_tokens": n, "output_token_logprobs": [(logprob, token_id, text | None), ...]}}`.
