@@ -21,7 +21,8 @@ release line at a time: RULES["0.5.9"] (0.5.9-0.5.20) and RULES["0.5.21"] (0.5.2
   on a busy scheduler it fails (0.5.21) or kills the scheduler with an assert (0.5.9).
 - Chunks `{"output_ids", "meta_info": {"id", "finish_reason", "completion_tokens",
   "output_token_logprobs": [(logprob, id, None)], ...}}`, cumulative (incremental with
-  incremental_streaming_output); answers (success, message), flush_cache's an object.
+  incremental_streaming_output, a server argument from 0.5.20); answers (success, message),
+  flush_cache's an object.
 Tokens come from fake_sglang_model (deterministic in the weights and the prefix).
 """
 
@@ -61,12 +62,18 @@ class SGLangRules:
     weight_update_session: bool  # Engine.begin/end_weight_update; updates refused outside one
     flush_counts_queued: bool    # flush_cache also refuses while requests wait in the queue
     abort_once_per_rid: bool     # TokenizerManager sends a rid's abort once (ReqState.abort_sent)
+    incremental_streaming: bool  # ServerArgs has incremental_streaming_output
+
+    def server_args(self) -> dict:
+        """The ServerArgs names (and defaults) this stand-in accepts."""
+        return {k: v for k, v in SERVER_ARGS.items()
+                if self.incremental_streaming or k != "incremental_streaming_output"}
 
 
 RULES = {"0.5.9": SGLangRules(release="0.5.9", weight_update_session=False, flush_counts_queued=False,
-                              abort_once_per_rid=False),
+                              abort_once_per_rid=False, incremental_streaming=False),
          "0.5.21": SGLangRules(release="0.5.21", weight_update_session=True, flush_counts_queued=True,
-                               abort_once_per_rid=True)}
+                               abort_once_per_rid=True, incremental_streaming=True)}
 
 
 @dataclass
@@ -148,10 +155,11 @@ class FakeSGLangEngineForTests:
     def __init__(self, *, eos_token_ids: tuple[int, ...] | None = None, step_s: float = 0.0005,
                  hold_new_requests: bool = False, abort_after_tokens: int | None = None,
                  fail_updates: bool = False, finish_alone: bool = False, busy_flushes: int = 0, **kwargs):
-        unknown = sorted(set(kwargs) - set(SERVER_ARGS))
+        accepted = self.rules.server_args()
+        unknown = sorted(set(kwargs) - set(accepted))
         if unknown:
             raise TypeError(f"ServerArgs.__init__() got unexpected keyword arguments {unknown}")
-        self.server_args = SimpleNamespace(**{**SERVER_ARGS, **kwargs})
+        self.server_args = SimpleNamespace(**{**SERVER_ARGS, **accepted, **kwargs})
         root = Path(self.server_args.model_path)
         hf = json.loads((root / "config.json").read_text())
         self.vocab_size = int(hf["vocab_size"])

@@ -416,7 +416,11 @@ def test_memory_release_waits_for_an_empty_engine_and_blocks_generation(start, m
                                                                    "resume_memory_occupation"]
 
 
-def test_incremental_streaming_output_gives_the_same_tokens(start):
+def test_incremental_streaming_output_gives_the_same_tokens(start, release):
+    if not FAKES[release].rules.incremental_streaming:
+        with pytest.raises(RolloutError, match="incremental_streaming_output"):  # no such ServerArgs field
+            start(extra_engine_kwargs={"incremental_streaming_output": True})
+        return
     states = [make_state(i, VERSION, max_new=15 + i) for i in range(3)]
     cumulative = run_alone(start(), states)
     incremental = run_alone(start(extra_engine_kwargs={"incremental_streaming_output": True}), states)
