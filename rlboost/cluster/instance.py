@@ -33,7 +33,8 @@ from rlboost.models import ModelConfig, empty_model
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
 from rlboost.rollout.endpoint import MigratingEngine
-from rlboost.rollout.sglang_engine import SGLangEngine, SGLangEngineConfig
+from rlboost.rollout.sglang.config import SGLangEngineConfig
+from rlboost.rollout.sglang.engine import SGLangEngine
 from rlboost.transfer.config import TransferConfig
 from rlboost.transfer.puller import WeightPuller
 

@@ -13,6 +13,7 @@ import atexit
 import dataclasses
 import functools
 import threading
+import warnings
 import weakref
 import time
 from collections import deque
@@ -70,6 +71,7 @@ class EmbeddedEngine(ThreadedEngineState):
             num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
             num_blocks=config.num_blocks, block_size=config.block_size, dtype=config.torch_dtype,
             device=device)
+        self.exports_kv = _kv_kernels_for(device)
         self._forward = PagedForward(self._model, self._cache)
         self._sched = Scheduler(self._cache, max_batch_size=config.max_batch_size,
                                 max_prefill_tokens=config.max_prefill_tokens, scatter=self._scatter)
@@ -242,6 +244,10 @@ class EmbeddedEngine(ThreadedEngineState):
         from rlboost.migration.batch import MigrationBatch
         from rlboost.migration.kv import gather_pages_batch
 
+        if with_kv and not self.exports_kv:
+            raise RolloutError("this rlboost build has no CUDA kernels to gather KV pages on "
+                               f"{self.config.device} (rlboost._C.HAS_CUDA is False): export with "
+                               "with_kv=False, or rebuild with RLBOOST_WITH_CUDA=ON")
         if ids is None:
             ids = [s.sample_id for s in (*self._sched.running, *self._sched.waiting)]
         seqs = [self._sched.by_id[i] for i in dict.fromkeys(ids) if i in self._sched.by_id]
@@ -264,6 +270,8 @@ class EmbeddedEngine(ThreadedEngineState):
 
     def _import(self, batch) -> None:
         pages = check_import(batch, self._cache.layout)
+        if not self.exports_kv:  # no kernels to place pages on this GPU: re-prefill instead
+            pages = [None] * len(pages)
         self._add(list(batch.states), pages)
 
     def _scatter(self, blocks: list[int], kv_tokens: int, data: torch.Tensor) -> None:
@@ -291,6 +299,22 @@ def _max_model_len(config: EmbeddedEngineConfig, model_max: int, capacity: int) 
                          f"{config.num_blocks} x block_size {config.block_size} = {capacity} tokens; "
                          "raise num_blocks or lower max_model_len")
     return config.max_model_len
+
+
+def _kv_kernels_for(device: torch.device) -> bool:
+    """Whether this build moves KV pages on `device`: always on CPU, on a GPU only with the
+    CUDA kernels. Without them a GPU engine still runs, but its samples migrate without KV
+    pages (exports_kv False: the controller then resumes them by re-prefill), and it says so
+    at start rather than at its first export."""
+    from rlboost import _C
+
+    if device.type != "cuda" or _C.HAS_CUDA:
+        return True
+    warnings.warn(f"EmbeddedEngine on {device}: this rlboost build has no CUDA kernels "
+                  "(rlboost._C.HAS_CUDA is False), so its samples migrate without their KV pages "
+                  "(re-prefill). To move KV pages, reinstall with nvcc reachable (PATH, CUDA_HOME/bin "
+                  "or /usr/local/cuda/bin): RLBOOST_WITH_CUDA=ON pip install .", RuntimeWarning, stacklevel=3)
+    return False
 
 
 def _close_if_alive(ref: weakref.ref) -> None:

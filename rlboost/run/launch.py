@@ -12,16 +12,17 @@ from typing import Any
 
 import ray
 
+from rlboost.cluster.config import parse_injection
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.placement import GpuNeeds
 from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
 from rlboost.cluster.session import RaySettings, actor_options
+from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
-from rlboost.config.run import RunConfig, parse_injection
-from rlboost.rollout.sglang_engine import SGLangEngineConfig
+from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.run.directory import RunDirectory
 from rlboost.trainer.loop import TrainerGroup
 from rlboost.trainer.rank import RankSpec

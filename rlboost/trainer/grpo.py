@@ -7,6 +7,7 @@ micro-batch layout.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -159,26 +160,82 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
-                   response_mask: torch.Tensor | None = None) -> torch.Tensor:
+                   response_mask: torch.Tensor | None = None, *, temperature: float = 1.0,
+                   chunk_bytes: int = 64 << 20) -> torch.Tensor:
     """Log-probability of each input token under a causal LM's logits, aligned to input_ids.
 
-    logits: [B, T, V] from forward(input_ids); input_ids: [B, T]. Returns float32 [B, T]
-    where out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) for t >= 1 and 0 at t = 0;
-    positions outside response_mask (when given) are 0. Computed as gathered logit minus
-    logsumexp in float32, without materialising a second [B, T, V] log-softmax tensor.
+    logits: [B, T, V] from forward(input_ids), any float dtype; input_ids: [B, T]. Returns
+    float32 [B, T] where out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) under
+    softmax(logits / temperature) for t >= 1 and 0 at t = 0; positions outside
+    response_mask (when given) are 0.
+
+    Memory: computed a few positions at a time (about chunk_bytes of float32 logits each),
+    so no float32 [B, T, V] copy exists, forward or backward: forward keeps one logsumexp
+    per position, backward recomputes each chunk's softmax and writes the gradient in the
+    logits' own dtype. With Qwen3's 151,936-token vocabulary a float32 copy of 8 x 2048
+    positions alone is 10 GB (bench/logprob_memory.py).
     """
     if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match input_ids "
                          f"{tuple(input_ids.shape)}")
-    pred = logits[:, :-1, :].float()
-    targets = input_ids[:, 1:].long().unsqueeze(-1)
-    picked = pred.gather(-1, targets).squeeze(-1) - torch.logsumexp(pred, dim=-1)
-    out = torch.cat([picked.new_zeros(picked.shape[0], 1), picked], dim=1)
+    if not (temperature > 0.0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a positive number, got {temperature}")
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     if response_mask is not None:
         if response_mask.shape != input_ids.shape:
             raise ValueError(f"response_mask {tuple(response_mask.shape)} does not match "
                              f"input_ids {tuple(input_ids.shape)}")
         if response_mask[:, 0].any():
             raise ValueError("response_mask must be false at position 0 (no token predicts it)")
+    rows = max(1, chunk_bytes // (4 * max(logits.shape[-1], 1)))
+    out = _ChosenLogProb.apply(logits, input_ids.long(), float(temperature), rows)
+    if response_mask is not None:
         out = torch.where(response_mask.bool(), out, torch.zeros_like(out))
     return out
+
+
+def _chunks(logits: torch.Tensor, rows: int):
+    """(b, t0, t1): the predicting positions [t0, t1) of sequence b, at most `rows` at a time
+    (each one row block of logits[b], contiguous when logits is)."""
+    last = logits.shape[1] - 1
+    for b in range(logits.shape[0]):
+        for t0 in range(0, last, rows):
+            yield b, t0, min(t0 + rows, last)
+
+
+class _ChosenLogProb(torch.autograd.Function):
+    """out[b, t + 1] = log_softmax(logits[b, t] / temperature)[ids[b, t + 1]], chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, logits, ids, temperature, rows):
+        batch, length, _ = logits.shape
+        out = torch.zeros(batch, length, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(batch, max(length - 1, 0), dtype=torch.float32, device=logits.device)
+        for b, t0, t1 in _chunks(logits, rows):
+            x = logits[b, t0:t1].float()  # the logits themselves when already float32: not written
+            if temperature != 1.0:
+                x = x / temperature
+            lse[b, t0:t1] = torch.logsumexp(x, dim=-1)
+            picked = x.gather(-1, ids[b, t0 + 1:t1 + 1, None]).squeeze(-1)
+            out[b, t0 + 1:t1 + 1] = picked - lse[b, t0:t1]
+        ctx.save_for_backward(logits, ids, lse)
+        ctx.temperature, ctx.rows = temperature, rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, ids, lse = ctx.saved_tensors
+        temperature = ctx.temperature
+        grad = torch.empty_like(logits)
+        grad[:, -1].zero_()  # the last position predicts nothing
+        for b, t0, t1 in _chunks(logits, ctx.rows):
+            g = grad_out[b, t0 + 1:t1 + 1].float().div(temperature)
+            x = logits[b, t0:t1].to(torch.float32, copy=True)  # a chunk this loop may overwrite
+            if temperature != 1.0:
+                x.div_(temperature)
+            # d out / d x = onehot(target) - softmax(x), scaled by 1 / temperature
+            p = x.sub_(lse[b, t0:t1, None]).exp_().mul_(-g[:, None])
+            p.scatter_add_(-1, ids[b, t0 + 1:t1 + 1, None], g[:, None])
+            grad[b, t0:t1] = p
+        return grad, None, None, None

@@ -12,7 +12,7 @@ from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint
 from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
 from rlboost.rollout.embedded_config import EmbeddedEngineConfig
-from rlboost.rollout.sglang_engine import SGLangEngineConfig
+from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.transfer import TransferConfig
 
 TOK = ByteTokenizer()

@@ -1,26 +1,35 @@
 """FakeSGLangEngineForTests: a CPU stand-in for `sglang.Engine`, for testing the SGLang
-adapter where SGLang cannot run. Test-only.
+adapter where SGLang cannot run. Test-only; test_sglang_conformance.py checks its surface
+against the installed package.
 
-It follows the public surface the adapter uses and the shapes SGLang produces: keyword
-construction with ServerArgs names (unknown ones raise TypeError), an event loop bound at
-construction that the synchronous methods drive with run_until_complete (so they fail while
-that loop runs, as SGLang's do), `async_generate(..., stream=True)` returning an async
-generator that registers its rid only once iterated (an earlier abort_request is ignored, as
-in SGLang), cumulative chunks `{"output_ids", "meta_info": {"id", "finish_reason",
-"completion_tokens", "output_token_logprobs": [(logprob, id, None)], ...}}`, finish reasons
-{"type": "length" | "stop" | "abort", ...}, update_weights_from_tensor pickling the tensors
-for a scheduler process, and (success, message) answers.
-
-Tokens are a deterministic function of (weights, every token before them): logits come from
-a hash of the weights and the prefix; sampling applies temperature, top-k and top-p as SGLang
-does and, with enable_deterministic_inference and a sampling_seed, draws with Gumbel noise
-keyed by (seed, position) as SGLang's multinomial_with_seed does (otherwise at random).
+Written from SGLang's source (srt/entrypoints/engine.py, managers/tokenizer_manager.py,
+managers/scheduler.py, scheduler_components/weight_updater.py and flush_wrapper.py), one
+release line at a time: RULES["0.5.9"] (0.5.9-0.5.20) and RULES["0.5.21"] (0.5.21-0.5.23).
+- Engine: keyword construction with ServerArgs names (unknown ones raise TypeError); an event
+  loop bound at construction that the synchronous methods drive with run_until_complete (so
+  they fail while that loop runs); no pause_generation, continue_generation or
+  abort_request (its TokenizerManager aborts); begin/end_weight_update only from 0.5.21.
+- TokenizerManager.abort_request(rid) ignores a rid it has not registered (a stream
+  registers its rid once iterated); from 0.5.20 it sends one abort per rid. The scheduler
+  applies aborts at its next step to every request whose rid *starts with* the given one.
+- A generate stream holds model_update_lock as a reader until it ends; weight updates and
+  the session calls take it as the writer, so they wait for every open stream.
+- The scheduler is idle when nothing runs and its last batch was empty (one empty step
+  after the last request ended), and from 0.5.20 when nothing is queued. flush_cache
+  succeeds only then; release_memory_occupation asserts it.
+- update_weights_from_tensor is refused outside a session from 0.5.21; with flush_cache=True
+  on a busy scheduler it fails (0.5.21) or kills the scheduler with an assert (0.5.9).
+- Chunks `{"output_ids", "meta_info": {"id", "finish_reason", "completion_tokens",
+  "output_token_logprobs": [(logprob, id, None)], ...}}`, cumulative (incremental with
+  incremental_streaming_output, a server argument from 0.5.20); answers (success, message),
+  flush_cache's an object.
+Tokens come from fake_sglang_model (deterministic in the weights and the prefix).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import io
 import json
 import pickle
@@ -30,10 +39,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import torch
 import torch.multiprocessing  # noqa: F401  (registers the tensor reductions SGLang's serializer uses)
 from multiprocessing.reduction import ForkingPickler
 from safetensors.torch import load_file
+
+import fake_sglang_model as model
 
 SERVER_ARGS = {"model_path": None, "tp_size": 1, "mem_fraction_static": None, "dtype": "auto",
                "stream_interval": 1, "skip_tokenizer_init": False, "enable_deterministic_inference": False,
@@ -41,15 +51,29 @@ SERVER_ARGS = {"model_path": None, "tp_size": 1, "mem_fraction_static": None, "d
                "incremental_streaming_output": False, "enable_memory_saver": False}
 SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
                  "ignore_eos", "no_stop_trim", "skip_special_tokens", "sampling_seed", "min_new_tokens"}
-_MASK = (1 << 64) - 1
+ABORTED = {"type": "abort", "message": "Abort in running batch", "status_code": None, "err_type": None}
 
 
-def _mix(h: int, token: int) -> int:
-    return ((h ^ (token + 0x9E3779B97F4A7C15)) * 0x100000001B3) & _MASK
+@dataclass(frozen=True)
+class SGLangRules:
+    """What differs between SGLang release lines, as their source has it."""
+
+    release: str
+    weight_update_session: bool  # Engine.begin/end_weight_update; updates refused outside one
+    flush_counts_queued: bool    # flush_cache also refuses while requests wait in the queue
+    abort_once_per_rid: bool     # TokenizerManager sends a rid's abort once (ReqState.abort_sent)
+    incremental_streaming: bool  # ServerArgs has incremental_streaming_output
+
+    def server_args(self) -> dict:
+        """The ServerArgs names (and defaults) this stand-in accepts."""
+        return {k: v for k, v in SERVER_ARGS.items()
+                if self.incremental_streaming or k != "incremental_streaming_output"}
 
 
-def _digest(t: torch.Tensor) -> bytes:
-    return hashlib.blake2b(t.detach().to(torch.float32).contiguous().numpy().tobytes(), digest_size=16).digest()
+RULES = {"0.5.9": SGLangRules(release="0.5.9", weight_update_session=False, flush_counts_queued=False,
+                              abort_once_per_rid=False, incremental_streaming=False),
+         "0.5.21": SGLangRules(release="0.5.21", weight_update_session=True, flush_counts_queued=True,
+                               abort_once_per_rid=True, incremental_streaming=True)}
 
 
 @dataclass
@@ -63,39 +87,79 @@ class _Req:
     finish: dict | None = None
     chunks: asyncio.Queue = field(default_factory=asyncio.Queue)
     sent: int = 0
+    abort_sent: bool = False
 
 
 class _FakeTokenizerManager:
-    """The part of SGLang's TokenizerManager the adapter may touch: abort_request and rid_to_state."""
+    """The part of SGLang's TokenizerManager the adapter touches: abort_request, rid_to_state."""
 
     def __init__(self, engine: FakeSGLangEngineForTests):
         self.engine = engine
         self.rid_to_state: dict[str, _Req] = {}
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        self.engine.events.append(("abort", rid))
-        for req in list(self.rid_to_state.values()) if abort_all else [self.rid_to_state.get(rid)]:
-            if req is not None and req.finish is None:
-                self.engine._finish(req, {"type": "abort", "message": "Abort in running batch",
-                                          "status_code": None, "err_type": None})
+        engine = self.engine
+        engine.events.append(("abort", rid))
+        if not abort_all:
+            state = self.rid_to_state.get(rid)
+            if not rid or state is None:
+                return
+            if engine.rules.abort_once_per_rid:
+                if state.abort_sent:
+                    return
+                state.abort_sent = True
+        engine._inbox.append((rid, abort_all))
+        engine._wake()
+
+
+class _ModelUpdateLock:
+    """SGLang's model_update_lock (an RWLock): streams share it, a writer waits for them all
+    and keeps new ones out. Polls every tick, which a fake may."""
+
+    def __init__(self, tick: float):
+        self.tick, self.readers, self.writer = tick, 0, False
+
+    async def acquire_read(self) -> None:
+        while self.writer:
+            await asyncio.sleep(self.tick)
+        self.readers += 1
+
+    def release_read(self) -> None:
+        self.readers -= 1
+
+    @contextlib.asynccontextmanager
+    async def writing(self):
+        while self.writer:
+            await asyncio.sleep(self.tick)
+        self.writer = True
+        try:
+            while self.readers:
+                await asyncio.sleep(self.tick)
+            yield
+        finally:
+            self.writer = False
 
 
 class FakeSGLangEngineForTests:
-    """Use as SGLangEngine(config, engine_factory=FakeSGLangEngineForTests). Records the
-    control calls and generate requests it got in `events` and `requests`.
+    """Use as SGLangEngine(config, engine_factory=FAKES["0.5.21"]). Records the control calls
+    and generate requests it got in `events` and `requests`.
 
     Test knobs: eos_token_ids (the model's EOS), hold_new_requests (requests wait before
     registering until open_admission()), abort_after_tokens (SGLang aborts a request itself,
     as on memory exhaustion), fail_updates (update_weights_from_tensor answers failure),
-    finish_alone (a request's finish comes in a chunk of its own, with no new token)."""
+    finish_alone (a finish comes in a chunk of its own, with no new token), busy_flushes
+    (that many flush_cache calls are refused, as while the scheduler still finishes a batch)."""
+
+    rules = RULES["0.5.9"]
 
     def __init__(self, *, eos_token_ids: tuple[int, ...] | None = None, step_s: float = 0.0005,
                  hold_new_requests: bool = False, abort_after_tokens: int | None = None,
-                 fail_updates: bool = False, finish_alone: bool = False, **kwargs):
-        unknown = sorted(set(kwargs) - set(SERVER_ARGS))
+                 fail_updates: bool = False, finish_alone: bool = False, busy_flushes: int = 0, **kwargs):
+        accepted = self.rules.server_args()
+        unknown = sorted(set(kwargs) - set(accepted))
         if unknown:
             raise TypeError(f"ServerArgs.__init__() got unexpected keyword arguments {unknown}")
-        self.server_args = SimpleNamespace(**{**SERVER_ARGS, **kwargs})
+        self.server_args = SimpleNamespace(**{**SERVER_ARGS, **accepted, **kwargs})
         root = Path(self.server_args.model_path)
         hf = json.loads((root / "config.json").read_text())
         self.vocab_size = int(hf["vocab_size"])
@@ -106,14 +170,18 @@ class FakeSGLangEngineForTests:
         self.tied = bool(hf.get("tie_word_embeddings", False))
         tensors = load_file(str(root / "model.safetensors"))
         self._shapes = {n: tuple(t.shape) for n, t in tensors.items()}
-        self._digests = {n: _digest(t) for n, t in tensors.items()}
-        self._weights_key = self._key()
+        self._digests = {n: model.digest(t) for n, t in tensors.items()}
+        self._weights_key = model.weights_key(self._digests)
         self.step_s = step_s
         self.events: list[tuple] = []
         self.requests: list[dict] = []
         self.tokenizer_manager = _FakeTokenizerManager(self)
+        self._waiting: list[_Req] = []
         self._running: dict[str, _Req] = {}
-        self._paused = False
+        self._inbox: list[tuple[str, bool]] = []
+        self._last_batch = 0
+        self._lock = _ModelUpdateLock(step_s)
+        self.session_open = False
         self.memory_released = False
         self._rng = np.random.default_rng()
         try:
@@ -122,8 +190,6 @@ class FakeSGLangEngineForTests:
             self.loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self.loop)
         self._work = asyncio.Event()
-        self._resume = asyncio.Event()
-        self._resume.set()
         self._scheduler: asyncio.Task | None = None
         self._admit = asyncio.Event()
         if not hold_new_requests:
@@ -131,6 +197,7 @@ class FakeSGLangEngineForTests:
         self.abort_after_tokens = abort_after_tokens
         self.fail_updates = fail_updates
         self.finish_alone = finish_alone
+        self.busy_flushes = busy_flushes
         self.finished: dict[str, dict] = {}  # rid -> finish_reason, guarded by _done
         self._done = threading.Condition()
 
@@ -171,46 +238,78 @@ class FakeSGLangEngineForTests:
 
     async def _stream(self, req: _Req):
         await self._admit.wait()
-        await self._resume.wait()  # a paused engine holds new requests back
-        if req.rid in self.tokenizer_manager.rid_to_state:
+        states = self.tokenizer_manager.rid_to_state
+        if req.rid in states:
             raise ValueError(f"Duplicate request ID: {req.rid}")
-        self.tokenizer_manager.rid_to_state[req.rid] = req
+        states[req.rid] = req
+        try:
+            await self._lock.acquire_read()
+            try:
+                self._enqueue(req)
+                while True:
+                    chunk = await req.chunks.get()
+                    yield chunk
+                    if chunk["meta_info"]["finish_reason"] is not None:
+                        return
+            finally:
+                self._lock.release_read()
+        finally:
+            states.pop(req.rid, None)
+
+    def _enqueue(self, req: _Req) -> None:
         if self.memory_released:
             raise RuntimeError("generation while the memory occupation is released")
-        h = 0
-        for t in req.input_ids:
-            h = _mix(h, t)
-        req.prefix = h
+        req.prefix = model.prefix_hash(req.input_ids)
         if any(not 0 <= t < self.vocab_size for t in req.input_ids):
             self._finish(req, {"type": "abort", "message": "token id out of vocabulary", "status_code": 400})
-        else:
-            self._running[req.rid] = req
-            self._work.set()
-            if self._scheduler is None or self._scheduler.done():
-                self._scheduler = self.loop.create_task(self._schedule())
-        try:
-            while True:
-                chunk = await req.chunks.get()
-                yield chunk
-                if chunk["meta_info"]["finish_reason"] is not None:
-                    return
-        finally:
-            self.tokenizer_manager.rid_to_state.pop(req.rid, None)
+            return
+        self._waiting.append(req)
+        self._wake()
+
+    def _wake(self) -> None:
+        self._work.set()
+        if self._scheduler is None or self._scheduler.done():
+            self._scheduler = self.loop.create_task(self._schedule())
 
     async def _schedule(self) -> None:
         while True:
             await self._work.wait()
-            for req in list(self._running.values()):
-                self._decode_one(req)
-            if not self._running:
+            self._step()
+            if not (self._running or self._waiting or self._inbox or self._last_batch):
                 self._work.clear()
             await asyncio.sleep(self.step_s)
 
+    def _step(self) -> None:
+        """One scheduler iteration: aborts first (by rid prefix), then the queue joins the
+        running batch, then every running request decodes one token."""
+        batch = 0
+        aborts, self._inbox = self._inbox, []
+        for rid, abort_all in aborts:
+            for req in [r for r in self._waiting if abort_all or r.rid.startswith(rid)]:
+                self._waiting.remove(req)
+                self._finish(req, ABORTED)
+            for req in [r for r in self._running.values() if abort_all or r.rid.startswith(rid)]:
+                self._finish(req, ABORTED)
+                batch += 1
+        self._running.update((r.rid, r) for r in self._waiting)
+        self._waiting.clear()
+        for req in list(self._running.values()):
+            self._decode_one(req)
+            batch += 1
+        self._last_batch = batch
+
+    def idle(self) -> bool:
+        """SGLang's Scheduler.is_fully_idle, as flush_cache and release_memory_occupation see it."""
+        queued = self.rules.flush_counts_queued and bool(self._waiting)
+        return not self._running and self._last_batch == 0 and not queued
+
     def _decode_one(self, req: _Req) -> None:
-        token, logprob = self._sample(req)
+        position = len(req.input_ids) + len(req.out)
+        token, logprob = model.sample(self._weights_key, req.prefix, position, self.vocab_size, req.params,
+                                      self.server_args.enable_deterministic_inference, self._rng)
         req.out.append(token)
         req.logprobs.append(logprob)
-        req.prefix = _mix(req.prefix, token)
+        req.prefix = model.mix(req.prefix, token)
         p = req.params
         if self.abort_after_tokens is not None and len(req.out) >= self.abort_after_tokens:
             self._finish(req, {"type": "abort", "message": "KV cache exhausted", "status_code": 503})
@@ -220,26 +319,6 @@ class FakeSGLangEngineForTests:
             self._finish(req, {"type": "stop", "matched": token})
         elif len(req.out) % self.server_args.stream_interval == 0:
             req.chunks.put_nowait(self._chunk(req))
-
-    def _sample(self, req: _Req) -> tuple[int, float]:
-        p = req.params
-        logits = np.random.default_rng([self._weights_key, req.prefix]).standard_normal(self.vocab_size) * 2.0
-        temperature = p.get("temperature", 1.0)
-        if temperature < 1e-6:  # SGLang: greedy, logprobs at temperature 1
-            probs = _softmax(logits)
-            token = int(np.argmax(logits))
-            return token, float(np.log(probs[token]))
-        probs = _softmax(logits / temperature)
-        kept = _top_k_top_p(probs, p.get("top_k", -1), p.get("top_p", 1.0))
-        seed = p.get("sampling_seed")
-        if self.server_args.enable_deterministic_inference and seed is not None:
-            position = len(req.input_ids) + len(req.out) - 1
-            gumbel = np.random.default_rng([seed, position]).gumbel(size=self.vocab_size)
-            with np.errstate(divide="ignore"):
-                token = int(np.argmax(np.log(kept) + gumbel))
-        else:
-            token = int(self._rng.choice(self.vocab_size, p=kept / kept.sum()))
-        return token, float(np.log(probs[token]))
 
     def _chunk(self, req: _Req) -> dict:
         incremental = self.server_args.incremental_streaming_output
@@ -265,34 +344,14 @@ class FakeSGLangEngineForTests:
 
     # ---- control (synchronous, driving self.loop like SGLang's Engine) ----------------
 
-    def pause_generation(self, mode: str = "retract"):
-        self.events.append(("pause", mode))
-        return self.loop.run_until_complete(self._pause(mode))
-
-    async def _pause(self, mode: str) -> None:
-        self._resume.clear()
-        self._paused = True
-        if mode == "abort":
-            self.tokenizer_manager.abort_request(abort_all=True)
-        while self._running:
-            await asyncio.sleep(self.step_s)
-
-    def continue_generation(self):
-        self.events.append(("continue",))
-        return self.loop.run_until_complete(self._continue())
-
-    async def _continue(self) -> None:
-        self._paused = False
-        self._resume.set()
-
     def flush_cache(self):
-        self.events.append(("flush_cache",))
         return self.loop.run_until_complete(self._flush())
 
     async def _flush(self):
-        busy = bool(self._running)
-        return SimpleNamespace(success=not busy, flushed_items=0,
-                               error_msg="requests are running" if busy else "")
+        ok = self.idle() and self.busy_flushes <= 0
+        self.busy_flushes -= 1
+        self.events.append(("flush_cache", ok))
+        return SimpleNamespace(success=ok, message="")
 
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
         payloads = []
@@ -301,12 +360,22 @@ class FakeSGLangEngineForTests:
             ForkingPickler(buf).dump(named_tensors)
             payloads.append(buf.getvalue())
         self.events.append(("update_weights_from_tensor", tuple(n for n, _ in named_tensors), flush_cache))
-        return self.loop.run_until_complete(self._update(payloads[0]))
+        return self.loop.run_until_complete(self._update(payloads[0], flush_cache))
 
-    async def _update(self, payload: bytes):
-        while self._running:  # SGLang waits for running requests (model update lock)
-            await asyncio.sleep(self.step_s)
-        named = pickle.loads(payload)
+    async def _update(self, payload: bytes, flush_cache: bool):
+        async with self._lock.writing():
+            if self.rules.weight_update_session and not self.session_open:
+                return False, ("update_weights_from_tensor must run between begin_weight_update() "
+                               "and end_weight_update()")
+            ok, message = self._replace(pickle.loads(payload))
+            if ok and flush_cache and not self.idle():
+                if not self.rules.weight_update_session:
+                    raise AssertionError("Cache flush failed after updating weights (the scheduler exits)")
+                return False, ("Weights were updated, but the cache was not flushed because requests are "
+                               "still running or queued. Retract or finish them, then call /flush_cache.")
+            return ok, message
+
+    def _replace(self, named) -> tuple[bool, str]:
         if self.fail_updates:
             return False, "Failed to update weights: CUDA error: an illegal memory access"
         for name, t in named:
@@ -318,12 +387,14 @@ class FakeSGLangEngineForTests:
                 return False, f"Failed to update weights: {name} shape {tuple(t.shape)} != {self._shapes[name]}"
         for name, t in named:
             if name in self._shapes:
-                self._digests[name] = _digest(t)
-        self._weights_key = self._key()
+                self._digests[name] = model.digest(t)
+        self._weights_key = model.weights_key(self._digests)
         return True, "Succeeded to update model weights."
 
     def release_memory_occupation(self, tags=None):
         self.events.append(("release_memory_occupation", tags))
+        if not self.idle():  # an assert in SGLang's scheduler, which then exits
+            raise AssertionError("release_memory_occupation should be called only when server is idle.")
         self.memory_released = True
 
     def resume_memory_occupation(self, tags=None):
@@ -335,38 +406,40 @@ class FakeSGLangEngineForTests:
         if self._scheduler is not None:
             self._scheduler.cancel()
 
-    def _key(self) -> int:
-        h = hashlib.blake2b(digest_size=8)
-        for name in sorted(self._digests):
-            h.update(name.encode() + self._digests[name])
-        return int.from_bytes(h.digest(), "little")
+
+class FakeSGLang059ForTests(FakeSGLangEngineForTests):
+    """SGLang 0.5.9-0.5.20: no weight-update session."""
+
+    rules = RULES["0.5.9"]
 
 
-class EngineAbortFake(FakeSGLangEngineForTests):
-    """An SGLang build whose Engine itself offers abort_request (the adapter prefers it)."""
+class FakeSGLang0521ForTests(FakeSGLangEngineForTests):
+    """SGLang 0.5.21-0.5.23: updates only inside begin_weight_update()/end_weight_update()."""
 
-    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        self.events.append(("engine.abort_request", rid))
-        self.tokenizer_manager.abort_request(rid=rid, abort_all=abort_all)
+    rules = RULES["0.5.21"]
+
+    def begin_weight_update(self, selector: str = "all"):
+        self.events.append(("begin_weight_update",))
+        return self.loop.run_until_complete(self._session(True))
+
+    def end_weight_update(self):
+        self.events.append(("end_weight_update",))
+        return self.loop.run_until_complete(self._session(False))
+
+    async def _session(self, opening: bool):
+        async with self._lock.writing():
+            if opening == self.session_open:
+                return False, ("a weight-update session is already open; call end_weight_update() first"
+                               if opening else "no weight-update session is open; call begin_weight_update() first")
+            self.session_open = opening
+            return True, "Success"
 
 
-class ShortContextFake(FakeSGLangEngineForTests):
+FAKES = {"0.5.9": FakeSGLang059ForTests, "0.5.21": FakeSGLang0521ForTests}
+
+
+class ShortContextFake(FakeSGLang0521ForTests):
     """SGLang's context is 12 tokens, and it reports a finish in a chunk of its own."""
 
     def __init__(self, **kwargs):
         super().__init__(**{**kwargs, "context_length": 12}, finish_alone=True)
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
-
-
-def _top_k_top_p(probs: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
-    order = np.argsort(-probs, kind="stable")
-    keep = np.ones(len(probs), dtype=bool)
-    if 0 < top_k < len(probs):
-        keep[order[top_k:]] = False
-    sorted_p = probs[order]
-    keep[order[(np.cumsum(sorted_p) - sorted_p) > top_p]] = False
-    return np.where(keep, probs, 0.0)

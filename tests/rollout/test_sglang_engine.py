@@ -1,5 +1,6 @@
 """The SGLang adapter: the RolloutEngine contract, what it asks of SGLang and how it reads
-the answers, checked against FakeSGLangEngineForTests (SGLang itself cannot run here)."""
+the answers, checked against FakeSGLangEngineForTests under each release line's rules
+(SGLang itself cannot run here; test_sglang_conformance.py checks against the package)."""
 
 import asyncio
 import sys
@@ -12,23 +13,31 @@ from hypothesis import strategies as st
 
 from engine_contract import (Collected, ContractTarget, EngineContract, absorb, collect, make_state, poll_until,
                              run_alone)
-from fake_sglang import EngineAbortFake, FakeSGLangEngineForTests, ShortContextFake
+from fake_sglang import FAKES, ShortContextFake
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.models import ModelConfig, load_pretrained
-from rlboost.rollout._sglang_requests import SGLangSample, cut_at_stop, finish_of, new_entries, sampling_seed
-from rlboost.rollout._sglang_thread import LoopThread
-from rlboost.rollout._sglang_weights import weight_buckets
-from rlboost.rollout.sglang_engine import SGLangEngine, SGLangEngineConfig
+from rlboost.rollout.sglang import weights as sglang_weights
+from rlboost.rollout.sglang.engine import SGLangEngine, SGLangEngineConfig
+from rlboost.rollout.sglang.requests import (SGLangSample, cut_at_stop, finish_of, new_entries, request_id,
+                                             sampling_seed)
+from rlboost.rollout.sglang.thread import LoopThread
+from rlboost.rollout.sglang.weights import weight_buckets
 
 VERSION = 3
 
 
+@pytest.fixture(params=sorted(FAKES))
+def release(request) -> str:
+    """The SGLang release line whose rules the fake follows."""
+    return request.param
+
+
 @pytest.fixture
-def contract_target(tiny_ckpt, tiny_ckpt_other):
+def contract_target(tiny_ckpt, tiny_ckpt_other, release):
     config = SGLangEngineConfig(model_path=str(tiny_ckpt), stream_interval=2, weight_version=VERSION)
     return ContractTarget(
-        make_engine=lambda: SGLangEngine(config, engine_factory=FakeSGLangEngineForTests),
+        make_engine=lambda: SGLangEngine(config, engine_factory=FAKES[release]),
         vocab_size=ModelConfig.load(tiny_ckpt).vocab_size,
         weight_version=VERSION,
         weights=lambda: load_pretrained(tiny_ckpt).state_dict(),
@@ -51,13 +60,14 @@ def made():
 
 
 @pytest.fixture
-def start(tiny_ckpt, made):
+def start(tiny_ckpt, made, release):
     engines = []
 
     def start(**overrides):
         knobs = {k: overrides.pop(k) for k in ("eos_token_ids", "hold_new_requests", "abort_after_tokens",
-                                               "fail_updates", "finish_alone", "factory_class") if k in overrides}
-        cls = knobs.pop("factory_class", FakeSGLangEngineForTests)
+                                               "fail_updates", "finish_alone", "busy_flushes", "factory_class")
+                 if k in overrides}
+        cls = knobs.pop("factory_class", FAKES[release])
 
         def factory(**kwargs):
             made.append(cls(**kwargs, **knobs))
@@ -81,7 +91,7 @@ def test_each_sample_is_one_request_resumed_from_prompt_plus_output(start, made)
     engine.submit([resumed, fresh])
     collect(engine, [7, 8], {7: Collected(ids=[11, 12, 13], logprobs=[-1.0] * 3)})
     asked = {r["rid"]: r for r in made[0].requests}
-    first, second = (asked[r] for r in sorted(asked, key=lambda r: int(r.rsplit("-", 1)[1])))
+    first, second = (asked[r] for r in sorted(asked, key=lambda r: int(r.rsplit("-", 1)[1], 16)))
     assert first["input_ids"] == [*resumed.prompt_ids, 11, 12, 13]
     assert first["sampling_params"] == {
         "max_new_tokens": 17, "temperature": 1.0, "top_p": 0.9, "top_k": 40, "stop_token_ids": [258],
@@ -133,16 +143,6 @@ def test_a_stop_token_ends_the_sample_even_when_sglang_reports_length(start):
     # SGLang checks the length first: on the last allowed token it reports "length".
     out = run_alone(start(), [make_state(1, VERSION, max_new=k + 1, stop=(free[k],))])[1]
     assert out.ids == free[:k + 1] and out.finish == "stop"
-
-
-def test_aborts_go_through_the_engines_own_abort_request_when_it_has_one(start, made):
-    engine = start(factory_class=EngineAbortFake)
-    engine.submit([make_state(1, VERSION, max_new=400)])
-    poll_until(engine, {}, lambda o: 1 in o)
-    engine.abort([1])
-    rid = made[0].requests[0]["rid"]
-    assert made[0].wait_finished(rid)["type"] == "abort"
-    assert ("engine.abort_request", rid) in made[0].events
 
 
 def test_a_finish_sglang_reports_alone_still_reaches_the_caller(start):
@@ -244,24 +244,86 @@ def _greedy(engine, sid: int, version: int) -> list[int]:
     return run_alone(engine, [make_state(sid, version, temperature=0.0, max_new=16)])[sid].ids
 
 
-def test_load_weights_pauses_updates_flushes_and_continues_in_order(start, made, tiny_ckpt_other):
+def _control(fake) -> list[str]:
+    return [e[0] for e in fake.events if e[0] != "abort"]
+
+
+def test_load_weights_asks_each_release_for_what_it_needs(start, made, release, tiny_ckpt_other):
     engine = start()
     engine.load_weights(load_pretrained(tiny_ckpt_other).named_weights(), VERSION + 1)
-    control = [e for e in made[0].events if e[0] != "abort"]
-    assert [e[0] for e in control] == ["pause", "update_weights_from_tensor", "flush_cache", "continue"]
-    assert control[0] == ("pause", "abort") and control[1][2] is False  # one flush, at the end
+    session = ["begin_weight_update", "update_weights_from_tensor", "end_weight_update"]
+    update = session if release == "0.5.21" else ["update_weights_from_tensor"]
+    assert _control(made[0]) == [*update, "flush_cache"]
+    assert all(e[2] is False for e in made[0].events if e[0] == "update_weights_from_tensor")  # one flush
     assert engine.load().weight_version == VERSION + 1
 
 
-def test_load_weights_without_pause_api_still_loads(start, made, tiny_ckpt_other):
-    class NoPause(FakeSGLangEngineForTests):
-        pause_generation = None
+def test_the_old_call_order_fails_on_0_5_21_as_sglang_does(start, made, release, tiny_ckpt_other, monkeypatch):
+    """Before 0.5.21-aware loading, update_weights_from_tensor ran without a session: SGLang
+    0.5.21+ answers (False, "... must run between begin_weight_update() and
+    end_weight_update()") and the engine fails; on 0.5.9 the same calls load."""
+    monkeypatch.setattr(sglang_weights, "has_update_session", lambda engine: False)
+    engine = start()
+    other = load_pretrained(tiny_ckpt_other).named_weights()
+    if release == "0.5.9":
+        engine.load_weights(other, VERSION + 1)
+        assert engine.load().weight_version == VERSION + 1
+        return
+    with pytest.raises(RolloutError, match=r"between begin_weight_update\(\) and end_weight_update\(\)"):
+        engine.load_weights(other, VERSION + 1)
+    with pytest.raises(RolloutError, match="failed"):
+        engine.poll(0.0)
 
-    engine = start(factory_class=NoPause)
-    before = _greedy(engine, 1, VERSION)
+
+def test_a_flush_sglang_refuses_is_retried_until_it_is_idle(start, made, tiny_ckpt_other):
+    """SGLang refuses flush_cache while its scheduler still holds a batch (requests aborted a
+    moment ago): one try, as before, left the engine failed."""
+    engine = start(busy_flushes=3)
     engine.load_weights(load_pretrained(tiny_ckpt_other).named_weights(), VERSION + 1)
-    assert [e[0] for e in made[0].events if e[0] != "abort"] == ["update_weights_from_tensor", "flush_cache"]
-    assert _greedy(engine, 2, VERSION + 1) != before
+    assert [e[1] for e in made[0].events if e[0] == "flush_cache"] == [False, False, False, True]
+    assert engine.load().weight_version == VERSION + 1
+
+
+def test_a_scheduler_that_never_goes_idle_fails_the_load_within_its_bound(start, tiny_ckpt_other):
+    engine = start(busy_flushes=10**9, flush_timeout_s=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(RolloutError, match="flush_timeout_s"):
+        engine.load_weights(load_pretrained(tiny_ckpt_other).named_weights(), VERSION + 1)
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(RolloutError, match="failed"):
+        engine.poll(0.0)
+
+
+def test_weights_load_right_after_an_abort_while_sglang_drains_it(start, made, tiny_ckpt_other):
+    engine = start()
+    engine.submit([make_state(i, VERSION, max_new=400) for i in range(3)])
+    poll_until(engine, {}, lambda o: len(o) == 3)
+    engine.abort([0, 1, 2])
+    engine.load_weights(load_pretrained(tiny_ckpt_other).named_weights(), VERSION + 1)  # no wait in between
+    assert all(made[0].wait_finished(r["rid"])["type"] == "abort" for r in made[0].requests)
+    assert run_alone(engine, [make_state(5, VERSION + 1)])[5].versions == {VERSION + 1}
+
+
+def test_request_ids_are_never_prefixes_of_each_other():
+    """SGLang aborts every request whose rid starts with the one given."""
+    rids = sorted(request_id("rlboost-0a1b2c3d", serial, sid) for serial in range(1, 300) for sid in range(-12, 120))
+    assert len(set(rids)) == len(rids)
+    # In sorted order a string that is a prefix of any other is a prefix of its successor.
+    assert not any(b.startswith(a) for a, b in zip(rids, rids[1:]))
+
+
+def test_one_samples_requests_never_abort_each_other(start, made):
+    engine = start()
+    engine.submit([make_state(1, VERSION, max_new=300)])
+    for i in range(11):  # 12 requests for sample 1, serials 1 to 12 (1 vs 10, 11, 12)
+        made[0].wait_for_requests(i + 1)
+        batch = engine.export_states([1])
+        engine.import_states(batch)
+    state = batch.states[0]
+    out = collect(engine, [1], {1: Collected(ids=list(state.output_ids), logprobs=list(state.output_logprobs))})
+    assert out[1].finish == "length" and len(out[1].ids) == 300
+    rids = [r["rid"] for r in made[0].requests]
+    assert len(rids) == 12 and not any(a != b and b.startswith(a) for a in rids for b in rids)
 
 
 def test_weight_views_reach_sglang_and_the_callers_buffer_stays_put(start, tiny_ckpt, tiny_ckpt_other):
@@ -301,7 +363,7 @@ def test_weights_that_do_not_fit_are_refused_before_sglang_sees_them(start, made
         broken[name] = [1.0] * good[name].numel()
     with pytest.raises(RolloutError):
         engine.load_weights(broken, VERSION + 1)
-    assert not [e for e in made[0].events if e[0] in ("pause", "update_weights_from_tensor")]
+    assert not [e for e in made[0].events if e[0] in ("begin_weight_update", "update_weights_from_tensor")]
     assert engine.load().weight_version == VERSION
     assert run_alone(engine, [make_state(1, VERSION)])[1].finish == "length"  # still usable
 
@@ -310,7 +372,7 @@ def test_a_failed_update_inside_sglang_leaves_the_engine_failed(start, made, tin
     engine = start(fail_updates=True)
     with pytest.raises(RolloutError, match="illegal memory access"):
         engine.load_weights(load_pretrained(tiny_ckpt).named_weights(), VERSION + 1)
-    assert made[0].events[-1] == ("continue",)  # generation is not left paused
+    assert not made[0].session_open  # closed, so SGLang would take the next load
     with pytest.raises(RolloutError, match="failed"):  # its weights are unknown now
         engine.poll(0.0)
 
@@ -345,7 +407,7 @@ def test_memory_release_waits_for_an_empty_engine_and_blocks_generation(start, m
     with pytest.raises(RolloutError, match="in flight"):
         engine.release_memory()
     engine.abort([1])
-    engine.release_memory()
+    engine.release_memory()  # at once: SGLang asserts it is idle, so the abort must drain first
     with pytest.raises(RolloutError, match="released"):
         engine.submit([make_state(2, VERSION)])
     engine.resume_memory()
@@ -354,7 +416,11 @@ def test_memory_release_waits_for_an_empty_engine_and_blocks_generation(start, m
                                                                    "resume_memory_occupation"]
 
 
-def test_incremental_streaming_output_gives_the_same_tokens(start):
+def test_incremental_streaming_output_gives_the_same_tokens(start, release):
+    if not FAKES[release].rules.incremental_streaming:
+        with pytest.raises(RolloutError, match="incremental_streaming_output"):  # no such ServerArgs field
+            start(extra_engine_kwargs={"incremental_streaming_output": True})
+        return
     states = [make_state(i, VERSION, max_new=15 + i) for i in range(3)]
     cumulative = run_alone(start(), states)
     incremental = run_alone(start(extra_engine_kwargs={"incremental_streaming_output": True}), states)
@@ -364,7 +430,7 @@ def test_incremental_streaming_output_gives_the_same_tokens(start):
 def test_a_misspelled_engine_argument_fails_construction_clearly(tiny_ckpt):
     config = SGLangEngineConfig(model_path=str(tiny_ckpt), extra_engine_kwargs={"attention_backnd": "fa3"})
     with pytest.raises(RolloutError, match="attention_backnd"):
-        SGLangEngine(config, engine_factory=FakeSGLangEngineForTests)
+        SGLangEngine(config, engine_factory=FAKES["0.5.21"])
 
 
 def test_without_sglang_the_error_names_the_extra(tiny_ckpt, monkeypatch):
@@ -375,7 +441,8 @@ def test_without_sglang_the_error_names_the_extra(tiny_ckpt, monkeypatch):
 
 @pytest.mark.parametrize("field, value", [("tp_size", 0), ("stream_interval", 0), ("mem_fraction_static", 1.0),
                                           ("dtype", "fp8"), ("max_model_len", 1), ("weight_bucket_bytes", 10),
-                                          ("rate_window_s", 0.0), ("weight_version", -1), ("model_path", "")])
+                                          ("rate_window_s", 0.0), ("flush_timeout_s", float("inf")),
+                                          ("weight_version", -1), ("model_path", "")])
 def test_bad_config_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SGLangEngineConfig(**{"model_path": "/ckpt", field: value})

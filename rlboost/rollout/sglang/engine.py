@@ -6,6 +6,14 @@ event loop, where one task per SGLang request consumes its token stream, and run
 call between two loop turns, when SGLang's synchronous methods (update_weights_from_tensor,
 flush_cache, ...) may drive that loop. Deltas wait in a buffer that poll() drains under a
 condition variable.
+
+Supported SGLang: 0.5.9 to 0.5.23 (the `sglang` extra pins that range). What differs between
+them is detected, not read from a version string: from 0.5.21 weight updates run inside
+begin_weight_update()/end_weight_update() (weights.push_weights). Every release refuses
+flush_cache while its scheduler is busy, so the flush after a weight load is retried until
+idle, within config.flush_timeout_s. Engine has no pause or abort call in any of them: aborts
+go through its TokenizerManager by rid, and as the scheduler matches rids by prefix, no rid
+the adapter issues is a prefix of another (requests.request_id).
 """
 
 from __future__ import annotations
@@ -14,22 +22,22 @@ import asyncio
 import atexit
 import functools
 import importlib
-import time
 import uuid
 import weakref
-from collections import deque
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState
 from rlboost.rollout._admission import validate_states
-from rlboost.rollout._sglang_config import SGLangEngineConfig
-from rlboost.rollout._sglang_requests import SGLangSample, cut_at_stop, finish_of, new_entries
-from rlboost.rollout._sglang_thread import LoopThread
-from rlboost.rollout._sglang_weights import check_weights, read_checkpoint_facts, weight_buckets
 from rlboost.rollout._threaded import ThreadedEngineState
 from rlboost.rollout.engine import EngineLoad
+from rlboost.rollout.sglang.config import SGLangEngineConfig
+from rlboost.rollout.sglang.rate import DecodeRate
+from rlboost.rollout.sglang.requests import SGLangSample, cut_at_stop, finish_of, new_entries, request_id
+from rlboost.rollout.sglang.thread import LoopThread
+from rlboost.rollout.sglang.weights import (check_weights, flush_when_idle, push_weights, read_checkpoint_facts,
+                                            weight_buckets)
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig"]
 T = TypeVar("T")
@@ -45,20 +53,12 @@ class SGLangEngine(ThreadedEngineState):
         deltas = engine.poll(1.0)   # [TokenDelta(sample_id=1, start=0, ids=(...), ...)]
         engine.close()
 
-    Each sample is one SGLang request (its own rid): input_ids = prompt + output so far,
-    max_new_tokens reduced by the output so far, and SGLang's per-request `sampling_seed`
-    derived from (seed, sample_id). With deterministic_inference (the default) SGLang draws
-    token t from (sampling_seed, position), so a sample resumed by re-prefill draws the same
-    random numbers; its logits are not promised to be bit-identical though (SGLang's kernels
-    may depend on batch composition, and resumed tokens go through prefill instead of
-    decode), so resumed samples may diverge: `batch_invariant = False`. KV pages stay inside
-    SGLang (`exports_kv = False`): migration is tokens-only.
-
-    Stop tokens are exactly `params.stop_token_ids` (kept in the output): a sample without
-    them runs to max_new_tokens (ignore_eos), and one that SGLang stops on the model's own
-    EOS, not among them, is continued by a new request. Logprobs are SGLang's
-    `output_token_logprobs`. `engine_factory(**config.engine_kwargs())` builds the SGLang
-    engine (default `sglang.Engine`); tests pass a fake with the same API.
+    Each sample is one SGLang request at a time, re-prefilled from prompt + output, with a
+    per-request sampling_seed (requests.py says how). Resumed samples may differ from an
+    uninterrupted run (SGLang's kernels are not batch-invariant: `batch_invariant = False`),
+    and KV pages stay inside SGLang (`exports_kv = False`: migration is tokens-only).
+    `engine_factory(**config.engine_kwargs())` builds the SGLang engine (default
+    `sglang.Engine`); tests pass a stand-in with the same API.
     """
 
     exports_kv = False
@@ -82,8 +82,7 @@ class SGLangEngine(ThreadedEngineState):
         self._samples: dict[int, SGLangSample] = {}
         self._running = self._queued = self._queued_tokens = 0  # _samples summed up
         self._tasks: set[asyncio.Task] = set()
-        self._arrivals: deque[tuple[float, int]] = deque()
-        self._busy_since: float | None = None
+        self._decode_rate = DecodeRate(config.rate_window_s)
         self._released = False
         self._shutdown_error: BaseException | None = None
         try:
@@ -168,8 +167,8 @@ class SGLangEngine(ThreadedEngineState):
             raise RolloutError("SGLang's memory is released: call resume_memory() first")
         validate_states(states, known=self._samples, version=self._version, vocab_size=self.vocab_size,
                         max_model_len=self.max_model_len)
-        if states and self._busy_since is None:
-            self._busy_since = time.perf_counter()
+        if states:
+            self._decode_rate.busy()
         for state in states:
             sample = SGLangSample(state=state, rid=self._new_rid(state.sample_id))
             self._samples[state.sample_id] = sample
@@ -204,23 +203,16 @@ class SGLangEngine(ThreadedEngineState):
         if self._released:
             raise RolloutError("SGLang's memory is released: call resume_memory() first")
         pairs = check_weights(self._facts, named)
-        pause = getattr(self._engine, "pause_generation", None)
-        paused = False
+        # No sample is admitted, but requests aborted a moment ago may still drain inside
+        # SGLang: its update waits for their streams to end (model_update_lock), and the
+        # flush that drops prefix KV computed with the old weights is retried until idle.
         try:
-            if pause is not None:  # aborts what SGLang still drains, holds new requests back
-                pause(mode="abort")
-                paused = True
-            for bucket in weight_buckets(pairs, self.config.weight_bucket_bytes, self.config.dtype):
-                _check_result(self._engine.update_weights_from_tensor(bucket, load_format=None, flush_cache=False),
-                              "update_weights_from_tensor")
-            _check_result(self._engine.flush_cache(), "flush_cache")  # no prefix KV of old weights
+            push_weights(self._engine, weight_buckets(pairs, self.config.weight_bucket_bytes, self.config.dtype))
+            flush_when_idle(self._engine, self._sleep, self.config.flush_timeout_s)
         except BaseException as e:
             # Some tensors may already be replaced: this engine's weights are unknown now.
             self._fail(e)
             raise RolloutError(f"SGLang failed to load weights version {version}: {e!r}") from e
-        finally:
-            if paused:
-                self._engine.continue_generation()
         with self._cond:
             self._version = version
 
@@ -228,6 +220,9 @@ class SGLangEngine(ThreadedEngineState):
         if self._samples:
             raise RolloutError(f"cannot move SGLang's memory while {len(self._samples)} samples are in flight")
         if release and not self._released:
+            # SGLang's scheduler asserts it is idle here (and dies if not), so wait for the
+            # requests aborted a moment ago to drain: a flush it accepts means it is idle.
+            flush_when_idle(self._engine, self._sleep, self.config.flush_timeout_s)
             self._engine.release_memory_occupation()
         elif not release and self._released:
             self._engine.resume_memory_occupation()
@@ -237,7 +232,11 @@ class SGLangEngine(ThreadedEngineState):
 
     def _new_rid(self, sample_id: int) -> str:
         self._rids += 1  # SGLang refuses a rid it still tracks, so every request gets its own
-        return f"{self._rid_prefix}-{sample_id}-{self._rids}"
+        return request_id(self._rid_prefix, self._rids, sample_id)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait on the engine thread while SGLang's loop runs (streams drain meanwhile)."""
+        self._loop.run_until_complete(asyncio.sleep(seconds))
 
     def _start(self, sample: SGLangSample) -> None:
         task = self._loop.create_task(self._consume(sample, sample.rid))
@@ -303,25 +302,18 @@ class SGLangEngine(ThreadedEngineState):
         sample.emitted = upto
 
     def _abort_request(self, rid: str) -> None:
-        abort = getattr(self._engine, "abort_request", None) or self._engine.tokenizer_manager.abort_request
-        abort(rid=rid)
+        # Engine has no abort call: its TokenizerManager has, and ignores a rid it has not
+        # registered yet (see _consume); the scheduler aborts by rid prefix (request_id).
+        self._engine.tokenizer_manager.abort_request(rid=rid)
 
     def _record_arrival(self, n: int) -> None:
-        now = time.perf_counter()
-        window = self.config.rate_window_s
-        self._arrivals.append((now, n))
-        while self._arrivals[0][0] < now - window:
-            self._arrivals.popleft()
-        span = now - max(self._busy_since or now, now - window)
-        if span > 0:
-            rate = sum(k for _, k in self._arrivals) / span
-            with self._cond:
-                self._rate = rate
+        rate = self._decode_rate.add(n)
+        with self._cond:
+            self._rate = rate
 
     def _note_idle(self) -> None:
         if not self._samples:  # the next busy period is measured on its own
-            self._busy_since = None
-            self._arrivals.clear()
+            self._decode_rate.idle()
 
     def _account(self, sample: SGLangSample, sign: int) -> None:
         """Add (+1) or take out (-1) a sample's share of the load counts."""
@@ -360,18 +352,6 @@ def _cancel(loop: asyncio.AbstractEventLoop, tasks) -> None:
         task.cancel()
     if tasks:
         loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-
-
-def _check_result(result: Any, what: str) -> None:
-    """SGLang answers (success, message), an object with .success, or None (older versions)."""
-    if isinstance(result, (tuple, list)) and result and isinstance(result[0], bool):
-        ok, message = result[0], result[1] if len(result) > 1 else ""
-    elif hasattr(result, "success"):
-        ok, message = bool(result.success), getattr(result, "message", "") or getattr(result, "error_msg", "")
-    else:
-        return
-    if not ok:
-        raise RolloutError(f"SGLang {what} failed: {message}")
 
 
 def _sglang_engine_class() -> Callable[..., Any]:

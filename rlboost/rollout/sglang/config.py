@@ -40,6 +40,9 @@ class SGLangEngineConfig:
     weight_bucket_bytes: load_weights hands SGLang the weights in buckets of about this size
     (each bucket is copied once into memory the adapter owns; see load_weights).
     rate_window_s: decode tokens/s is measured over this much recent busy time.
+    flush_timeout_s: how long load_weights and release_memory wait for SGLang's scheduler to
+    go idle (it refuses to flush its prefix cache, or to release memory, while requests it
+    was asked to abort are still draining) before the engine counts as failed.
     extra_engine_kwargs: further `sglang.Engine` (ServerArgs) keyword arguments, e.g.
     {"attention_backend": "flashinfer", "random_seed": 0}.
     """
@@ -55,6 +58,7 @@ class SGLangEngineConfig:
     weight_version: int = 0
     weight_bucket_bytes: int = 512 << 20
     rate_window_s: float = 10.0
+    flush_timeout_s: float = 60.0
     extra_engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -73,8 +77,11 @@ class SGLangEngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < low):
                 raise ValueError(f"{name} must be an int >= {low} or None, got {value!r}")
-        if not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
-            raise ValueError(f"rate_window_s must be a positive number, got {self.rate_window_s}")
+        for name in ("rate_window_s", "flush_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0
+                                               and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         taken = sorted(set(self.extra_engine_kwargs) & set(MANAGED_ENGINE_KWARGS))
         if taken:
             raise ValueError(f"extra_engine_kwargs may not set {taken}: use the config's own fields "

@@ -2,6 +2,14 @@
 chunks become output tokens. Pure functions and a plain record, so the mapping is tested
 without SGLang.
 
+A request's input_ids are prompt + output so far, max_new_tokens what is left, and its
+sampling_seed derives from (seed, sample_id): with deterministic inference SGLang draws
+token t from (sampling_seed, position), so a sample resumed by re-prefill draws the same
+random numbers. Stop tokens are exactly the sample's stop_token_ids (kept in the output): a
+sample without them runs to max_new_tokens (ignore_eos), and one SGLang stops on the model's
+own EOS, not among them, is continued by a new request. Logprobs are SGLang's
+output_token_logprobs.
+
 A streamed chunk is `{"output_ids": [...], "meta_info": {"id": rid, "finish_reason": None |
 {"type": "stop", "matched": id} | {"type": "length", "length": n} | {"type": "abort", ...},
 "completion_tokens": n, "output_token_logprobs": [(logprob, token_id, text | None), ...]}}`.
@@ -19,7 +27,23 @@ from rlboost.errors import RolloutError
 from rlboost.migration.state import RequestState
 
 _SEED_BITS = 31  # SGLang packs per-request seeds into an int32 tensor
+_SERIAL_DIGITS = 16
 Pairs = list[tuple[int, float]]  # (token id, logprob)
+
+
+def request_id(prefix: str, serial: int, sample_id: int) -> str:
+    """The rid of one SGLang request. SGLang's scheduler aborts every request whose rid
+    *starts with* the rid it is given, so no rid may be a prefix of another (`...-5-3` is a
+    prefix of `...-5-31`). Here the serial comes last, in a fixed width: two rids of one
+    sample have the same length, and two rids of different samples differ at or right
+    after the shorter sample id (a '-' against a digit).
+
+    >>> request_id("rlboost-0a1b2c3d", 3, 5)
+    'rlboost-0a1b2c3d-5-0000000000000003'
+    """
+    if not 0 <= serial < 16 ** _SERIAL_DIGITS:
+        raise ValueError(f"serial must be in [0, 16**{_SERIAL_DIGITS}), got {serial}")
+    return f"{prefix}-{int(sample_id)}-{serial:0{_SERIAL_DIGITS}x}"
 
 
 def sampling_seed(seed: int, sample_id: int) -> int:
