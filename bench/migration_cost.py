@@ -26,8 +26,8 @@ from rlboost.migration.batch import MigrationBatch, pack_batch, unpack_batch
 from rlboost.migration.kv import KVLayout, gather_pages_batch, scatter_pages_batch
 from rlboost.migration.state import RequestState, SamplingParams, pack_states, unpack_states
 from rlboost.models import build_tiny_checkpoint
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.rollout.handoff import InProcessChannel, TransferChannel, migrate
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.handoff.migrate import InProcessChannel, TransferChannel, migrate
 from rlboost.transfer import TransferConfig
 
 PROMPT = 16

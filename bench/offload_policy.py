@@ -22,7 +22,7 @@ from rlboost.controller.offload import (AdaptiveWindow, AdaptiveWindowConfig, Re
                                         ReferenceWindowRule, ideal_step_time)
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.service import RolloutService
-from rlboost.rollout.emulated import EmulatedEngineConfig
+from rlboost.rollout.emulated.engine import EmulatedEngineConfig
 from rlboost.sim import EmulatedFleet, EmulatedTrainerConfig, SimInstance, make_groups, run_emulated_steps
 
 

@@ -26,16 +26,15 @@ from typing import Any, Sequence
 import ray
 import torch
 
-from rlboost.transfer.config import on_this_node
 from rlboost.controller.records import InstanceInfo
 from rlboost.errors import RlboostError, TransferTimeout
 from rlboost.models import ModelConfig, empty_model
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
-from rlboost.rollout.endpoint import MigratingEngine
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.emulated.engine import EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.handoff.endpoint import MigratingEngine
 from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.rollout.sglang.engine import SGLangEngine
-from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.config import TransferConfig, on_this_node
 from rlboost.transfer.puller import WeightPuller
 
 SPEC_FORMAT_VERSION = 1

@@ -13,9 +13,16 @@ import time
 from typing import Callable
 
 from rlboost.cluster.fleet import Fleet
-from rlboost.cluster.traces import (AvailabilityTrace, InstanceEvent, PreemptionPolicy,
-                                    SyntheticTraceConfig, load_trace, preemption_events, sample_trace,
-                                    synthetic_trace)
+from rlboost.cluster.traces import (
+    AvailabilityTrace,
+    InstanceEvent,
+    PreemptionPolicy,
+    SyntheticTraceConfig,
+    load_trace,
+    preemption_events,
+    sample_trace,
+    synthetic_trace,
+)
 
 
 def named_trace(name: str, *, max_count: int, seed: int = 0) -> AvailabilityTrace | None:

@@ -14,8 +14,8 @@ from typing import ClassVar
 from rlboost.cluster.config import ClusterConfig, parse_injection
 from rlboost.cluster.cost import CostConfig
 from rlboost.controller.config import ControllerConfig
-from rlboost.rollout.embedded_config import EmbeddedEngineConfig
-from rlboost.rollout.emulated import EmulatedEngineConfig
+from rlboost.rollout.embedded.config import EmbeddedEngineConfig
+from rlboost.rollout.emulated.engine import EmulatedEngineConfig
 from rlboost.tasks.arithmetic import ArithmeticConfig
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.grpo import GRPOConfig

@@ -28,7 +28,7 @@ class RolloutController:
           Join (state "joining"). The controller calls engine.load() to learn the loaded
           weight version, then routes to it once that version is current. info.max_model_len
           keeps samples that cannot fit away from it; info.kv_layout says the actor is a
-          rollout.endpoint.MigratingEngine, so KV pages move actor to actor (only tickets
+          rollout.handoff.endpoint.MigratingEngine, so KV pages move actor to actor (only tickets
           and token-only states pass through this actor, never pages).
       heartbeat(instance_id, weight_version) -> Lease
           Renew the lease every lease.renew_within_s (answered polls renew it too). When

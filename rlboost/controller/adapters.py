@@ -26,7 +26,7 @@ class EngineAdapter(Protocol):
     async def load_weights(self, named_tensors: Mapping[str, Any], version: int) -> None: ...
     async def load(self) -> EngineLoad: ...
     async def close(self) -> None: ...
-    # the handoff protocol (rollout.endpoint.MigratingEngine); only used with instances
+    # the handoff protocol (rollout.handoff.endpoint.MigratingEngine); only used with instances
     # whose InstanceInfo declares a kv_layout
     async def handoff_send(self, sample_ids: Sequence[int], mode: str) -> tuple[Any, tuple[RequestState, ...]]: ...
     async def handoff_receive(self, ticket: Any, sample_ids: Sequence[int], timeout_s: float) -> None: ...
@@ -88,7 +88,7 @@ class InProcessEngine:
 
 class RayEngineHandle:
     """A Ray actor handle whose actor exposes the RolloutEngine methods (and, for KV
-    migration, the handoff methods of rollout.endpoint.MigratingEngine: only tickets and
+    migration, the handoff methods of rollout.handoff.endpoint.MigratingEngine: only tickets and
     token-only states cross Ray; the pages go from actor to actor).
 
     A dead actor raises PeerLost, which the driver treats as the loss of the instance (its

@@ -4,7 +4,7 @@ Every move goes through the collector first (an exported state carries tokens no
 yet), so a sample resumes from exactly the token where it stopped, wherever it goes next.
 An engine that refuses samples (RolloutError) is not lost: the offending samples are found
 and offered elsewhere. Only a failed call (PeerLost, a timeout, anything else) loses it.
-With KV migration, pages go engine to engine (rollout.endpoint): the controller only ever
+With KV migration, pages go engine to engine (rollout.handoff.endpoint): the controller only ever
 holds handoff tickets and token-only states. Each move returns an Outcome (what it
 finished, whom it lost, what it took back); where samples go next is the caller's choice.
 """

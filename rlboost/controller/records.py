@@ -33,7 +33,7 @@ class InstanceInfo:
     than that on it, so everything else stays cheap to move. max_model_len is the longest
     prompt + output its engine accepts (None: no limit declared); a sample that cannot fit
     is never offered to it. kv_layout is set when its engine speaks the handoff protocol
-    (rlboost.rollout.endpoint.MigratingEngine): KV pages of migrating samples then move
+    (rlboost.rollout.handoff.endpoint.MigratingEngine): KV pages of migrating samples then move
     engine to engine, to targets whose layout is compatible.
     """
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from rlboost import env
-from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained, save_pretrained
 from rlboost.config.run import ModelSection, TaskSection
+from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained, save_pretrained
 from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.trainer.sft import build_sft_batch, sft_loss
 

@@ -14,14 +14,14 @@ servers listen on every interface, so RLBOOST_SECRET must be set.
 
 from __future__ import annotations
 
-from rlboost.cluster.cost import CostConfig
-from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.config import ControllerConfig
 from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.cost import CostConfig
 from rlboost.config.run import ModelSection, RolloutSection, RunConfig, RunOptions, TaskSection
+from rlboost.controller.config import ControllerConfig
+from rlboost.controller.registry import RegistryConfig
+from rlboost.rollout.embedded.config import EmbeddedEngineConfig
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
-from rlboost.rollout.embedded_config import EmbeddedEngineConfig
 from rlboost.trainer.grpo import GRPOConfig
 from rlboost.transfer.config import TransferConfig
 

@@ -6,14 +6,14 @@ one preemptible instance that gets a preemption notice in step 2.
 
 from __future__ import annotations
 
-from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.config import ControllerConfig
 from rlboost.cluster.config import ClusterConfig
 from rlboost.config.run import ModelSection, RolloutSection, RunConfig, RunOptions, TaskSection
+from rlboost.controller.config import ControllerConfig
+from rlboost.controller.registry import RegistryConfig
+from rlboost.rollout.embedded.config import EmbeddedEngineConfig
+from rlboost.tasks.arithmetic import ArithmeticConfig
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.fsdp import OptimizerConfig
-from rlboost.rollout.embedded_config import EmbeddedEngineConfig
-from rlboost.tasks.arithmetic import ArithmeticConfig
 
 
 def smollm2_cpu() -> RunConfig:

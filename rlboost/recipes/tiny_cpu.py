@@ -6,14 +6,14 @@ spot trace (compressed to the run), which preempts three of them (notice, sudden
 
 from __future__ import annotations
 
-from rlboost.controller.registry import RegistryConfig
-from rlboost.controller.config import ControllerConfig
 from rlboost.cluster.config import ClusterConfig
 from rlboost.config.run import ModelSection, RolloutSection, RunConfig, RunOptions, TaskSection
+from rlboost.controller.config import ControllerConfig
+from rlboost.controller.registry import RegistryConfig
+from rlboost.rollout.embedded.config import EmbeddedEngineConfig
+from rlboost.tasks.arithmetic import ArithmeticConfig
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.fsdp import OptimizerConfig
-from rlboost.rollout.embedded_config import EmbeddedEngineConfig
-from rlboost.tasks.arithmetic import ArithmeticConfig
 
 
 def tiny_cpu() -> RunConfig:

@@ -13,7 +13,6 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from rlboost.migration.state import RequestState
 
-
 ENGINE_RECORD_FORMAT_VERSION = 1
 
 

@@ -17,7 +17,7 @@ from rlboost.controller.clock import Clock
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.service import RolloutService
 from rlboost.errors import PeerLost, RolloutError
-from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.emulated.engine import EmulatedEngine, EmulatedEngineConfig
 from rlboost.rollout.engine import RolloutEngine
 
 EVENT_KINDS = ("join", "notice", "death", "speed")
@@ -101,7 +101,7 @@ class EmulatedFleet:
         adapter = _MortalEngine(engine)
         self.engines[spec.instance_id] = engine
         self._adapters[spec.instance_id] = adapter
-        # engines speaking the handoff protocol (rollout.endpoint) declare their KV layout
+        # engines speaking the handoff protocol (rollout.handoff.endpoint) declare their KV layout
         layout = getattr(engine, "kv_layout", None) if hasattr(engine, "handoff_send") else None
         info = InstanceInfo(instance_id=spec.instance_id, kind=spec.kind,
                             capacity=spec.capacity or spec.engine.max_running,

@@ -10,8 +10,8 @@ import pytest
 from rlboost.cluster.instance import InstanceSpec, build_engine, emulated_config
 from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint
-from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
-from rlboost.rollout.embedded_config import EmbeddedEngineConfig
+from rlboost.rollout.emulated.engine import EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.embedded.config import EmbeddedEngineConfig
 from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.transfer import TransferConfig
 

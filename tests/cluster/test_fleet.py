@@ -22,7 +22,7 @@ from rlboost.controller.offload import ReferenceWindowConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.migration.state import SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.transfer import TransferConfig, WeightPublisher
 
 TOK = ByteTokenizer()

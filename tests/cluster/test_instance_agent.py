@@ -17,7 +17,7 @@ from rlboost.cluster.session import RaySession, RaySettings, actor_options
 from rlboost.controller.records import Lease
 from rlboost.errors import TransferTimeout
 from rlboost.models import build_tiny_checkpoint
-from rlboost.rollout.embedded import EmbeddedEngineConfig
+from rlboost.rollout.embedded.engine import EmbeddedEngineConfig
 from rlboost.transfer import TransferConfig, WeightPublisher, WeightPuller
 
 

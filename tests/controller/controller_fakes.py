@@ -10,8 +10,8 @@ from rlboost.controller.clock import ManualClock, run_virtual
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.service import RolloutService
 from rlboost.errors import PeerLost
-from rlboost.rollout.emulated import KV_LAYOUT, EmulatedEngine, EmulatedEngineConfig
-from rlboost.rollout.endpoint import MigratingEngine
+from rlboost.rollout.emulated.engine import KV_LAYOUT, EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.handoff.endpoint import MigratingEngine
 
 OPEN_ENDPOINTS: list[MigratingEngine] = []  # closed after each test (tests/controller/conftest.py)
 

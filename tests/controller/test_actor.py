@@ -12,8 +12,8 @@ from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig
 from rlboost.controller.records import InstanceInfo
 from rlboost.errors import RolloutError
-from rlboost.rollout.emulated import KV_LAYOUT, EmulatedEngine
-from rlboost.rollout.endpoint import MigratingEngine
+from rlboost.rollout.emulated.engine import KV_LAYOUT, EmulatedEngine
+from rlboost.rollout.handoff.endpoint import MigratingEngine
 from rlboost.sim import make_groups
 
 

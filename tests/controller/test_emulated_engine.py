@@ -6,7 +6,7 @@ from rlboost.controller.clock import ManualClock, MonotonicClock
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState, SamplingParams
-from rlboost.rollout.emulated import EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.emulated.engine import EmulatedEngine, EmulatedEngineConfig
 from rlboost.rollout.engine import RolloutEngine
 
 

@@ -7,8 +7,8 @@ import pytest
 
 MODULES = ["rlboost.controller.clock", "rlboost.controller.records", "rlboost.controller.estimates",
            "rlboost.controller.offload", "rlboost.controller.metrics", "rlboost.sim.workload",
-           "rlboost.rollout.emulated", "rlboost.rollout._emulated_tokens", "rlboost.rollout.engine",
-           "rlboost.rollout._paged_forward"]
+           "rlboost.rollout.emulated.engine", "rlboost.rollout.emulated.tokens", "rlboost.rollout.engine",
+           "rlboost.rollout.embedded.forward"]
 
 
 @pytest.mark.parametrize("name", MODULES)

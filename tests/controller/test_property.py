@@ -19,7 +19,7 @@ from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
 from rlboost.controller.service import RolloutService
 from rlboost.models import build_tiny_checkpoint
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance, make_groups
 
 WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang

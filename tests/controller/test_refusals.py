@@ -108,7 +108,7 @@ def test_a_lost_engine_that_may_still_run_is_told_to_drop_its_samples():
     async def body(svc, clock, log):
         from controller_fakes import engine_config
         from rlboost.controller.records import InstanceInfo
-        from rlboost.rollout.emulated import EmulatedEngine
+        from rlboost.rollout.emulated.engine import EmulatedEngine
 
         add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=10.0)
         engine = EmulatedEngine(engine_config(max_running=8, sample_tokens_per_s=10.0), clock=clock)

@@ -11,7 +11,7 @@ from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
 from rlboost.errors import RolloutError, StepFailed
 from rlboost.migration.batch import MigrationBatch
-from rlboost.rollout.emulated import EmulatedEngine
+from rlboost.rollout.emulated.engine import EmulatedEngine
 from rlboost.sim import make_groups
 
 GROUPS = make_groups(0, num_groups=4, group_size=4, prompt_len=4, max_new_tokens=60)

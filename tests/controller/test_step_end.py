@@ -10,7 +10,7 @@ from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.service import RolloutService
-from rlboost.rollout.emulated import EmulatedEngine
+from rlboost.rollout.emulated.engine import EmulatedEngine
 from rlboost.sim import make_groups
 
 

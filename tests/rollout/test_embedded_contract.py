@@ -4,7 +4,7 @@ import pytest
 
 from engine_contract import ContractTarget, EngineContract
 from rlboost.models import ModelConfig, load_pretrained
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
 
 @pytest.fixture

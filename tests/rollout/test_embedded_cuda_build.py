@@ -8,8 +8,8 @@ import torch
 from engine_contract import Collected, collect, make_state, poll_until
 from rlboost import _C
 from rlboost.errors import RolloutError
-from rlboost.rollout import embedded
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.embedded import engine as embedded
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
 
 def test_the_check_at_start_names_the_fix(monkeypatch):

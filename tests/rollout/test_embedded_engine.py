@@ -12,7 +12,7 @@ from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.kv import KVLayout
 from rlboost.models import load_pretrained
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
 
 @pytest.fixture

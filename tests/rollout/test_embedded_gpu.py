@@ -6,7 +6,7 @@ import torch
 
 from engine_contract import Collected, absorb, collect, make_state, run_alone
 from rlboost.migration.batch import pack_batch, unpack_batch
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
 pytestmark = pytest.mark.gpu
 

@@ -6,8 +6,8 @@ import pytest
 from engine_contract import Collected, collect, make_state, poll_until
 from rlboost.errors import HandoffFailed, RolloutError
 from rlboost.migration.state import RequestState
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.rollout.endpoint import MigratingEngine
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.handoff.endpoint import MigratingEngine
 from rlboost.rollout.engine import RolloutEngine
 
 

@@ -17,8 +17,8 @@ import torch
 
 from engine_contract import Collected, collect, make_state, poll_until
 from rlboost.errors import HandoffFailed, PeerLost, ProtocolError, RolloutError, TransferTimeout
-from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.rollout.handoff import Handoff, SampleReceiver, SampleSender, TransferChannel, migrate
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
+from rlboost.rollout.handoff.migrate import Handoff, SampleReceiver, SampleSender, TransferChannel, migrate
 
 MAX_NEW = 40
 

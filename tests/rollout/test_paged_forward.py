@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rlboost.models import build_tiny_checkpoint, load_pretrained
-from rlboost.rollout._paged_forward import Chunk, PagedForward
-from rlboost.rollout._paged_kv import PagedKVCache
+from rlboost.rollout.embedded.forward import Chunk, PagedForward
+from rlboost.rollout.embedded.kv_cache import PagedKVCache
 
 
 def make_runner(model, block_size=16, num_blocks=96):
@@ -83,7 +83,7 @@ def test_block_allocator_hands_out_and_takes_back():
 
 
 def test_decodes_attend_in_buckets_of_similar_length():
-    from rlboost.rollout._paged_forward import KEY_SEGMENT, decode_buckets
+    from rlboost.rollout.embedded.forward import KEY_SEGMENT, decode_buckets
 
     lengths = [5, 12, 60, 64, 65, 130, 4000] + [20] * 30
     chunks = [Chunk([1], n - 1, [], True) for n in lengths]

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rlboost.rollout.sampling import DrawSpec, draw_key, gumbel_noise, sample_tokens
+from rlboost.rollout.embedded.sampling import DrawSpec, draw_key, gumbel_noise, sample_tokens
 
 
 def logits_rows(n, vocab=64, seed=0):

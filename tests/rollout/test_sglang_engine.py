@@ -222,7 +222,7 @@ def _uninterrupted(start, states):
 
 
 def test_kv_pages_from_another_engine_are_dropped_and_the_samples_re_prefilled(start, tiny_ckpt):
-    from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
     with EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_ckpt), weight_version=VERSION)) as embedded:
         embedded.submit([make_state(i, VERSION, max_new=40) for i in range(2)])

@@ -155,7 +155,7 @@ def test_reference_logprobs_feed_the_kl_term():
 def test_samples_the_engine_drew_at_any_temperature_are_on_policy(tmp_path, temperature):
     from rlboost.migration.state import RequestState, SamplingParams
     from rlboost.models import build_tiny_checkpoint, load_pretrained
-    from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
+    from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 
     ckpt = build_tiny_checkpoint(tmp_path, seed=0)
     states = [RequestState(sample_id=i, prompt_ids=(257, 10 + i, 20), seed=1, weight_version=0,

@@ -29,15 +29,20 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState
-from rlboost.rollout._admission import validate_states
-from rlboost.rollout._threaded import ThreadedEngineState
+from rlboost.rollout.admission import validate_states
 from rlboost.rollout.engine import EngineLoad
 from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.rollout.sglang.rate import DecodeRate
 from rlboost.rollout.sglang.requests import SGLangSample, cut_at_stop, finish_of, new_entries, request_id
 from rlboost.rollout.sglang.thread import LoopThread
-from rlboost.rollout.sglang.weights import (check_weights, flush_when_idle, push_weights, read_checkpoint_facts,
-                                            weight_buckets)
+from rlboost.rollout.sglang.weights import (
+    check_weights,
+    flush_when_idle,
+    push_weights,
+    read_checkpoint_facts,
+    weight_buckets,
+)
+from rlboost.rollout.threaded import ThreadedEngineState
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig"]
 T = TypeVar("T")

@@ -17,9 +17,16 @@ import torch
 from rlboost.errors import HandoffFailed, ProtocolError, RolloutError
 from rlboost.migration.batch import MigrationBatch, pack_batch, unpack_batch
 from rlboost.migration.state import RequestState
-from rlboost.rollout._handoff_common import (HANDOFF_FORMAT_VERSION, HandoffResult, check_mode, drain,
-                                             give_back, make_result, subset)
 from rlboost.rollout.engine import RolloutEngine
+from rlboost.rollout.handoff.result import (
+    HANDOFF_FORMAT_VERSION,
+    HandoffResult,
+    check_mode,
+    drain,
+    give_back,
+    make_result,
+    subset,
+)
 from rlboost.transfer import Manifest, TransferConfig, WeightPublisher, WeightPuller
 from rlboost.transfer.config import parse_address
 

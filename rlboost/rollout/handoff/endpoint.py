@@ -11,7 +11,7 @@ from dataclasses import replace
 from rlboost.errors import RolloutError
 from rlboost.migration.state import RequestState
 from rlboost.rollout.engine import EngineLoad, RolloutEngine, TokenDelta
-from rlboost.rollout.tickets import DEFAULT_TIMEOUT_S, HandoffTicket, SampleReceiver, SampleSender
+from rlboost.rollout.handoff.tickets import DEFAULT_TIMEOUT_S, HandoffTicket, SampleReceiver, SampleSender
 from rlboost.transfer import TransferConfig
 
 MAX_PENDING = 64  # batches a source serves at once (the publisher's versions_kept ceiling)

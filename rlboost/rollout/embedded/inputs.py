@@ -1,6 +1,6 @@
 """Checks on what enters the embedded engine (imported batches, weight sets), so bad input
 is refused whole with a RolloutError before anything changes. Submitted states are checked
-by rollout._admission, shared with the other engines.
+by rollout.admission, shared with the other engines.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ import atexit
 import dataclasses
 import functools
 import threading
+import time
 import warnings
 import weakref
-import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Callable, Mapping, Sequence, TypeVar
@@ -26,15 +26,15 @@ from rlboost.errors import RolloutError
 from rlboost.migration.state import RequestState
 from rlboost.models.checkpoint import load_pretrained
 from rlboost.models.decoder import DecoderLM
-from rlboost.rollout._admission import validate_states
-from rlboost.rollout._engine_io import check_import, load_named_tensors
-from rlboost.rollout._paged_forward import PagedForward
-from rlboost.rollout._paged_kv import PagedKVCache
-from rlboost.rollout._scheduler import EngineSample, Scheduler
-from rlboost.rollout._threaded import ThreadedEngineState
-from rlboost.rollout.embedded_config import EmbeddedEngineConfig
+from rlboost.rollout.admission import validate_states
+from rlboost.rollout.embedded.config import EmbeddedEngineConfig
+from rlboost.rollout.embedded.forward import PagedForward
+from rlboost.rollout.embedded.inputs import check_import, load_named_tensors
+from rlboost.rollout.embedded.kv_cache import PagedKVCache
+from rlboost.rollout.embedded.sampling import DrawSpec, draw_key, sample_tokens
+from rlboost.rollout.embedded.scheduler import EngineSample, Scheduler
 from rlboost.rollout.engine import EngineLoad
-from rlboost.rollout.sampling import DrawSpec, draw_key, sample_tokens
+from rlboost.rollout.threaded import ThreadedEngineState
 
 __all__ = ["EmbeddedEngine", "EmbeddedEngineConfig"]
 T = TypeVar("T")

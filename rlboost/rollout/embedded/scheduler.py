@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from rlboost.migration.state import RequestState
-from rlboost.rollout._paged_forward import Chunk
-from rlboost.rollout._paged_kv import PagedKVCache, blocks_for
+from rlboost.rollout.embedded.forward import Chunk
+from rlboost.rollout.embedded.kv_cache import PagedKVCache, blocks_for
 
 
 @dataclass(eq=False, slots=True)

@@ -1,6 +1,6 @@
 """Handoff of in-flight samples between two rollout engines: drain them from the source
 (export their states, with KV pages or not), ship the packed batch as bytes (in-process,
-or over rlboost.transfer between processes, see rollout.tickets), and resume them on the
+or over rlboost.transfer between processes, see rollout.handoff.tickets), and resume them on the
 destination. A refused or failed handoff never loses a sample.
 """
 
@@ -14,10 +14,24 @@ import numpy as np
 
 from rlboost.errors import HandoffFailed, RolloutError, TransferTimeout
 from rlboost.migration.batch import pack_batch, unpack_batch
-from rlboost.rollout._handoff_common import (HANDOFF_FORMAT_VERSION, MODES, HandoffResult, batch_counts,
-                                             check_mode, drain, give_back, make_result)
 from rlboost.rollout.engine import RolloutEngine
-from rlboost.rollout.tickets import DEFAULT_TIMEOUT_S, HandoffTicket, SampleReceiver, SampleSender, TransferChannel
+from rlboost.rollout.handoff.result import (
+    HANDOFF_FORMAT_VERSION,
+    MODES,
+    HandoffResult,
+    batch_counts,
+    check_mode,
+    drain,
+    give_back,
+    make_result,
+)
+from rlboost.rollout.handoff.tickets import (
+    DEFAULT_TIMEOUT_S,
+    HandoffTicket,
+    SampleReceiver,
+    SampleSender,
+    TransferChannel,
+)
 
 __all__ = ["HANDOFF_FORMAT_VERSION", "MODES", "Channel", "Handoff", "HandoffResult", "HandoffTicket",
            "InProcessChannel", "SampleReceiver", "SampleSender", "TransferChannel", "batch_counts", "drain",

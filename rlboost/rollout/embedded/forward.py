@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from rlboost.models.decoder import DecoderLM
-from rlboost.rollout._paged_kv import PagedKVCache
+from rlboost.rollout.embedded.kv_cache import PagedKVCache
 
 ROW_TILE = 16
 KEY_SEGMENT = 64

@@ -20,10 +20,16 @@ import numpy as np
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState
-from rlboost.rollout._admission import validate_states
-from rlboost.rollout._emulated_tokens import (KV_LAYOUT, check_kv_pages, emulated_tokens, kv_pages, sample_key,
-                                              weights_fingerprint)
-from rlboost.rollout.emulated_config import EmulatedEngineConfig
+from rlboost.rollout.admission import validate_states
+from rlboost.rollout.emulated.config import EmulatedEngineConfig
+from rlboost.rollout.emulated.tokens import (
+    KV_LAYOUT,
+    check_kv_pages,
+    emulated_tokens,
+    kv_pages,
+    sample_key,
+    weights_fingerprint,
+)
 from rlboost.rollout.engine import EngineLoad, TokenDelta
 
 __all__ = ["KV_LAYOUT", "EmulatedEngine", "EmulatedEngineConfig", "emulated_tokens", "sample_key",
