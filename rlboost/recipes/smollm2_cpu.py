@@ -4,8 +4,9 @@ one-digit sums; 12 GRPO steps with 2 FSDP ranks, one reserved engine and one pre
 instance that gets a preemption notice in step 2.
 
 The quantized 135M model starts out chatty ("In mathematics, the expression ...") and often
-wrong, so the reward asks for what it can learn within a few steps: stop within 12 tokens
-on a number (0.3), the right one (1.0); reward rises from about 0.25 to about 0.55.
+wrong, so the reward asks for what it can learn within a few steps: a number within 12
+tokens earns 0.3, the right one 1.0. Over three seeds the mean reward went from 0.33 (steps
+1-3) to 0.79 (steps 10-12), in 6-8 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
