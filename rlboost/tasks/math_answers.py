@@ -13,6 +13,7 @@ _BOXED = ("\\boxed", "\\fbox")
 _GSM8K = re.compile(r"####\s*(.+)")
 _ANSWER_IS = re.compile(r"answer\s*(?:is\s*:?|:)\s*(.+)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+_OPERAND_AFTER = re.compile(r"\s*[-+*/×÷=]")
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d,])")
 _TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|mbox)\{([^{}]*)\}")
 _FRAC = re.compile(r"\\[dt]?frac\s*(\{[^{}]*\}|\d)\s*(\{[^{}]*\}|\d)")
@@ -45,7 +46,8 @@ def extract_boxed(text: str) -> str | None:
 
 def extract_answer(text: str) -> str | None:
     """The final answer of a completion, trying in order: the last \\boxed{...}, a GSM8K
-    "#### x" line, "the answer is x", and the last number in the text. None if nothing fits.
+    "#### x" line, "the answer is x", and the last number in the text that is not an operand
+    (followed by an operator or "="). None if nothing fits.
     """
     boxed = extract_boxed(text)
     if boxed is not None:
@@ -60,7 +62,8 @@ def extract_answer(text: str) -> str | None:
                 return number.group(0)
             if answer:
                 return answer
-    numbers = _NUMBER.findall(text)
+    # A number followed by an operator or "=" is an operand ("8+2 =" states no answer).
+    numbers = [m.group(0) for m in _NUMBER.finditer(text) if not _OPERAND_AFTER.match(text, m.end())]
     return numbers[-1] if numbers else None
 
 

@@ -18,6 +18,8 @@ from rlboost.tasks.math_answers import (answers_match, extract_answer, extract_b
     ("The answer is 17 apples.", "17"),
     ("Therefore, the answer is: \\frac{3}{4}.", "\\frac{3}{4}"),
     ("I think 3 + 4 = 7, so maybe 8?", "8"),
+    ("2 + 5 = 7", "7"),
+    ("8+2 =", None),  # the question repeated states no answer
     ("It costs -2.5 degrees", "-2.5"),
     ("no numbers here", None),
     ("cut off \\boxed{12", "12"),  # unbalanced box: fall back to the last number
