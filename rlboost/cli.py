@@ -58,8 +58,8 @@ def _train(args: argparse.Namespace) -> int:
 
 def _run_config(args: argparse.Namespace):
     from rlboost import env
-    from rlboost.recipes import DEFAULT_RECIPE, get_recipe
     from rlboost.config.overrides import apply_overrides
+    from rlboost.recipes import DEFAULT_RECIPE, get_recipe
 
     if getattr(args, "resume", None) is not None:
         if args.recipe is not None:

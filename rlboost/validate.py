@@ -11,3 +11,12 @@ def require(ok: bool, field: str, allowed: str, got: object) -> None:
     """
     if not ok:
         raise ValueError(f"{field} must be {allowed}, got {got!r}")
+
+
+def check_format_version(record: object, expected: int) -> None:
+    """ValueError unless a versioned record (anything that crosses a process or machine) is
+    of the format this release reads."""
+    got = getattr(record, "format_version", None)
+    if got != expected:
+        raise ValueError(f"{type(record).__name__}.format_version is {got!r}, this release reads {expected}: "
+                         "the record comes from another release of rlboost")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from rlboost.recipes import checkpoints
+from rlboost.trainer import starting_weights as checkpoints
 from rlboost.run.directory import RunDirectory
 
 

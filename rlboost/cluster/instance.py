@@ -1,9 +1,9 @@
 """RolloutInstance: one rollout instance as a Ray actor (an engine, a WeightPuller, a
 heartbeat thread and a pull thread).
 
-The engine is the embedded torch engine, SGLang when the spec carries an
-SGLangEngineConfig, or an EmulatedEngine (the time a configured GPU would take, hash
-tokens) when it carries an EmulatedEngineConfig. The controller reaches it through the actor's RolloutEngine methods
+The engine is the one the spec's rollout config names (rollout.factory builds it: the
+embedded torch engine, SGLang, or an emulated engine that takes the time a configured
+GPU would). The controller reaches it through the actor's RolloutEngine methods
 and the handoff methods of MigratingEngine, so samples move engine to engine with their
 KV pages (the controller sees only tickets and token states) when the engine can export
 them. One thread registers the instance and heartbeats; another, whenever the lease names
@@ -16,7 +16,6 @@ sample.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -28,14 +27,12 @@ import torch
 
 from rlboost.controller.records import InstanceInfo
 from rlboost.errors import RlboostError, TransferTimeout
-from rlboost.models import ModelConfig, empty_model
-from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.rollout.emulated.engine import EmulatedEngine, EmulatedEngineConfig
+from rlboost.rollout.config import RolloutConfig
+from rlboost.rollout.factory import build_engine
 from rlboost.rollout.handoff.endpoint import MigratingEngine
-from rlboost.rollout.sglang.config import SGLangEngineConfig
-from rlboost.rollout.sglang.engine import SGLangEngine
 from rlboost.transfer.config import TransferConfig, on_this_node
 from rlboost.transfer.puller import WeightPuller
+from rlboost.validate import check_format_version
 
 SPEC_FORMAT_VERSION = 1
 log = logging.getLogger(__name__)
@@ -45,45 +42,39 @@ log = logging.getLogger(__name__)
 class InstanceSpec:
     """What a rollout instance needs to start.
 
-    >>> InstanceSpec(instance_id="spot-0", kind="preemptible", capacity=32,
-    ...              engine=EmbeddedEngineConfig(model_dir="/ckpt/tiny"), transfer=TransferConfig(),
-    ...              sources=("127.0.0.1:7000",)).kind
-    'preemptible'
+    >>> InstanceSpec(instance_id="spot-0", kind="preemptible", model_dir="/ckpt/tiny", rollout=RolloutConfig(),
+    ...              transfer=TransferConfig(secret=b"s"), sources=("127.0.0.1:7000",)).capacity
+    64
 
-    engine.model_dir gives the model's shape (config.json); its weights are not read,
-    since every version comes from a pull. sources are the trainer's weight publishers.
-    sglang, when set, makes the instance roll out with SGLang instead of the embedded
-    engine (SGLang loads sglang.model_path itself; later versions still come from pulls).
-    emulated, when set, makes it an EmulatedEngine with those rates (its vocabulary and
-    end-of-sequence token taken from engine.model_dir); a preemptible instance runs at
-    emulated_preemptible_speed times them.
+    model_dir is the checkpoint whose shape the engine takes (its weights are not read, since
+    every version comes from a pull); rollout says which engine (rollout.factory builds it);
+    sources are the trainer's weight publishers.
     """
 
     instance_id: str
     kind: str
-    capacity: int
-    engine: EmbeddedEngineConfig
+    model_dir: str
+    rollout: RolloutConfig
     transfer: TransferConfig
     sources: tuple[str, ...]
-    pull_timeout_s: float = 600.0
     torch_threads: int = 1
-    sglang: SGLangEngineConfig | None = None
-    emulated: EmulatedEngineConfig | None = None
-    emulated_preemptible_speed: float = 1.0
     format_version: int = SPEC_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != SPEC_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {SPEC_FORMAT_VERSION}")
+        check_format_version(self, SPEC_FORMAT_VERSION)
         InstanceInfo(instance_id=self.instance_id, kind=self.kind, capacity=self.capacity)  # validates
-        if self.engine.model_dir is None:
-            raise ValueError("engine.model_dir must name the checkpoint whose shape the engine takes")
+        if not self.model_dir:
+            raise ValueError("model_dir must name the checkpoint whose shape the engine takes")
         if not self.sources:
             raise ValueError("sources must name at least one weight publisher")
-        if self.sglang is not None and self.emulated is not None:
-            raise ValueError("sglang and emulated are two engines: set at most one")
-        if not self.emulated_preemptible_speed > 0:
-            raise ValueError(f"emulated_preemptible_speed must be > 0, got {self.emulated_preemptible_speed}")
+
+    @property
+    def capacity(self) -> int:
+        return self.rollout.capacity
+
+    @property
+    def pull_timeout_s(self) -> float:
+        return self.rollout.pull_timeout_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,7 +103,8 @@ class RolloutInstance:
         self.spec = spec
         self.controller = controller
         transfer = on_this_node(spec.transfer)
-        self.engine = MigratingEngine(build_engine(spec), transfer)
+        self.engine = MigratingEngine(build_engine(spec.rollout, model_dir=spec.model_dir, kind=spec.kind),
+                                      transfer)
         self.puller = WeightPuller(list(spec.sources), transfer)
         self._peers: tuple[str, ...] = ()
         self._pulls: list[PullRecord] = []
@@ -276,44 +268,3 @@ class RolloutInstance:
             self._pulls.append(PullRecord(instance_id=self.spec.instance_id, version=version, pull_s=t1 - t0,
                                           load_s=t2 - t1, nbytes=pulled.manifest.total_bytes,
                                           peer_bytes=peer_bytes))
-
-
-def build_engine(spec: InstanceSpec):
-    """The instance's engine, with no weights of its own yet (version 0): it pulls first."""
-    if spec.sglang is not None:
-        return SGLangEngine(dataclasses.replace(spec.sglang, weight_version=0))
-    if spec.emulated is not None:
-        return EmulatedEngine(emulated_config(spec))
-    cfg = dataclasses.replace(spec.engine, weight_version=0)
-    model = empty_model(ModelConfig.load(cfg.model_dir), dtype=cfg.torch_dtype, device=cfg.device)
-    return EmbeddedEngine(cfg, model=model)
-
-
-def emulated_config(spec: InstanceSpec) -> EmulatedEngineConfig:
-    """The emulated engine of this instance: spec.emulated fitted to the model, its rates
-    times emulated_preemptible_speed on a preemptible instance."""
-    config = emulated_for_model(spec.emulated, spec.engine.model_dir)
-    if spec.kind != "preemptible":
-        return config
-    return config.scaled(spec.emulated_preemptible_speed)
-
-
-def emulated_for_model(config: EmulatedEngineConfig, model_dir: str) -> EmulatedEngineConfig:
-    """config with the model's vocabulary, end-of-sequence token and context length, so
-    the trainer can score the emulated tokens and a task's stop tokens end samples. The
-    vocabulary is capped at the tokenizer's when one lies beside the checkpoint: a model's
-    embedding table may hold rows no token decodes to."""
-    from rlboost.recipes.tokenizers import load_tokenizer
-
-    model = ModelConfig.load(model_dir)
-    vocab, eos = model.vocab_size, (model.eos_token_ids or (None,))[0]
-    try:
-        tokenizer = load_tokenizer(model_dir)
-        vocab, eos = min(vocab, tokenizer.vocab_size), tokenizer.eos_id
-    except FileNotFoundError:  # weights only: the model's own config has to do
-        pass
-    if eos is None or not 0 <= eos < vocab:
-        raise ValueError(f"{model_dir}: the model names no end-of-sequence token below its vocabulary "
-                         f"size {vocab}, which emulated samples need to stop")
-    return dataclasses.replace(config, vocab_size=vocab, eos_token_id=eos,
-                               max_model_len=config.max_model_len or model.max_position_embeddings)

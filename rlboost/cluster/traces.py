@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlboost.validate import check_format_version
+
 EVENT_FORMAT_VERSION = 1
 EVENT_KINDS = ("join", "notice", "kill")
 VICTIM_ORDERS = ("oldest", "newest", "random")
@@ -308,8 +310,7 @@ class InstanceEvent:
     format_version: int = EVENT_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != EVENT_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {EVENT_FORMAT_VERSION}")
+        check_format_version(self, EVENT_FORMAT_VERSION)
         if self.kind not in EVENT_KINDS:
             raise ValueError(f"kind must be one of {EVENT_KINDS}, got {self.kind!r}")
         if self.kind == "notice" and (self.deadline_s is None or self.deadline_s < self.time_s):

@@ -8,7 +8,9 @@ old prefix ending in ".", to the new one); old keys, and old config.json files, 
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import json
 import types
 import typing
 from typing import Any
@@ -38,6 +40,14 @@ def parse_value(text: str, tp: Any, key: str, example: Any = None) -> Any:
         item_tp = item_types[0] if item_types else str
         parts = [p for p in text.split(",") if p.strip()] if text else []
         return tuple(parse_value(p.strip(), item_tp, key, example) for p in parts)
+    if origin in (dict, collections.abc.Mapping) or inner in (dict, collections.abc.Mapping):
+        try:
+            value = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError(f"--set {key}={text}: expected a JSON object, e.g. {key}='{{\"name\": 1}}'")
+        return value
     if origin is typing.Literal:
         allowed = typing.get_args(inner)
         if text not in allowed:
@@ -131,22 +141,32 @@ def _parse_at(obj: Any, path: list[str], text: str, key: str) -> Any:
     raise ValueError(f"--set expects key=value, got {key!r}")
 
 
+class _Leaf:
+    """A parsed value in a tree of changes (a dict there is a section; a field's value may
+    be a dict too)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
 def _set_path(tree: dict[str, Any], key: str, value: Any) -> None:
     *sections, name = key.split(".")
     for section in sections:
         tree = tree.setdefault(section, {})
-    tree[name] = value
+    tree[name] = _Leaf(value)
 
 
 def _rebuild(obj: Any, changes: dict[str, Any], prefix: str) -> Any:
     if not changes:
         return obj
-    values = {name: _rebuild(getattr(obj, name), sub, f"{prefix}{name}.") if isinstance(sub, dict) else sub
+    values = {name: sub.value if isinstance(sub, _Leaf) else _rebuild(getattr(obj, name), sub, f"{prefix}{name}.")
               for name, sub in changes.items()}
     try:
         return dataclasses.replace(obj, **values)
     except ValueError as exc:  # the section's own check: say which --set it refused
-        keys = [prefix + name for name, sub in changes.items() if not isinstance(sub, dict)]
+        keys = [prefix + name for name, sub in changes.items() if isinstance(sub, _Leaf)]
         named = [k for k in keys if k in str(exc)] or keys  # the ones the check names, if any
         raise ValueError(f"--set {', '.join(named) or prefix.rstrip('.')}: {exc}") from None
 
@@ -176,20 +196,28 @@ def from_dict(cls: Any, data: dict[str, Any]) -> Any:
 
 
 def _moved(cls: Any, data: dict[str, Any]) -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        for k, v in node.items():
-            if isinstance(v, dict) and v:
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat[current_path(cls, prefix + k)] = v
-
-    walk(data, "")
+    """data with every field of an old layout at its current path. A dict is walked into
+    when it is a section: a dataclass field, or an old section a renamed prefix names."""
+    renamed = getattr(cls, "renamed_fields", {})
     tree: dict[str, Any] = {}
-    for key, value in flat.items():
-        _set_path(tree, key, value)
-    return tree
+
+    def walk(klass: Any, node: dict, prefix: str) -> None:
+        hints = typing.get_type_hints(klass) if klass is not None else {}
+        for k, v in node.items():
+            tp = _split_union(hints[k])[0] if k in hints else None
+            section = dataclasses.is_dataclass(tp) or (tp is None and any(
+                old.startswith(f"{prefix}{k}.") for old in renamed))
+            if isinstance(v, dict) and section:
+                walk(tp if dataclasses.is_dataclass(tp) else None, v, f"{prefix}{k}.")
+            else:
+                _set_path(tree, current_path(cls, prefix + k), v)
+
+    walk(cls, data, "")
+    return _unwrap(tree)
+
+
+def _unwrap(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.value if isinstance(v, _Leaf) else _unwrap(v) for k, v in tree.items()}
 
 
 def _from_dict(cls: Any, data: dict[str, Any]) -> Any:

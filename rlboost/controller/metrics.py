@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlboost.controller.records import RECORD_FORMAT_VERSION
+from rlboost.validate import check_format_version
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,8 +55,7 @@ class StepMetrics:
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != RECORD_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {RECORD_FORMAT_VERSION}")
+        check_format_version(self, RECORD_FORMAT_VERSION)
 
 
 @dataclass(slots=True)

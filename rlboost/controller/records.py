@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from rlboost.migration.kv import KVLayout
 from rlboost.migration.state import RequestState, SamplingParams
+from rlboost.validate import check_format_version
 
 RECORD_FORMAT_VERSION = 1
 INSTANCE_KINDS = ("reserved", "preemptible")
@@ -17,9 +18,7 @@ GROUP_STRIDE = 1 << 16  # sample ids of group g are g * GROUP_STRIDE + 0 .. num_
 
 
 def _check_version(record) -> None:
-    if record.format_version != RECORD_FORMAT_VERSION:
-        raise ValueError(f"{type(record).__name__}.format_version {record.format_version} "
-                         f"is not {RECORD_FORMAT_VERSION}")
+    check_format_version(record, RECORD_FORMAT_VERSION)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

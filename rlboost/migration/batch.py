@@ -18,6 +18,7 @@ from rlboost.errors import ProtocolError
 from rlboost.migration.kv import KV_FORMAT_VERSION, KVLayout
 from rlboost.migration.state import RequestState, pack_states, unpack_states
 from rlboost.transfer.descriptors import describe
+from rlboost.validate import check_format_version
 
 BATCH_FORMAT_VERSION = 1
 _DTYPE_CODES = {"float32": 1, "float16": 2, "bfloat16": 3}
@@ -52,8 +53,7 @@ class MigrationBatch:
     format_version: int = BATCH_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != BATCH_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {BATCH_FORMAT_VERSION}")
+        check_format_version(self, BATCH_FORMAT_VERSION)
         object.__setattr__(self, "states", tuple(self.states))
         if not all(isinstance(s, RequestState) for s in self.states):
             raise ValueError("states must all be RequestState records")

@@ -16,6 +16,7 @@ from typing import Iterable
 
 from rlboost import _C
 from rlboost.errors import ProtocolError
+from rlboost.validate import check_format_version
 
 STATE_FORMAT_VERSION = 1
 _U32 = 2**32
@@ -78,8 +79,7 @@ class RequestState:
     format_version: int = STATE_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != STATE_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {STATE_FORMAT_VERSION}")
+        check_format_version(self, STATE_FORMAT_VERSION)
         if not 0 <= self.sample_id < 2**64:
             raise ValueError(f"sample_id must fit in u64, got {self.sample_id}")
         if not 0 <= self.seed < _U64:

@@ -17,10 +17,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from rlboost.models.byte_tokenizer import ByteTokenizer
 from rlboost.models.config import ModelConfig
 from rlboost.models.decoder import DecoderLM
 from rlboost.models.layers import RotaryEmbedding
-from rlboost.models.tokenizer import ByteTokenizer
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -5,7 +5,7 @@ engines of 2 GPUs each; up to 4 preemptible SGLang instances of 2 GPUs each (a q
 an 8-GPU spot node) follow the bundled trace. Give the checkpoint and the dataset:
 
     rlboost train --recipe qwen3_gpu --set model.path=/models/Qwen3-1.7B \\
-        --set task.math_path=/data/gsm8k/train.parquet
+        --set task.math.path=/data/gsm8k/train.parquet
 
 `--set rollout.backend=embedded` rolls out with rlboost's own engine instead (one GPU each).
 The run checks that the Ray cluster has these GPUs before it starts anything. Weight
@@ -16,24 +16,28 @@ from __future__ import annotations
 
 from rlboost.cluster.config import ClusterConfig
 from rlboost.cluster.cost import CostConfig
-from rlboost.config.run import ModelSection, RolloutSection, RunConfig, RunOptions, TaskSection
+from rlboost.config.run import RunConfig, RunOptions
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.registry import RegistryConfig
+from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.embedded.config import EmbeddedEngineConfig
+from rlboost.rollout.sglang.config import SGLangEngineConfig
+from rlboost.tasks.config import TaskConfig
+from rlboost.tasks.dataset import MathDatasetConfig
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.trainer.grpo import GRPOConfig
+from rlboost.trainer.starting_weights import ModelSource
 from rlboost.transfer.config import TransferConfig
 
 
 def qwen3_gpu() -> RunConfig:
     return RunConfig(
-        model=ModelSection(source="path", path="/models/Qwen3-1.7B", warmup_steps=0),
-        task=TaskSection(name="math", math_path="/data/gsm8k/train.parquet", math_prompt_field="question",
-                         math_answer_field="answer", math_answer_format="gsm8k",
-                         prompt_template="{prompt}\nPut the final answer in \\boxed{}.",
-                         chat_template=True, answer="extract", groups_per_step=64, group_size=8,
-                         max_new_tokens=1024),
+        model=ModelSource(source="path", path="/models/Qwen3-1.7B", warmup_steps=0),
+        task=TaskConfig(name="math", math=MathDatasetConfig(path="/data/gsm8k/train.parquet", answer_format="gsm8k"),
+                        prompt_template="{prompt}\nPut the final answer in \\boxed{}.",
+                        chat_template=True, answer="extract", groups_per_step=64, group_size=8,
+                        max_new_tokens=1024),
         trainer=TrainerConfig(world_size=4, device="cuda", backend="nccl", rendezvous="tcp", microbatch_groups=8,
                               rank_cpus=1.0, rank_gpus=1.0, optimizer=OptimizerConfig(lr=1e-6),
                               sharding=FSDPConfig(param_dtype="bfloat16", reduce_dtype="float32")),
@@ -43,16 +47,17 @@ def qwen3_gpu() -> RunConfig:
             poll_interval_s=0.05, idle_timeout_s=600.0, call_timeout_s=120.0,
             reserved_tokens_per_s=20000.0, preemptible_tokens_per_s=20000.0, sample_tokens_per_s=60.0,
             registry=RegistryConfig(heartbeat_interval_s=2.0, missed_beats=5, drain_margin_s=10.0)),
-        rollout=RolloutSection(backend="sglang", sglang_tp_size=2, sglang_mem_fraction=0.8,
-                               engine=EmbeddedEngineConfig(device="cuda", dtype="bfloat16", num_blocks=16384,
-                                                           block_size=16, max_batch_size=256,
-                                                           max_prefill_tokens=8192, stream_interval=16),
-                               capacity=256, instance_cpus=1.0, instance_gpus=2.0),
+        rollout=RolloutConfig(backend="sglang", capacity=256, instance_cpus=1.0, instance_gpus=2.0,
+                              sglang=SGLangEngineConfig(tp_size=2, mem_fraction_static=0.8, dtype="bfloat16",
+                                                        stream_interval=16),
+                              embedded=EmbeddedEngineConfig(device="cuda", dtype="bfloat16", num_blocks=16384,
+                                                            block_size=16, max_batch_size=256,
+                                                            max_prefill_tokens=8192, stream_interval=16)),
         # every node's weight servers listen on all interfaces (peers dial each node's own
         # address), so a shared secret is required: set RLBOOST_SECRET
         transfer=TransferConfig(bind_host="0.0.0.0", streams=8, chunk_bytes=32 << 20),
         cluster=ClusterConfig(reserved_instances=2, max_preemptible=4, trace="sample",
-                               notice_s=30.0, sudden_fraction=0.5),
+                              notice_s=30.0, sudden_fraction=0.5),
         # the reserved cluster is one 8x H100 on-demand node (4 ranks + 2 engines of 2 GPUs);
         # a preemptible instance is 2 GPUs: a quarter of an 8x H100 spot node (the paper's prices)
         cost=CostConfig(reserved_usd_per_hour=83.79, preemptible_usd_per_hour=21.28 / 4),

@@ -12,31 +12,35 @@ tokens earns 0.3, the right one 1.0. Over three seeds the mean reward went from 
 from __future__ import annotations
 
 from rlboost.cluster.config import ClusterConfig
-from rlboost.config.run import ModelSection, RolloutSection, RunConfig, RunOptions, TaskSection
+from rlboost.config.run import RunConfig, RunOptions
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.registry import RegistryConfig
+from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.embedded.config import EmbeddedEngineConfig
 from rlboost.tasks.arithmetic import ArithmeticConfig
+from rlboost.tasks.config import TaskConfig
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.fsdp import OptimizerConfig
+from rlboost.trainer.starting_weights import ModelSource
 
 
 def smollm2_cpu() -> RunConfig:
     return RunConfig(
-        model=ModelSection(source="smollm2", warmup_steps=0),
-        task=TaskSection(name="arithmetic", arithmetic=ArithmeticConfig(max_operand=9, format_reward=0.3),
-                         prompt_template="What is {prompt}? Reply with the number only.", chat_template=True,
-                         answer="extract", groups_per_step=4, group_size=4, max_new_tokens=12,
-                         temperature=0.8),
-        trainer=TrainerConfig(world_size=2, microbatch_groups=2, optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0)),
+        model=ModelSource(source="smollm2", warmup_steps=0),
+        task=TaskConfig(name="arithmetic", arithmetic=ArithmeticConfig(max_operand=9, format_reward=0.3),
+                        prompt_template="What is {prompt}? Reply with the number only.", chat_template=True,
+                        answer="extract", groups_per_step=4, group_size=4, max_new_tokens=12,
+                        temperature=0.8),
+        trainer=TrainerConfig(world_size=2, microbatch_groups=2,
+                              optimizer=OptimizerConfig(lr=2e-5, max_grad_norm=1.0)),
         controller=ControllerConfig(
             migrate_with_kv=True,
             poll_interval_s=0.1, idle_timeout_s=300.0, call_timeout_s=120.0,
             registry=RegistryConfig(heartbeat_interval_s=2.0, missed_beats=10, drain_margin_s=2.0)),
-        rollout=RolloutSection(engine=EmbeddedEngineConfig(num_blocks=64, block_size=16, max_batch_size=16,
-                                                           max_prefill_tokens=512, stream_interval=4),
-                               capacity=16),
+        rollout=RolloutConfig(embedded=EmbeddedEngineConfig(num_blocks=64, block_size=16, max_batch_size=16,
+                                                            max_prefill_tokens=512, stream_interval=4),
+                              capacity=16),
         cluster=ClusterConfig(reserved_instances=1, max_preemptible=1, initial_preemptible=1, trace="none",
-                               inject=("notice@2",), notice_s=10.0),
+                              inject=("notice@2",), notice_s=10.0),
         run=RunOptions(name="smollm2_cpu", steps=12, checkpoint_every=12),
     )

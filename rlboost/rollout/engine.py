@@ -12,14 +12,13 @@ from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from rlboost.migration.state import RequestState
+from rlboost.validate import check_format_version
 
 ENGINE_RECORD_FORMAT_VERSION = 1
 
 
 def _check_version(record) -> None:
-    if record.format_version != ENGINE_RECORD_FORMAT_VERSION:
-        raise ValueError(f"{type(record).__name__}.format_version {record.format_version} "
-                         f"is not {ENGINE_RECORD_FORMAT_VERSION}")
+    check_format_version(record, ENGINE_RECORD_FORMAT_VERSION)
 
 
 @dataclass(frozen=True, slots=True)

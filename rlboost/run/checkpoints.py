@@ -13,9 +13,9 @@ from typing import Any, Callable
 import torch
 
 from rlboost import env
-from rlboost.errors import ConfigError
-from rlboost.config.run import RunConfig
 from rlboost.config.overrides import from_dict, to_dict
+from rlboost.config.run import RunConfig
+from rlboost.errors import ConfigError
 from rlboost.run.directory import CONFIG_FILE, RunDirectory
 from rlboost.trainer.checkpoint import (
     COMPLETE_MARKER,

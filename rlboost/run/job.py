@@ -15,13 +15,9 @@ from typing import Callable, TextIO
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.placement import check_local, local_gpus
 from rlboost.cluster.session import RaySession, join_address
+from rlboost.config.run import RunConfig, check_multi_node
 from rlboost.errors import ConfigError, RunFailed, RunInterrupted
-from rlboost.migration.state import SamplingParams
-from rlboost.models import ModelConfig
 from rlboost.models.checkpoint import verify_checkpoint_dir
-from rlboost.recipes.checkpoints import prepare_checkpoint
-from rlboost.config.run import RunConfig, TaskSection, check_multi_node
-from rlboost.recipes.tokenizers import load_tokenizer
 from rlboost.run.checkpoints import checkpoint_state, last_checkpoint_step, open_run, resume_weights, save_checkpoint
 from rlboost.run.directory import RunDirectory
 from rlboost.run.launch import Cluster, TracePlan, gpu_needs, plan_trace, ray_settings
@@ -29,10 +25,9 @@ from rlboost.run.metrics import Phases, step_record
 from rlboost.run.outcome import RunResult, failure_summary, halted
 from rlboost.run.report import write_report
 from rlboost.run.terminal import DRIVER_LOG, StepProgress, StopSignal, driver_output, say
-from rlboost.tasks.arithmetic import ArithmeticTask
-from rlboost.tasks.dataset import MathDatasetConfig, MathTask
-from rlboost.trainer.feed import TaskFeed
+from rlboost.trainer.feed import TaskFeed, task_feed
 from rlboost.trainer.loop import train_streaming
+from rlboost.trainer.starting_weights import prepare_checkpoint
 
 
 def preflight(config: RunConfig) -> None:
@@ -162,22 +157,3 @@ def train_step(cluster: Cluster, feed: TaskFeed, step: int, config: RunConfig) -
     pulls = cluster.fleet.pull_records(step)
     return step_record(step, outcome, rollout, phases, pulls, published, cluster.fleet.up(),
                        cluster.ledger, cluster.run.elapsed(), feed.describe(outcome.example))
-
-
-def task_feed(task: TaskSection, checkpoint: Path) -> TaskFeed:
-    """The task's prompts as token ids for the checkpoint's tokenizer, with its stop tokens."""
-    tokenizer = load_tokenizer(checkpoint)
-    stops = {tokenizer.eos_id, *ModelConfig.load(checkpoint).eos_token_ids}
-    params = SamplingParams(temperature=task.temperature, top_p=task.top_p,
-                            max_new_tokens=task.max_new_tokens, stop_token_ids=tuple(sorted(stops)))
-    template = task.prompt_template
-    if task.name == "arithmetic":
-        source = ArithmeticTask(task.arithmetic)
-    else:  # the dataset applies the template itself
-        template = "{prompt}"
-        source = MathTask.from_file(MathDatasetConfig(
-            path=task.math_path, prompt_field=task.math_prompt_field, answer_field=task.math_answer_field,
-            answer_format=task.math_answer_format, prompt_template=task.prompt_template))
-    return TaskFeed(source, tokenizer, groups_per_step=task.groups_per_step, group_size=task.group_size,
-                    params=params, prompt_template=template, chat_template=task.chat_template,
-                    extract_answer=task.answer == "extract", seed=task.seed)

@@ -22,7 +22,6 @@ from rlboost.cluster.session import RaySettings, actor_options
 from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
-from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.run.directory import RunDirectory
 from rlboost.trainer.loop import TrainerGroup
 from rlboost.trainer.rank import RankSpec
@@ -217,20 +216,10 @@ def rank_specs(config: RunConfig, weights: Path, reference: Path) -> list[RankSp
     return [RankSpec(rank=r, world_size=t.world_size, checkpoint=str(weights), transfer=config.transfer,
                      reference_checkpoint=str(reference), device=t.device, backend=t.distributed_backend,
                      sharding=t.sharding, optimizer=t.optimizer, grpo=config.grpo,
-                     publish_dtype=config.rollout.engine.dtype)
+                     publish_dtype=config.rollout.weights_dtype)
             for r in range(t.world_size)]
 
 
 def instance_template(config: RunConfig, weights: Path, publisher: str) -> InstanceSpec:
-    r = config.rollout
-    engine = dataclasses.replace(r.engine, model_dir=str(weights))
-    sglang = None
-    if r.backend == "sglang":
-        sglang = SGLangEngineConfig(model_path=str(weights), tp_size=r.sglang_tp_size,
-                                    mem_fraction_static=r.sglang_mem_fraction, dtype=r.engine.dtype,
-                                    stream_interval=r.engine.stream_interval)
-    emulated = r.emulated if r.backend == "emulated" else None
-    return InstanceSpec(instance_id="template", kind="preemptible", capacity=r.capacity, engine=engine,
-                        transfer=config.transfer, sources=(publisher,), pull_timeout_s=r.pull_timeout_s,
-                        sglang=sglang, emulated=emulated,
-                        emulated_preemptible_speed=r.emulated_preemptible_speed)
+    return InstanceSpec(instance_id="template", kind="preemptible", model_dir=str(weights), rollout=config.rollout,
+                        transfer=config.transfer, sources=(publisher,))

@@ -30,13 +30,21 @@ class ArithmeticConfig:
     """
 
     min_operand: int = 0
+    """smallest operand"""
     max_operand: int = 9
+    """largest operand"""
     num_operands: int = 2
+    """operands per problem (2-8)"""
     operators: str = "+"
+    """operator characters drawn from: any of + - *"""
     non_negative: bool = True
+    """redraw problems whose result is negative"""
     reward_mode: str = "exact"
+    """partial credit for a wrong integer: exact (none), digits or distance"""
     format_reward: float = 0.0
+    """reward for a wrong integer (the answer has the right form)"""
     partial_weight: float = 0.5
+    """weight of the partial credit added to format_reward"""
 
     def __post_init__(self) -> None:
         if self.min_operand < 0:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from rlboost.validate import check_format_version
+
 PROBLEM_FORMAT_VERSION = 1
 
 
@@ -25,8 +27,7 @@ class Problem:
     format_version: int = PROBLEM_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != PROBLEM_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {PROBLEM_FORMAT_VERSION}")
+        check_format_version(self, PROBLEM_FORMAT_VERSION)
         if not self.prompt:
             raise ValueError(f"problem {self.problem_id}: prompt must not be empty")
 

@@ -23,27 +23,29 @@ class MathDatasetConfig:
 
     answer_format says how to find the reference answer in answer_field: "gsm8k" takes
     the text after "####", "boxed" the last \\boxed{...} (OpenR1's `solution`), "plain"
-    the whole field (OpenR1's `answer`), "auto" picks per record. prompt_template
-    wraps the question ("{prompt}" is replaced by it). limit keeps the first N records.
+    the whole field (OpenR1's `answer`), "auto" picks per record. Prompts are the question
+    as it stands; a task's prompt_template wraps them. limit keeps the first N records.
     """
 
-    path: str
+    path: str | None = None
+    """JSONL or Parquet file of problems"""
     prompt_field: str = "question"
+    """the record field holding the question"""
     answer_field: str = "answer"
+    """the record field holding the reference answer"""
     answer_format: str = "auto"
-    prompt_template: str = "{prompt}"
+    """how to find the answer in it: gsm8k (after ####), boxed, plain, or auto"""
     limit: int | None = None
+    """read only the first N records (None: all)"""
 
     def __post_init__(self) -> None:
-        if not self.path:
-            raise ValueError("path must not be empty")
+        if self.path is not None and not self.path:
+            raise ValueError("path must not be empty (None: no dataset)")
         if not self.prompt_field or not self.answer_field:
             raise ValueError("prompt_field and answer_field must not be empty")
         if self.answer_format not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, "
                              f"got {self.answer_format!r}")
-        if "{prompt}" not in self.prompt_template:
-            raise ValueError("prompt_template must contain '{prompt}'")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be None or >= 1, got {self.limit}")
 
@@ -66,6 +68,8 @@ def reference_answer(field: str, answer_format: str) -> str:
 
 def load_math_problems(config: MathDatasetConfig) -> list[Problem]:
     """Read the file into Problems; a bad record raises ValueError naming file and record."""
+    if config.path is None:
+        raise ValueError("no math dataset file is set (path)")
     path = Path(config.path)
     if not path.is_file():
         raise FileNotFoundError(f"math dataset {path} does not exist")
@@ -81,8 +85,7 @@ def load_math_problems(config: MathDatasetConfig) -> list[Problem]:
             gold = reference_answer(str(answer), config.answer_format)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-        problems.append(Problem(problem_id=index, answer=gold,
-                                prompt=config.prompt_template.replace("{prompt}", str(prompt))))
+        problems.append(Problem(problem_id=index, answer=gold, prompt=str(prompt)))
     if not problems:
         raise ValueError(f"math dataset {path} holds no records")
     return problems

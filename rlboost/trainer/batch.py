@@ -16,6 +16,7 @@ import torch.distributed as dist
 from rlboost.errors import StaleSampleError
 from rlboost.migration.state import RequestState
 from rlboost.trainer.grpo import GRPOConfig, GRPOLoss, group_advantages, grpo_loss, token_logprobs
+from rlboost.validate import check_format_version
 
 SAMPLE_FORMAT_VERSION = 1
 
@@ -46,8 +47,7 @@ class ScoredSample:
     format_version: int = SAMPLE_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != SAMPLE_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {SAMPLE_FORMAT_VERSION}")
+        check_format_version(self, SAMPLE_FORMAT_VERSION)
         if not self.prompt_ids:
             raise ValueError(f"sample {self.sample_id}: prompt_ids must not be empty")
         if not self.output_ids:

@@ -4,11 +4,17 @@ that come back, so the trainer sees scored samples and the controller only token
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 from rlboost.controller.records import CompletedGroup, MicroBatch, PromptGroup
 from rlboost.migration.state import SamplingParams
+from rlboost.models import ModelConfig
+from rlboost.models.tokenizers import load_tokenizer
+from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.tasks.base import Problem, Task
+from rlboost.tasks.config import TaskConfig
+from rlboost.tasks.dataset import MathTask
 from rlboost.tasks.math_answers import extract_answer
 from rlboost.trainer.batch import ScoredSample
 from rlboost.trainer.sft import encode_prompt
@@ -100,3 +106,15 @@ class TaskFeed:
 
     def _seed(self, step: int, index: int) -> int:
         return (self.seed * 1_000_003 + step * 7_919 + index * 104_729 + 1) % (1 << 63)
+
+
+def task_feed(task: TaskConfig, checkpoint: Path) -> TaskFeed:
+    """The task's prompts as token ids for the checkpoint's tokenizer, with its stop tokens."""
+    tokenizer = load_tokenizer(checkpoint)
+    stops = {tokenizer.eos_id, *ModelConfig.load(checkpoint).eos_token_ids}
+    params = SamplingParams(temperature=task.temperature, top_p=task.top_p,
+                            max_new_tokens=task.max_new_tokens, stop_token_ids=tuple(sorted(stops)))
+    source = ArithmeticTask(task.arithmetic) if task.name == "arithmetic" else MathTask.from_file(task.math)
+    return TaskFeed(source, tokenizer, groups_per_step=task.groups_per_step, group_size=task.group_size,
+                    params=params, prompt_template=task.prompt_template, chat_template=task.chat_template,
+                    extract_answer=task.answer == "extract", seed=task.seed)

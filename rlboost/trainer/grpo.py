@@ -27,11 +27,17 @@ class GRPOConfig:
     """
 
     clip_eps_low: float = 0.2
+    """the importance ratio is clipped below at 1 - clip_eps_low"""
     clip_eps_high: float = 0.2
+    """... and above at 1 + clip_eps_high (larger than low: DAPO's clip-higher)"""
     kl_coef: float = 0.0
+    """weight of a per-token KL(policy || reference) penalty (0: none)"""
     normalize_std: bool = True
+    """divide each group's advantages by its reward standard deviation"""
     std_eps: float = 1e-6
+    """added to that standard deviation"""
     aggregation: str = "token_mean"
+    """token_mean (every response token weighs the same) or seq_mean"""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.clip_eps_low < 1.0:

@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 
 from rlboost.models import empty_model, load_pretrained, save_pretrained
 from rlboost.trainer import fsdp, rng
-from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.trainer.batch import MicroBatch, micro_batch_loss, reference_logprobs
+from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.trainer.grpo import GRPOConfig
 from rlboost.transfer.config import TransferConfig, node_ip, on_this_node
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.publisher import WeightPublisher
+from rlboost.validate import check_format_version
 
 RANK_SPEC_FORMAT_VERSION = 1
 OPTIMIZER_FILE = "optimizer.pt"
@@ -58,8 +58,7 @@ class RankSpec:
     format_version: int = RANK_SPEC_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != RANK_SPEC_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {RANK_SPEC_FORMAT_VERSION}")
+        check_format_version(self, RANK_SPEC_FORMAT_VERSION)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
         if self.publish_dtype not in fsdp.DTYPES:

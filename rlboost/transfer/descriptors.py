@@ -12,7 +12,6 @@ import torch
 
 from rlboost.transfer.manifest import Manifest
 
-
 HOST_DEVICE = -1  # the native core's device id of host memory
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from rlboost.errors import ProtocolError
 

@@ -17,11 +17,12 @@ from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.records import PromptGroup
 from rlboost.controller.offload import ReferenceWindowConfig
+from rlboost.controller.records import PromptGroup
 from rlboost.controller.registry import RegistryConfig
 from rlboost.migration.state import SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained
+from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.transfer import TransferConfig, WeightPublisher
 
@@ -99,8 +100,8 @@ def _running_fleet(ctl, ckpt, weights, ledger, rec, now):
     with WeightPublisher(TransferConfig()) as pub:
         pub.publish(1, weights)
         ray.get(ctl.set_weight_version.remote(1))
-        template = InstanceSpec(instance_id="t", kind="preemptible", capacity=4, transfer=TransferConfig(),
-                                engine=EmbeddedEngineConfig(model_dir=str(ckpt), num_blocks=64),
+        template = InstanceSpec(instance_id="t", kind="preemptible", transfer=TransferConfig(), model_dir=str(ckpt),
+                                rollout=RolloutConfig(capacity=4, embedded=EmbeddedEngineConfig(num_blocks=64)),
                                 sources=(pub.address,))
         fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, now)
         try:

@@ -17,7 +17,8 @@ from rlboost.cluster.session import RaySession, RaySettings, actor_options
 from rlboost.controller.records import Lease
 from rlboost.errors import TransferTimeout
 from rlboost.models import build_tiny_checkpoint
-from rlboost.rollout.embedded.engine import EmbeddedEngineConfig
+from rlboost.rollout.config import RolloutConfig
+from rlboost.rollout.embedded.config import EmbeddedEngineConfig
 from rlboost.transfer import TransferConfig, WeightPublisher, WeightPuller
 
 
@@ -75,8 +76,9 @@ def _until(predicate, timeout_s: float = 60.0):
 
 def _spec(tmp_path, sources, transfer) -> InstanceSpec:
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=1)
-    return InstanceSpec(instance_id="spot-0", kind="preemptible", capacity=2, transfer=transfer,
-                        engine=EmbeddedEngineConfig(model_dir=str(ckpt), num_blocks=16), sources=tuple(sources))
+    return InstanceSpec(instance_id="spot-0", kind="preemptible", transfer=transfer, model_dir=str(ckpt),
+                        rollout=RolloutConfig(capacity=2, embedded=EmbeddedEngineConfig(num_blocks=16)),
+                        sources=tuple(sources))
 
 
 def _stalled_publisher() -> WeightPublisher:

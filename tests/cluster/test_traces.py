@@ -4,10 +4,19 @@ import json
 
 import pytest
 
-from rlboost.cluster.traces import (AvailabilityTrace, InstanceEvent, PreemptionPolicy,
-                                    SyntheticTraceConfig, load_trace, preemption_events,
-                                    read_count_csv, read_skypilot_json, read_spotserve_csv,
-                                    sample_trace, synthetic_trace)
+from rlboost.cluster.traces import (
+    AvailabilityTrace,
+    InstanceEvent,
+    PreemptionPolicy,
+    SyntheticTraceConfig,
+    load_trace,
+    preemption_events,
+    read_count_csv,
+    read_skypilot_json,
+    read_spotserve_csv,
+    sample_trace,
+    synthetic_trace,
+)
 
 
 def test_skypilot_json_is_one_count_per_tick(tmp_path):

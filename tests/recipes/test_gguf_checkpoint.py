@@ -18,9 +18,9 @@ from tokenizers.pre_tokenizers import ByteLevel  # noqa: E402  (a transformers d
 from rlboost.errors import RlboostError  # noqa: E402
 from rlboost.models import empty_model, load_pretrained, tiny_config  # noqa: E402
 from rlboost.models.checkpoint import init_random  # noqa: E402
-from rlboost.recipes import checkpoints  # noqa: E402
-from rlboost.recipes.gguf_checkpoint import convert_gguf  # noqa: E402
-from rlboost.recipes.tokenizers import load_tokenizer  # noqa: E402
+from rlboost.models.gguf import convert_gguf  # noqa: E402
+from rlboost.models.tokenizers import load_tokenizer  # noqa: E402
+from rlboost.trainer import starting_weights as checkpoints  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

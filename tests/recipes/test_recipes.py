@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from rlboost.recipes import DEFAULT_RECIPE, get_recipe, recipes
-from rlboost.config.run import RunConfig, parse_injection
 from rlboost.config.overrides import apply_overrides, from_dict, to_dict
+from rlboost.config.run import RunConfig, parse_injection
+from rlboost.recipes import DEFAULT_RECIPE, get_recipe, recipes
 
 
 @pytest.fixture
@@ -38,7 +38,8 @@ def test_default_recipe_shape():
 def test_gpu_recipe_runs_nccl_on_cuda(secret):
     config = get_recipe("qwen3_gpu")
     assert config.trainer.device == "cuda" and config.trainer.backend == "nccl"
-    assert config.rollout.engine.device == "cuda" and config.rollout.instance_gpus > 0
+    assert config.rollout.backend == "sglang" and config.rollout.instance_gpus >= config.rollout.sglang.tp_size
+    assert config.rollout.embedded.device == "cuda"  # for --set rollout.backend=embedded
     assert config.transfer.bind_host == "0.0.0.0" and config.transfer.secret == b"recipe-test-secret"
     # it can join a multi-node cluster as it is
     assert apply_overrides(config, ["cluster.address=10.0.0.1:6379"]).cluster.address == "10.0.0.1:6379"
@@ -79,7 +80,7 @@ def test_overrides_reach_nested_sections():
         "rollout.engine.num_blocks=64"])
     assert config.task.arithmetic.max_operand == 19
     assert config.cluster.inject == ("notice@2", "kill@3")
-    assert config.trainer.optimizer.max_grad_norm is None and config.rollout.engine.num_blocks == 64
+    assert config.trainer.optimizer.max_grad_norm is None and config.rollout.embedded.num_blocks == 64
 
 
 def test_secrets_never_reach_config_json():

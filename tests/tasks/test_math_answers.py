@@ -2,8 +2,7 @@
 
 import pytest
 
-from rlboost.tasks.math_answers import (answers_match, extract_answer, extract_boxed,
-                                        math_reward, normalize_answer)
+from rlboost.tasks.math_answers import answers_match, extract_answer, extract_boxed, math_reward, normalize_answer
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -26,11 +26,10 @@ def _jsonl(path, records):
 
 
 def test_gsm8k_jsonl(tmp_path):
-    cfg = MathDatasetConfig(path=_jsonl(tmp_path / "gsm8k.jsonl", GSM8K),
-                            prompt_template="Question: {prompt}\nAnswer:")
+    cfg = MathDatasetConfig(path=_jsonl(tmp_path / "gsm8k.jsonl", GSM8K))
     problems = load_math_problems(cfg)
     assert [p.answer for p in problems] == ["7", "2,400"]
-    assert problems[0].prompt == "Question: Tom has 3 apples and buys 4 more. How many?\nAnswer:"
+    assert problems[0].prompt == "Tom has 3 apples and buys 4 more. How many?"  # the task's template wraps it
     task = MathTask(problems)
     assert isinstance(task, Task)
     assert task.reward(problems[1], "Two books: 2400 dollars.\n#### 2400") == 1.0
@@ -93,8 +92,8 @@ def test_problems_cycle_through_the_dataset_in_seeded_order():
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    ({"answer_format": "latex"}, "answer_format"), ({"prompt_template": "Q:"}, "prompt_template"),
+    ({"answer_format": "latex"}, "answer_format"), ({"path": ""}, "path"),
     ({"limit": 0}, "limit")])
 def test_config_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        MathDatasetConfig(path="x.jsonl", **kwargs)
+        MathDatasetConfig(**{"path": "x.jsonl", **kwargs})

@@ -29,16 +29,27 @@ class EmbeddedEngineConfig:
     """
 
     model_dir: str | None = None
+    """checkpoint whose shape the engine takes (set by the run)"""
     device: str = "cpu"
+    """torch device of the engine: cpu, cuda, cuda:1, ..."""
     dtype: str = "float32"
+    """weights and compute dtype: float32, bfloat16 or float16"""
     num_blocks: int = 1024
+    """KV-cache blocks shared by all samples"""
     block_size: int = 16
+    """tokens per KV-cache block"""
     max_batch_size: int = 64
+    """samples decoding at once"""
     max_prefill_tokens: int = 512
+    """prompt tokens prefilled per engine step"""
     stream_interval: int = 8
+    """tokens a sample gathers before they are sent (a lost instance loses at most these)"""
     max_model_len: int | None = None
+    """longest prompt + output (None: the model's maximum, capped by the cache)"""
     weight_version: int = 0
+    """version of the weights in model_dir (set by the run)"""
     rate_window_s: float = 10.0
+    """decode tokens/s is measured over this much recent busy time"""
 
     def __post_init__(self) -> None:
         try:

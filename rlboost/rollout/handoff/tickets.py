@@ -29,6 +29,7 @@ from rlboost.rollout.handoff.result import (
 )
 from rlboost.transfer import Manifest, TransferConfig, WeightPublisher, WeightPuller
 from rlboost.transfer.config import parse_address
+from rlboost.validate import check_format_version
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -110,8 +111,7 @@ class HandoffTicket:
     format_version: int = HANDOFF_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != HANDOFF_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {HANDOFF_FORMAT_VERSION}")
+        check_format_version(self, HANDOFF_FORMAT_VERSION)
         check_mode(self.mode)
         parse_address(self.address)
         if self.key < 0 or self.nbytes < 1:

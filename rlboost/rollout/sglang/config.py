@@ -47,23 +47,36 @@ class SGLangEngineConfig:
     {"attention_backend": "flashinfer", "random_seed": 0}.
     """
 
-    model_path: str
+    model_path: str | None = None
+    """checkpoint SGLang loads at start (set by the run: the weights it trains)"""
     tp_size: int = 1
+    """GPUs one SGLang engine spans (tensor parallel); rollout.instance_gpus must cover it"""
     mem_fraction_static: float = 0.8
+    """share of GPU memory SGLang takes for weights and KV cache"""
     dtype: str = "auto"
+    """SGLang's dtype (auto: the checkpoint's)"""
     stream_interval: int = 8
+    """tokens per streamed chunk (a lost instance loses at most this many per sample)"""
     deterministic_inference: bool = True
+    """honour per-sample seeds (SGLang's deterministic mode; costs throughput)"""
     max_model_len: int | None = None
+    """longest prompt + output (None: the model's maximum)"""
     vocab_size: int | None = None
+    """vocabulary (None: config.json's)"""
     weight_version: int = 0
+    """version of the weights in model_path (set by the run)"""
     weight_bucket_bytes: int = 512 << 20
+    """bytes of weights handed to SGLang per update call"""
     rate_window_s: float = 10.0
+    """decode tokens/s is measured over this much recent busy time"""
     flush_timeout_s: float = 60.0
+    """how long a weight load waits for SGLang's scheduler to go idle"""
     extra_engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """more sglang.Engine (ServerArgs) arguments, as JSON on the command line"""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model_path, str) or not self.model_path:
-            raise ValueError(f"model_path must be a non-empty path, got {self.model_path!r}")
+        if self.model_path is not None and (not isinstance(self.model_path, str) or not self.model_path):
+            raise ValueError(f"model_path must be a non-empty path or None, got {self.model_path!r}")
         for name, low in (("tp_size", 1), ("stream_interval", 1), ("weight_bucket_bytes", 1 << 20),
                           ("weight_version", 0)):
             value = getattr(self, name)

@@ -71,6 +71,8 @@ class SGLangEngine(ThreadedEngineState):
     _failure_label = "SGLang engine"
 
     def __init__(self, config: SGLangEngineConfig, engine_factory: Callable[..., Any] | None = None):
+        if config.model_path is None:
+            raise ValueError("SGLangEngineConfig.model_path must name the checkpoint SGLang loads")
         factory = engine_factory or _sglang_engine_class()
         self._init_state()
         self.config = config

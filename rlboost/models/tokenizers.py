@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from rlboost import env
-from rlboost.models.tokenizer import TOKENIZER_FILE, ByteTokenizer
+from rlboost.models.byte_tokenizer import TOKENIZER_FILE, ByteTokenizer
 
 
 class Tokenizer(Protocol):

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlboost.validate import check_format_version
+
 TOKENIZER_FILE = "byte_tokenizer.json"
 TOKENIZER_FORMAT_VERSION = 1
 
@@ -29,8 +31,7 @@ class ByteTokenizer:
     format_version: int = TOKENIZER_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != TOKENIZER_FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {TOKENIZER_FORMAT_VERSION}")
+        check_format_version(self, TOKENIZER_FORMAT_VERSION)
         ids = (self.pad_id, self.bos_id, self.eos_id)
         if len(set(ids)) != 3 or min(ids) < 256:
             raise ValueError(f"pad_id, bos_id, eos_id must be distinct and >= 256, got {ids}")

