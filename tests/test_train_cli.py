@@ -63,7 +63,7 @@ def test_short_run_survives_both_preemptions_and_resumes(tmp_path):
         assert math.isfinite(m["reward_mean"]) and 0.0 <= m["reward_mean"] <= 1.0
         assert m["tokens_per_s"] > 0 and m["publish_bytes"] > 0
     events = _jsonl(run / "events.jsonl")
-    kinds = [(e["kind"], e["instance"]) for e in events]
+    kinds = [(e["kind"], e.get("instance")) for e in events]
     assert ("notice", "spot-s0") in kinds and ("gone", "spot-s0") in kinds
     assert ("death", "spot-s1") in kinds
     assert all("t" in e and 1 <= e["step"] <= 4 for e in events)

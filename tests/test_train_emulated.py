@@ -53,7 +53,7 @@ def test_emulated_run_trains_on_every_sample_through_a_preemption(tmp_path):
         # every sample has a token; some end on the tokenizer's end-of-sequence token early
         assert samples <= m["response_tokens"] < samples * MAX_NEW
         assert m["publish_bytes"] > 0
-    kinds = [(e["kind"], e["instance"]) for e in _jsonl(run / "events.jsonl")]
+    kinds = [(e["kind"], e.get("instance")) for e in _jsonl(run / "events.jsonl")]
     assert ("notice", "spot-s0") in kinds and ("gone", "spot-s0") in kinds
     assert ("active", "spot-s0") in kinds  # it pulled the weights like a real instance
     assert "| samples lost | 0 |" in (run / "summary.md").read_text()
