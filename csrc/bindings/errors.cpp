@@ -17,6 +17,7 @@ const char* ClassNameFor(Code code) {
     case Code::kTimeout: return "TransferTimeout";
     case Code::kPeerLost: return "PeerLost";
     case Code::kChecksum: return "ChecksumMismatch";
+    case Code::kIntegrity: return "IntegrityError";
     case Code::kUnknownVersion: return "VersionMismatch";
     case Code::kClosed: return "TransferClosed";
     default: return "TransferError";
@@ -46,6 +47,7 @@ void BindErrors(py::module_& m) {
       py::arg("timeout") = static_cast<int>(Code::kTimeout),
       py::arg("peer_lost") = static_cast<int>(Code::kPeerLost),
       py::arg("checksum") = static_cast<int>(Code::kChecksum),
+      py::arg("integrity") = static_cast<int>(Code::kIntegrity),
       py::arg("unknown_version") = static_cast<int>(Code::kUnknownVersion));
   // Lets tests check the translation without a network round trip.
   m.def("_raise_status", [](int code, const std::string& msg) {

@@ -324,12 +324,12 @@ def test_migration_cost_bench_runs_in_quick_mode():
 
 
 def test_a_stalled_channel_times_out_and_the_samples_go_back(make, reference):
-    from rlboost.transfer import TransferConfig
+    from rlboost.transfer import ServerConfig, TransferConfig
 
     src, dst = make(), make()
     out = started(src)
     # a server capped at 1 KiB/s needs minutes for these pages: the handoff must not wait for it
-    slow = TransferConfig(relay=False, egress_bytes_per_s=1024, request_timeout_s=2.0)
+    slow = TransferConfig(relay=False, publisher=ServerConfig(egress_bytes_per_s=1024), request_timeout_s=2.0)
     with TransferChannel(slow) as channel:
         with pytest.raises(HandoffFailed) as info:
             migrate(src, dst, [0, 1, 2], mode="kv", channel=channel, ship_timeout_s=0.5)
@@ -341,11 +341,11 @@ def test_a_stalled_channel_times_out_and_the_samples_go_back(make, reference):
 
 
 def test_a_full_sender_refuses_before_draining_instead_of_evicting_a_batch(make):
-    from rlboost.transfer import TransferConfig
+    from rlboost.transfer import ServerConfig, TransferConfig
 
     src = make()
     src.submit(states(n=3))
-    with SampleSender(TransferConfig(versions_kept=2)) as sender:
+    with SampleSender(TransferConfig(handoff=ServerConfig(versions_kept=2))) as sender:
         first, second = sender.send(src, [0], mode="kv"), sender.send(src, [1], mode="kv")
         with pytest.raises(RolloutError, match="versions_kept"):
             sender.send(src, [2], mode="kv")
