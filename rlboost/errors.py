@@ -46,6 +46,11 @@ class TransferClosed(TransferError):
     """The publisher, server or puller was already closed."""
 
 
+class CheckpointError(RlboostError):
+    """A checkpoint file could not be read as rlboost writes it (never unpickled beyond
+    tensors and plain values)."""
+
+
 class RolloutError(RlboostError):
     """A rollout engine could not do what was asked of it."""
 

@@ -32,12 +32,20 @@ void BindErrors(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       if (e.status().code() == Code::kInvalidArgument) {
-        PyErr_SetString(PyExc_ValueError, e.what());
+        const std::string& msg = e.status().message();
+        py::object text = py::reinterpret_steal<py::object>(
+            PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "backslashreplace"));
+        PyErr_SetObject(PyExc_ValueError, text.ptr());
         return;
       }
       py::object errors = py::module_::import("rlboost.errors");
       py::object cls = errors.attr(ClassNameFor(e.status().code()));
-      PyErr_SetString(cls.ptr(), e.what());
+      // Messages may quote what a peer or a file said: decoded so that no byte can turn
+      // the typed error into a UnicodeDecodeError.
+      const std::string& msg = e.status().message();
+      py::object text = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "backslashreplace"));
+      PyErr_SetObject(cls.ptr(), text.ptr());
     }
   });
   m.attr("STATUS_CODES") = py::dict(

@@ -10,10 +10,13 @@ int64_t NowNs() { return Deadline::Clock::now().time_since_epoch().count(); }
 
 bool Open(const ServerConn& c) { return !c.done && !c.evicted && c.current() != ConnState::kClosing; }
 
-// Lower is closed first; -1: not to be closed.
+// Lower is closed first; -1: not to be closed. A busy connection that has not stalled
+// long goes only when nothing else can (the one stalled longest): peers that keep
+// reconnecting to hold every slot with fresh stalls cannot keep a newcomer out, and an
+// honest connection, whose frames take milliseconds, is the youngest there.
 int Rank(const ServerConn& c, double min_stall_s) {
   switch (c.current()) {
-    case ConnState::kBusy: return c.InStateFor() >= min_stall_s ? 0 : -1;
+    case ConnState::kBusy: return c.InStateFor() >= min_stall_s ? 0 : 3;
     case ConnState::kIdle: return 1;
     case ConnState::kWaiting: return 2;
     default: return -1;
@@ -47,7 +50,7 @@ bool EvictOneLocked(ConnList& conns, const std::function<bool(const ServerConn&)
     // An idle one may have just woken for a request: then it is busy and keeps serving.
     if (was == ConnState::kIdle && !v->LeaveIdle(ConnState::kClosing)) continue;
     v->Evict();
-    ++(was == ConnState::kBusy ? counts->evicted_stalled : counts->evicted_idle);
+    ++(was == ConnState::kBusy ? counts->evicted_stalled : counts->evicted_idle);  // busy: stalled longest
     return true;
   }
 }

@@ -1,9 +1,9 @@
 // ServerConn: one connection of a weight server as its bookkeeping sees it (who, in which
 // state since when), and the admission rules that choose whom to close when a newcomer
-// would pass a cap: the peer stalled longest mid-frame (or mid-response) first, then the
-// one idle longest, then the one long-polling longest. A peer that stalls, trickles or
-// hoards connections, authenticated or not, so loses its own connections first and
-// cannot keep an honest puller out.
+// would pass a cap: one stalled mid-frame (or mid-response) past min_stall_s first, then
+// the one idle longest, then the one long-polling longest, and last the busy one stalled
+// longest. A peer that stalls, trickles or hoards connections, authenticated or not, so
+// loses its own connections first and cannot keep an honest puller out.
 #pragma once
 
 #include <atomic>
@@ -61,14 +61,14 @@ struct AdmissionLimits {
 struct AdmissionCounts {
   uint64_t refused = 0;          // newcomers turned away: nobody could go
   uint64_t evicted_idle = 0;     // idle or long-polling connections closed for a newcomer
-  uint64_t evicted_stalled = 0;  // busy connections stalled past min_stall_s closed for one
+  uint64_t evicted_stalled = 0;  // busy ones (the most stalled) closed for one
   uint64_t handshakes_dropped = 0;
 };
 
 using ConnList = std::list<std::unique_ptr<ServerConn>>;
 
 // Under the server's lock: makes room for `c` (authenticated now, client `peer_id`)
-// within every cap; false when that would close a connection that is making progress.
+// within every cap; false only when no connection there can be closed.
 bool AdmitLocked(ConnList& conns, ServerConn* c, uint64_t peer_id, const AdmissionLimits& lim,
                  AdmissionCounts* counts);
 // Under the server's lock: a newcomer from `host` is about to handshake; the oldest

@@ -8,6 +8,9 @@ namespace rlboost {
 struct VersionStore::Sync {
   mutable std::mutex mu;
   std::condition_variable cv;
+  // Called under mu when the last pin of a retired version goes, so its memory is freed
+  // then rather than at the next publish; cleared when the store goes.
+  std::function<void()> on_unpinned;
 };
 
 struct VersionStore::Entry {
@@ -18,6 +21,7 @@ struct VersionStore::Entry {
   bool partial = false;  // registered by a relay: retired only explicitly
   uint64_t registration = 0;
   int pins = 0;
+  bool retired = false;
   uint64_t next_lease = 0;
   std::map<uint64_t, std::function<void()>> revokers;  // live region leases
   bool complete() const { return held.held_count == held.num_chunks; }
@@ -41,9 +45,15 @@ bool IsHeld(const HeldState& h, uint32_t i) { return (h.bitmap[i / 8] >> (i % 8)
 }  // namespace
 
 VersionStore::VersionStore(int versions_kept, std::string secret)
-    : versions_kept_(std::max(1, versions_kept)), secret_(std::move(secret)), sync_(std::make_shared<Sync>()) {}
+    : versions_kept_(std::max(1, versions_kept)), secret_(std::move(secret)), sync_(std::make_shared<Sync>()) {
+  sync_->on_unpinned = [this] { PruneLocked(); };
+}
 
-VersionStore::~VersionStore() { WakeAll(); }
+VersionStore::~VersionStore() {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  sync_->on_unpinned = nullptr;
+  sync_->cv.notify_all();
+}
 
 std::shared_ptr<void> VersionStore::Pin(const std::shared_ptr<Entry>& e, std::function<void()> revoke) {
   ++e->pins;
@@ -57,6 +67,7 @@ std::shared_ptr<void> VersionStore::Pin(const std::shared_ptr<Entry>& e, std::fu
     std::lock_guard<std::mutex> lock(sync->mu);
     --e->pins;
     if (lease != 0) e->revokers.erase(lease);
+    if (e->pins == 0 && e->retired && sync->on_unpinned) sync->on_unpinned();
     sync->cv.notify_all();
   });
 }
@@ -230,6 +241,7 @@ void VersionStore::MarkPending(int64_t version, uint64_t registration, uint32_t 
 }
 
 void VersionStore::RetireLocked(std::map<int64_t, std::shared_ptr<Entry>>::iterator it) {
+  it->second->retired = true;
   draining_.push_back(it->second);
   live_.erase(it);
   RevokeExcessLocked();

@@ -23,7 +23,7 @@ from rlboost.controller.service import ControllerConfig
 from rlboost.migration.state import SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.transfer import TransferConfig, WeightPublisher
+from rlboost.transfer import TransferConfig, WeightPublisher, new_secret
 
 TOK = ByteTokenizer()
 
@@ -96,10 +96,11 @@ def _reference(model_dir, weights, step, prompts, params=None):
 @contextlib.contextmanager
 def _running_fleet(ctl, ckpt, weights, ledger, rec, now):
     """Version 1 published, a reserved and a preemptible instance up at it; closes all."""
-    with WeightPublisher(TransferConfig()) as pub:
+    transfer = TransferConfig(secret=new_secret())  # the run's secret, shared with its instances
+    with WeightPublisher(transfer) as pub:
         pub.publish(1, weights)
         ray.get(ctl.set_weight_version.remote(1))
-        template = InstanceSpec(instance_id="t", kind="preemptible", capacity=4, transfer=TransferConfig(),
+        template = InstanceSpec(instance_id="t", kind="preemptible", capacity=4, transfer=transfer,
                                 engine=EmbeddedEngineConfig(model_dir=str(ckpt), num_blocks=64),
                                 sources=(pub.address,))
         fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, now)
