@@ -18,8 +18,8 @@ from rlboost.transfer.closing import Closing
 from rlboost.transfer.config import TransferConfig, advertised_host, format_address, parse_address
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.progress import ProgressCallback
-from rlboost.transfer.publisher import start_server
 from rlboost.transfer.pulled import PulledWeights, PullHandle, PullHooks
+from rlboost.transfer.server import start_server
 
 Into = torch.Tensor | PulledWeights | None
 
