@@ -3,9 +3,10 @@ with the limits of each server role (trainer publisher, relay, handoff sender) a
 capping the trainer's egress leaves relays alone.
 
 No server runs without a secret. A run draws one (``run_secret()``: RLBOOST_SECRET when
-set, else ``new_secret()``) and hands the same value to all of its processes; a config
-without one uses this process's own random secret, so its servers answer only peers in
-this process. An empty secret needs ``allow_no_secret=True`` (tests on loopback only).
+set, else ``new_secret()``) and hands the same value to all of its processes. A config
+built without one takes RLBOOST_SECRET (read through rlboost.env) when set, else uses this
+process's own random secret, so its servers answer only peers in this process. An empty
+secret needs ``allow_no_secret=True`` (tests on loopback only).
 """
 
 from __future__ import annotations
@@ -135,9 +136,9 @@ class TransferConfig:
     """
 
     # The run's shared secret: every process of the run must hold the same one (a run sets
-    # it from run_secret()). None: this process's own random secret (process_secret()),
-    # so only peers in this process connect. Never written to config files or logs
-    # (to_dict drops bytes, repr leaves it out).
+    # it from run_secret()). None: RLBOOST_SECRET when set, else this process's own random
+    # secret (process_secret()), so only peers in this process connect. Never written to
+    # config files or logs (to_dict drops bytes, repr leaves it out).
     secret: bytes | None = field(default=None, repr=False)
     allow_no_secret: bool = False  # tests only: serve and pull with an empty secret on loopback
     bind_host: str = "127.0.0.1"  # servers listen only here
@@ -174,6 +175,8 @@ class TransferConfig:
     handoff: ServerConfig = field(default_factory=lambda: ServerConfig(versions_kept=64))  # sample senders
 
     def __post_init__(self) -> None:
+        if self.secret is None:
+            self.secret = env.secret()
         check(self.secret is None or isinstance(self.secret, bytes), "secret", "bytes or None",
               type(self.secret).__name__)
         check(isinstance(self.allow_no_secret, bool), "allow_no_secret", "True or False", self.allow_no_secret)
@@ -187,6 +190,10 @@ class TransferConfig:
               "advertise_host", "None or a host peers can dial (not 0.0.0.0 or ::)", self.advertise_host)
         if self.allow_no_secret and self.secret == b"" and not is_loopback(self.bind_host):
             raise ValueError(f"allow_no_secret: only for loopback servers, bind_host is {self.bind_host}")
+        if self.secret is None and not is_loopback(self.bind_host):
+            # Peers on other machines must share the secret: this process's own would do no good.
+            raise ValueError(f"secret: required when bind_host ({self.bind_host}) is not a loopback address; "
+                             "set TransferConfig(secret=...) or RLBOOST_SECRET")
         check_range("streams", self.streams, 1, 64)
         check_range("max_in_flight", self.max_in_flight, 1, 64)
         check_range("chunk_bytes", self.chunk_bytes, _MIN_CHUNK, _MAX_CHUNK)

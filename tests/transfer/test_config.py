@@ -33,17 +33,25 @@ def test_invalid_server_limits_name_the_field(field, value):
         ServerConfig(**{field: value})
 
 
+def test_non_loopback_bind_requires_a_shared_secret(monkeypatch):
+    monkeypatch.delenv("RLBOOST_SECRET", raising=False)
+    with pytest.raises(ValueError, match="secret"):
+        TransferConfig(bind_host="0.0.0.0")
+    assert TransferConfig(bind_host="0.0.0.0", secret=b"x").secret == b"x"
+
+
 def test_an_empty_secret_is_for_loopback_tests_only():
     assert TransferConfig(secret=b"", allow_no_secret=True).require_secret() == b""
     with pytest.raises(ValueError, match="allow_no_secret"):
         TransferConfig(secret=b"", allow_no_secret=True, bind_host="0.0.0.0")
 
 
-def test_the_environment_secret_is_read_only_by_run_secret(monkeypatch):
+def test_the_environment_secret_is_taken_when_none_is_given(monkeypatch):
     monkeypatch.setenv("RLBOOST_SECRET", "from-env")
-    assert TransferConfig().secret is None
-    assert run_secret() == b"from-env"
+    assert TransferConfig().secret == b"from-env" and run_secret() == b"from-env"
+    assert TransferConfig(secret=b"mine").secret == b"mine"
     monkeypatch.delenv("RLBOOST_SECRET")
+    assert TransferConfig().secret is None
     fresh = run_secret()
     assert len(fresh) == 64 and fresh != run_secret() and fresh != new_secret()
 
@@ -55,7 +63,8 @@ def test_the_secret_never_reaches_repr_or_config_files():
     assert to_dict(config)["secret"] is None
 
 
-def test_without_a_secret_only_this_process_connects():
+def test_without_a_secret_only_this_process_connects(monkeypatch):
+    monkeypatch.delenv("RLBOOST_SECRET", raising=False)
     # A config without a secret serves under this process's own random secret: pullers
     # here connect; one holding any other secret (say, the empty one) cannot.
     with WeightPublisher(TransferConfig(transport="tcp")) as pub:
