@@ -13,10 +13,10 @@ namespace rlboost {
 
 using Block128 = std::array<uint8_t, 16>;
 
-// H and its first powers (in POLYVAL's Montgomery form), so sixteen blocks are multiplied
+// H and its first powers (in POLYVAL's Montgomery form), so 32 blocks are multiplied
 // before one reduction.
 struct PolyvalKey {
-  static constexpr int kPowers = 16;
+  static constexpr int kPowers = 32;
   explicit PolyvalKey(const Block128& h);
   // powers[i] = H^(i+1), as two little-endian 64-bit halves each.
   uint64_t powers[kPowers][2];
