@@ -153,6 +153,20 @@ def _task_and_fd_counts() -> tuple[int, int]:
     return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
 
 
+def _settled_counts() -> tuple[int, int]:
+    """The counts once they hold still for half a second: threads that earlier tests left
+    winding down (a shared-memory mapping's reaper ends within its 200 ms poll) are gone."""
+    tick = threading.Event()
+    last = _task_and_fd_counts()
+    for _ in range(20):
+        tick.wait(0.5)
+        now = _task_and_fd_counts()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def _pulls_with_idle_and_silent_sources() -> None:
     tensors = random_tensors(8)
     silent = HostileSourceForTests("pending_silent", SECRET, bytes(4096))
@@ -177,7 +191,7 @@ def _pulls_with_idle_and_silent_sources() -> None:
 
 def test_pulls_with_idle_and_silent_sources_leave_no_threads_or_descriptors():
     _pulls_with_idle_and_silent_sources()  # starts what lives for the process (checksum pool)
-    before = _task_and_fd_counts()
+    before = _settled_counts()
     for _ in range(2):
         _pulls_with_idle_and_silent_sources()
     assert _task_and_fd_counts() == before
