@@ -1,13 +1,16 @@
-"""rlboost.transfer under the bandwidth harness: pull bandwidth per transport, and the time
-to provision newcomers from a trainer whose egress is capped, with and without relay.
+"""rlboost.transfer under the bandwidth harness: pull bandwidth per transport, the time to
+provision newcomers from a trainer whose egress is capped, with and without relay, and the
+per-core cost of the chunk integrity check against other checks it could have used.
 
-The publisher and every newcomer run in their own process; destinations are pre-faulted
-and reused through `into=`, so a figure is the pull itself, not page faults.
+The publisher and every newcomer run in their own process, all holding the run's one
+secret (handed to each child); destinations are pre-faulted and reused through `into=`, so
+a figure is the pull itself (tags verified), not page faults.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import statistics
 import time
 
@@ -18,6 +21,15 @@ from _peers import SocketSession
 
 PARAM_BYTES = 32 * MiB  # the payload is cut into tensors of this size, like parameters
 PULL_TIMEOUT_S = 300.0
+_SECRET: list[bytes] = []  # the bench run's secret, drawn once (children get it as an argument)
+
+
+def run_secret() -> bytes:
+    if not _SECRET:
+        from rlboost.transfer import new_secret
+
+        _SECRET.append(new_secret())
+    return _SECRET[0]
 
 
 def built_transports() -> list[str]:
@@ -37,22 +49,22 @@ def named_views(buf: np.ndarray, nbytes: int) -> dict:
     }
 
 
-def _config(transport: str, relay: bool = False, egress_cap: int | None = None,
+def _config(secret: bytes, transport: str, relay: bool = False, egress_cap: int | None = None,
             overrides: dict | None = None):
-    from rlboost.transfer import TransferConfig
+    from rlboost.transfer import ServerConfig, TransferConfig
 
-    return TransferConfig(transport=transport, relay=relay, egress_bytes_per_s=egress_cap,
-                          **(overrides or {}))
+    return TransferConfig(secret=secret, transport=transport, relay=relay,
+                          publisher=ServerConfig(egress_bytes_per_s=egress_cap), **(overrides or {}))
 
 
 # --------------------------------------------------------------------------- publisher
 def serve_publisher(conn, path: str, max_bytes: int, transport: str,
-                    egress_cap: int | None) -> None:
+                    egress_cap: int | None, secret: bytes) -> None:
     """Child: a trainer-side publisher that publishes the payload's first n bytes on demand."""
     from rlboost.transfer import WeightPublisher
 
     src = open_payload(path, max_bytes)
-    with WeightPublisher(_config(transport, egress_cap=egress_cap)) as pub:
+    with WeightPublisher(_config(secret, transport, egress_cap=egress_cap)) as pub:
         conn.send(("ready", pub.address))
         while True:
             kind, payload = wait_command(conn)
@@ -67,7 +79,7 @@ class Publisher:
     """A publisher child with its address; publishes each payload size once, on demand."""
 
     def __init__(self, path: str, max_bytes: int, egress_cap: int | None = None):
-        self.child = Child(serve_publisher, path, max_bytes, "auto", egress_cap)
+        self.child = Child(serve_publisher, path, max_bytes, "auto", egress_cap, run_secret())
         self.address = self.child.expect("ready")
         self.versions: dict[int, int] = {}
 
@@ -94,7 +106,7 @@ class PullSession:
         from rlboost.transfer import WeightPuller
 
         self.publisher, self.into = publisher, torch.from_numpy(dst)
-        self.puller = WeightPuller([publisher.address], _config(transport, overrides=overrides))
+        self.puller = WeightPuller([publisher.address], _config(run_secret(), transport, overrides=overrides))
         self.key, self.peer, self.note = f"{transport}_pull", f"rlboost pull ({transport})", ""
         self.sender_pids = (publisher.child.proc.pid,)
         self.version = 0
@@ -130,7 +142,7 @@ class Provision:
         return statistics.median(self.seconds)
 
 
-def serve_newcomer(conn, nbytes: int, transport: str, overrides: dict | None) -> None:
+def serve_newcomer(conn, nbytes: int, transport: str, overrides: dict | None, secret: bytes) -> None:
     """Child: one newcomer. Per round: open a puller (serving what it holds when relaying),
     announce its address, pull on 'go', report when done, close on 'close'."""
     import torch
@@ -144,7 +156,7 @@ def serve_newcomer(conn, nbytes: int, transport: str, overrides: dict | None) ->
         if kind == "stop":
             return
         version, relay = payload
-        with WeightPuller([], _config(transport, relay=relay, overrides=overrides)) as puller:
+        with WeightPuller([], _config(secret, transport, relay=relay, overrides=overrides)) as puller:
             conn.send(("address", puller.relay_address))
             _, sources = wait_command(conn)
             pulled = puller.pull(version=version, into=into, sources=sources,
@@ -186,9 +198,9 @@ def measure_provisioning(nbytes: int, counts: tuple[int, ...], egress_cap: int, 
     """Time to provision 1..N simultaneous newcomers, without and with relay
     (`overrides`: TransferConfig fields for the newcomers' pullers)."""
     out = []
-    with Child(serve_publisher, path, nbytes, transport, egress_cap) as trainer:
+    with Child(serve_publisher, path, nbytes, transport, egress_cap, run_secret()) as trainer:
         trainer_addr = trainer.expect("ready")
-        comers = [Child(serve_newcomer, nbytes, transport, overrides)
+        comers = [Child(serve_newcomer, nbytes, transport, overrides, run_secret())
                   for _ in range(max(counts))]
         try:
             for c in comers:
@@ -248,7 +260,7 @@ def measure_latency(path: str, dst: np.ndarray, nbytes: int, repeats: int, expec
         for transport in ("tcp", "shm"):
             for keep in (True, False):
                 puller = WeightPuller([publisher.address], _config(
-                    transport, overrides={**(overrides or {}), "keep_connections": keep}))
+                    run_secret(), transport, overrides={**(overrides or {}), "keep_connections": keep}))
                 closers.append(puller.close)
                 label = f"rlboost pull ({transport}, {'kept' if keep else 'new'} connections)"
                 jobs[(f"{transport}_{'kept' if keep else 'new'}", label)] = (
@@ -269,3 +281,41 @@ def measure_latency(path: str, dst: np.ndarray, nbytes: int, repeats: int, expec
         for close in reversed(closers):
             close()
     return [Latency(key, label, nbytes, millis) for (key, label), millis in times.items()]
+
+
+# --------------------------------------------------------------------------- check cost
+@dataclasses.dataclass(slots=True)
+class CheckCost:
+    """GB/s one core checks (CPU time of this thread, so other load does not skew it)."""
+
+    key: str
+    name: str
+    gbps: float
+    note: str
+
+
+def measure_check_costs(buf: np.ndarray, repeats: int = 3) -> list[CheckCost]:
+    """The chunk check rlboost uses (POLYVAL, then one HMAC per chunk) against CRC-32C (not
+    a defence against forgery) and SHA-256 (OpenSSL, with SHA-NI where the CPU has it), on
+    the same resident bytes: what each would cost the receiving core per GB."""
+    from rlboost import _C
+
+    key = bytes(range(16))
+    view = memoryview(buf)
+    checks = [
+        ("polyval", "POLYVAL (rlboost's chunk tag)", lambda: _C.polyval(key, view),
+         "carry-less multiply" + (" (VPCLMULQDQ)" if _C.polyval_uses_hardware() else " (portable)")),
+        ("crc32c", "CRC-32C (accidents only)", lambda: _C.crc32c(view), "SSE4.2 crc32"),
+        ("sha256", "SHA-256 (OpenSSL)", lambda: hashlib.sha256(view).digest(), "SHA-NI when present"),
+    ]
+    out = []
+    for k, name, fn, note in checks:
+        best = min(_thread_seconds(fn) for _ in range(repeats))
+        out.append(CheckCost(k, name, len(buf) / 1e9 / best, note))
+    return out
+
+
+def _thread_seconds(fn) -> float:
+    t0 = time.thread_time()
+    fn()
+    return max(time.thread_time() - t0, 1e-9)

@@ -4,7 +4,7 @@ its measured rows (best of the repeats on both sides of every ratio)."""
 from __future__ import annotations
 
 from _common import Missing, Row, fmt_size, render_table
-from _pull import Latency, Provision
+from _pull import CheckCost, Latency, Provision
 
 LARGE = 256 << 20  # "beats gloo / Ray" is judged on payloads at least this big
 
@@ -28,7 +28,7 @@ def _ratio(num: dict[int, float], den: dict[int, float], sizes) -> dict[str, flo
 
 # ratio name -> (comparison, threshold) that the transfer core is meant to meet
 TARGETS = {
-    "tcp_pull/socket": (">=", 0.8),
+    "tcp_pull/socket": (">=", 1.0),
     "shm_pull/memcpy": (">=", 0.5),
     "tcp_pull/gloo": (">", 1.0),
     "tcp_pull/ray_cross_node": (">", 1.0),
@@ -116,10 +116,18 @@ def latency_table(latencies: list[Latency], nbytes: int) -> str:
                         ["path", "median ms", "p90 ms", "runs"], body)
 
 
+def check_table(costs: list[CheckCost]) -> str:
+    body = [[c.name, f"{c.gbps:.2f}", f"{1 / c.gbps:.3f}", c.note] for c in costs]
+    return render_table("Chunk check cost on one core (64 MiB resident, thread CPU time)",
+                        ["check", "GB/s per core", "CPU s/GB", "note"], body)
+
+
 def tables(rows: list[Row], missing: list[Missing], provisions: list[Provision],
-           latencies: list[Latency], ratios, egress_cap: float) -> str:
+           latencies: list[Latency], ratios, egress_cap: float, costs: list[CheckCost] = ()) -> str:
     """Prints every table and returns them as markdown."""
     out = bandwidth_table(rows, missing) + "\n"
+    if costs:
+        out += check_table(list(costs)) + "\n"
     if provisions:
         out += provision_table(provisions, egress_cap) + "\n"
     if latencies:
@@ -128,8 +136,10 @@ def tables(rows: list[Row], missing: list[Missing], provisions: list[Provision],
 
 
 def json_peers(rows: list[Row], missing: list[Missing], ratios, provisions: list[Provision],
-               latencies: list[Latency], egress_cap: float) -> dict:
+               latencies: list[Latency], egress_cap: float, costs: list[CheckCost] = ()) -> dict:
     peers: dict = {}
+    if costs:
+        peers["check_GBps_per_core"] = {c.key: round(c.gbps, 3) for c in costs}
     for r in rows:
         size = fmt_size(r.nbytes, compact=True)
         peers.setdefault(f"{r.key}_GBps", {})[size] = round(r.best, 3)

@@ -81,8 +81,9 @@ their own.
   32 MiB bfloat16 tensors, once per payload size before its runs (untimed); the
   receiver's WeightPuller (relay off, library defaults: 4 streams x 2 requests in flight,
   8 MiB chunks, one per transport, kept across runs so its connections stay open) times
-  pull(version, into=<the pre-faulted destination>): resolve the version, move and
-  checksum (crc32c) every chunk. tcp models a transfer between hosts (over loopback its
+  pull(version, into=<the pre-faulted destination>): resolve the version, move every
+  chunk and verify its tag (POLYVAL of its bytes, then HMAC-SHA256 under a key from the
+  run's secret: what no one without the secret can forge; there is no weaker mode). tcp models a transfer between hosts (over loopback its
   connections use a 1 MiB send buffer; toward other hosts the kernel autotunes it); shm
   maps the publisher's region and copies out of it; ucx is UCX get over its TCP transport.
 - provisioning: a trainer publisher whose egress is capped, and N newcomer processes told
@@ -97,6 +98,9 @@ their own.
 - ratios: every target compares bests of the same run and payload; tcp pull is set
   against the peers that also cross hosts (gloo over TCP, Ray cross-node), shm pull
   against those on one host (gloo, Ray same-host), and each against its own ceiling.
+- chunk check cost: one core's GB/s (thread CPU time) for the check rlboost runs on
+  every chunk (POLYVAL), CRC-32C and SHA-256 (OpenSSL, SHA-NI where present), over the
+  same 64 MiB of resident payload.
 - CPU s/GB: user + system CPU seconds of the receiving and the sending process (all
   threads, /proc tick counters) per GB moved, over the timed runs. Unlike GB/s it does
   not depend on what else the shared machine runs. Ray's CPU is the driver's and the
@@ -170,6 +174,7 @@ class Results:
     missing: list[Missing] = dataclasses.field(default_factory=list)
     provisions: list[_pull.Provision] = dataclasses.field(default_factory=list)
     latencies: list[_pull.Latency] = dataclasses.field(default_factory=list)
+    costs: list[_pull.CheckCost] = dataclasses.field(default_factory=list)
 
 
 def run_all(args, payload: SharedPayload, dst, schedule, expect) -> Results:
@@ -301,15 +306,16 @@ def main(argv: list[str] | None = None) -> None:
     with SharedPayload(max(biggest, args.provision_size, args.latency_size), SEED) as payload:
         expect = {n: digest(payload.array[:n]) for n in schedule.sizes}
         res = run_all(args, payload, dst, schedule, expect)
+        res.costs = _pull.measure_check_costs(payload.array[:min(64 * MiB, payload.nbytes)])
     ratios = report.compute_ratios(res.rows, res.provisions)
     markdown = report.tables(res.rows, res.missing, res.provisions, res.latencies, ratios,
-                             args.egress_cap)
+                             args.egress_cap, res.costs)
     if args.save:
         path = save_results(markdown, argv, (load_at_start, os.getloadavg()[0]))
         print(f"saved {path}", file=sys.stderr)
     value, ceiling = report.headline(res.rows)
     peers = report.json_peers(res.rows, res.missing, ratios, res.provisions, res.latencies,
-                              args.egress_cap)
+                              args.egress_cap, res.costs)
     emit_json("tcp_pull_GBps", value, "GB/s", ceiling, peers)
 
 if __name__ == "__main__":

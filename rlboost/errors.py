@@ -30,7 +30,12 @@ class PeerLost(TransferError):
 
 
 class ChecksumMismatch(TransferError):
-    """A chunk arrived with bytes that do not match its checksum."""
+    """Bytes arrived that do not match their checksum."""
+
+
+class IntegrityError(ChecksumMismatch):
+    """A chunk's bytes do not match the tag the publisher's manifest lists for it: altered
+    on the way or by a source (or the two sides hold different secrets)."""
 
 
 class VersionMismatch(TransferError):
@@ -74,7 +79,9 @@ class ConfigError(RlboostError, ValueError):
 
 
 class CheckpointError(ConfigError):
-    """A checkpoint cannot be resumed from (missing, incomplete or damaged files)."""
+    """A checkpoint cannot be resumed from: missing, incomplete or damaged files, or a file
+    that does not read as rlboost writes it (nothing is unpickled beyond tensors and plain
+    values)."""
 
 
 class RunHalted(RlboostError):

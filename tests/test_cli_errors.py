@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from rlboost.cli import main
+from rlboost.config.overrides import to_dict
 from rlboost.errors import CheckpointError
 from rlboost.models.checkpoint import build_tiny_checkpoint
 from rlboost.recipes import get_recipe
-from rlboost.config.overrides import to_dict
 from rlboost.trainer.checkpoint import choose_resume_point, file_sizes
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from rlboost.trainer import starting_weights as checkpoints
 from rlboost.run.directory import RunDirectory
+from rlboost.trainer import starting_weights as checkpoints
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):

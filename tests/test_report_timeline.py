@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from rlboost.cli import main
-from rlboost.run.plots import plot_run
 from rlboost.run.directory import RunDirectory
+from rlboost.run.plots import plot_run
 from rlboost.run.timeline import StepClock, read_timeline
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -9,8 +9,8 @@ import random
 import torch
 
 from rlboost.cluster.cost import CostConfig, CostLedger
-from rlboost.models.checkpoint import build_tiny_checkpoint
 from rlboost.config.run import RunConfig
+from rlboost.models.checkpoint import build_tiny_checkpoint
 from rlboost.run.checkpoints import checkpoint_state, open_run, save_checkpoint
 from rlboost.run.directory import RunDirectory
 from rlboost.trainer.checkpoint import STATE_FILE, choose_resume_point

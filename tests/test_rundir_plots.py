@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rlboost.run.plots import plot_run
 from rlboost.run.directory import RunDirectory
+from rlboost.run.plots import plot_run
 
 
 def test_metrics_events_and_plots(tmp_path):

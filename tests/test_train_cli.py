@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-
 SHORT = [
     "--set", "run.steps=3", "--set", "run.progress=false", "--set", "run.checkpoint_every=10",
     "--set", "model.warmup_steps=10", "--set", "task.groups_per_step=8", "--set", "task.group_size=4",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rlboost.cli import main
-from rlboost.run.report import summarize
 from rlboost.run.directory import RunDirectory
+from rlboost.run.report import summarize
 
 
 def _run(tmp_path, *, trained_last: int = 16, spot_tokens: int = 20, window_s: float = 0.2) -> RunDirectory:

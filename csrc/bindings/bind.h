@@ -5,5 +5,6 @@
 namespace rlboost {
 void BindErrors(pybind11::module_& m);
 void BindTransfer(pybind11::module_& m);   // csrc/bindings/transfer.cpp
+void BindChecksums(pybind11::module_& m);  // csrc/bindings/checksums.cpp
 void BindMigration(pybind11::module_& m);  // csrc/bindings/migration.cpp
 }  // namespace rlboost

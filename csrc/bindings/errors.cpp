@@ -17,6 +17,7 @@ const char* ClassNameFor(Code code) {
     case Code::kTimeout: return "TransferTimeout";
     case Code::kPeerLost: return "PeerLost";
     case Code::kChecksum: return "ChecksumMismatch";
+    case Code::kIntegrity: return "IntegrityError";
     case Code::kUnknownVersion: return "VersionMismatch";
     case Code::kClosed: return "TransferClosed";
     default: return "TransferError";
@@ -31,12 +32,20 @@ void BindErrors(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       if (e.status().code() == Code::kInvalidArgument) {
-        PyErr_SetString(PyExc_ValueError, e.what());
+        const std::string& msg = e.status().message();
+        py::object text = py::reinterpret_steal<py::object>(
+            PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "backslashreplace"));
+        PyErr_SetObject(PyExc_ValueError, text.ptr());
         return;
       }
       py::object errors = py::module_::import("rlboost.errors");
       py::object cls = errors.attr(ClassNameFor(e.status().code()));
-      PyErr_SetString(cls.ptr(), e.what());
+      // Messages may quote what a peer or a file said: decoded so that no byte can turn
+      // the typed error into a UnicodeDecodeError.
+      const std::string& msg = e.status().message();
+      py::object text = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "backslashreplace"));
+      PyErr_SetObject(cls.ptr(), text.ptr());
     }
   });
   m.attr("STATUS_CODES") = py::dict(
@@ -46,6 +55,7 @@ void BindErrors(py::module_& m) {
       py::arg("timeout") = static_cast<int>(Code::kTimeout),
       py::arg("peer_lost") = static_cast<int>(Code::kPeerLost),
       py::arg("checksum") = static_cast<int>(Code::kChecksum),
+      py::arg("integrity") = static_cast<int>(Code::kIntegrity),
       py::arg("unknown_version") = static_cast<int>(Code::kUnknownVersion));
   // Lets tests check the translation without a network round trip.
   m.def("_raise_status", [](int code, const std::string& msg) {

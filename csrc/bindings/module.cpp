@@ -20,5 +20,6 @@ PYBIND11_MODULE(_C, m) {
 #endif
   rlboost::BindErrors(m);
   rlboost::BindTransfer(m);
+  rlboost::BindChecksums(m);
   rlboost::BindMigration(m);
 }

@@ -1,6 +1,7 @@
 // Bindings for the weight server, version store, puller and transports. Thin: argument
 // conversion, GIL release around every blocking call, and lifetimes (a pull job keeps its
-// destination object alive until its threads have stopped).
+// destination object alive until its threads have stopped). Constructors take keywords
+// only; ranges are validated once, by the Python config that calls them.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -8,9 +9,7 @@
 
 #include "bindings/bind.h"
 #include "bindings/buffer_view.h"
-#include "common/crc32c.h"
 #include "common/frame.h"
-#include "common/sha256.h"
 #include "transport/tcp/handshake.h"
 #include "transport/transport.h"
 #ifdef RLBOOST_HAS_UCX
@@ -40,7 +39,7 @@ py::dict StatsDict(const PullStats& s) {
     sources.append(py::dict(py::arg("address") = src.address, py::arg("transport") = src.transport,
                             py::arg("bytes") = src.bytes, py::arg("chunks") = src.chunks,
                             py::arg("not_held") = src.not_held,
-                            py::arg("checksum_failures") = src.checksum_failures,
+                            py::arg("integrity_failures") = src.integrity_failures,
                             py::arg("reconnects") = src.reconnects, py::arg("error") = src.error));
   }
   return py::dict(py::arg("chunk_requests") = s.chunk_requests,
@@ -54,11 +53,14 @@ py::dict ServerStatsDict(const ServerStats& s) {
                   py::arg("connections_accepted") = s.connections_accepted,
                   py::arg("connections_refused") = s.connections_refused,
                   py::arg("connections_evicted") = s.connections_evicted,
+                  py::arg("stalled_evicted") = s.stalled_evicted,
                   py::arg("handshakes_dropped") = s.handshakes_dropped,
+                  py::arg("deadlines_missed") = s.deadlines_missed,
                   py::arg("auth_failures") = s.auth_failures,
                   py::arg("protocol_errors") = s.protocol_errors,
                   py::arg("active_connections") = s.active_connections,
-                  py::arg("leases_expired") = s.leases_expired);
+                  py::arg("leases_expired") = s.leases_expired,
+                  py::arg("leases_revoked") = s.leases_revoked);
 }
 
 void BindRecords(py::module_& m) {
@@ -82,26 +84,33 @@ void BindRecords(py::module_& m) {
                                {static_cast<py::ssize_t>(r.size())}, {1});
       });
 
-  py::class_<Manifest>(m, "Manifest", "Native manifest: payload size, chunking, per-chunk crc32c, metadata.")
-      .def(py::init([](int64_t version, uint64_t total, uint32_t chunk, std::vector<uint32_t> crcs,
-                       py::bytes meta) {
+  py::class_<Manifest>(m, "Manifest", "Native manifest: payload size, chunking, chunk tags, metadata.")
+      .def(py::init([](int64_t version, uint64_t total, uint32_t chunk, py::bytes tags, py::bytes meta) {
              Manifest mf;
              mf.version = version;
              mf.total_bytes = total;
              mf.chunk_bytes = chunk;
-             mf.crcs = std::move(crcs);
              mf.meta = meta;
+             std::string t = tags;
              uint32_t n;
              ThrowIfError(ChunkCount(total, chunk, &n));
-             if (n != mf.crcs.size()) ThrowIfError(Status(Code::kInvalidArgument, "one crc per chunk"));
+             if (t.size() != uint64_t{n} * kChunkTagBytes) {
+               ThrowIfError(Status(Code::kInvalidArgument, "tags: 16 bytes per chunk"));
+             }
+             mf.tags.resize(n);
+             for (uint32_t i = 0; i < n; ++i) std::copy_n(t.data() + 16 * i, 16, mf.tags[i].begin());
              return mf;
-           }), py::arg("version"), py::arg("total_bytes"), py::arg("chunk_bytes"), py::arg("crcs"),
-           py::arg("meta"))
+           }), py::kw_only(), py::arg("version"), py::arg("total_bytes"), py::arg("chunk_bytes"),
+           py::arg("tags"), py::arg("meta"))
       .def_readonly("version", &Manifest::version)
       .def_readonly("total_bytes", &Manifest::total_bytes)
       .def_readonly("chunk_bytes", &Manifest::chunk_bytes)
       .def_property_readonly("num_chunks", &Manifest::num_chunks)
-      .def_readonly("crcs", &Manifest::crcs)
+      .def_property_readonly("tags", [](const Manifest& mf) {
+        std::string out;
+        for (const ChunkTag& t : mf.tags) out.append(reinterpret_cast<const char*>(t.data()), t.size());
+        return py::bytes(out);
+      }, "16 bytes per chunk, in chunk order.")
       .def_property_readonly("meta", [](const Manifest& mf) { return py::bytes(mf.meta); })
       .def("encode", [](const Manifest& mf) { return py::bytes(EncodeManifest(mf)); })
       .def_static("decode", [](py::bytes data) {
@@ -109,13 +118,16 @@ void BindRecords(py::module_& m) {
         Manifest mf;
         ThrowIfError(DecodeManifest(reinterpret_cast<const uint8_t*>(s.data()), s.size(), &mf));
         return mf;
-      });
+      }, py::arg("data"));
 }
 
 void BindStoreAndServer(py::module_& m) {
   py::class_<VersionStore, std::shared_ptr<VersionStore>>(m, "VersionStore",
                                                           "Versions a server holds, with read pins.")
-      .def(py::init<int>(), py::arg("versions_kept"))
+      .def(py::init([](int versions_kept, py::bytes secret) {
+             return std::make_shared<VersionStore>(versions_kept, std::string(secret));
+           }), py::kw_only(), py::arg("versions_kept"), py::arg("secret"),
+           "secret keys the tags of the chunks this store commits.")
       .def("stage", [](VersionStore& s, int64_t v, uint64_t n) {
             std::shared_ptr<Region> r;
             ThrowIfError(s.Stage(v, n, &r));
@@ -151,6 +163,8 @@ void BindStoreAndServer(py::module_& m) {
       .def("retire_if_idle", &VersionStore::RetireIfIdle, py::arg("version"),
            "Retires a version no read holds now; False (still served) while one does.")
       .def("pins", &VersionStore::Pins, "Reads in flight per version (only versions with any).")
+      .def("held_bytes", &VersionStore::HeldBytes,
+           "Bytes of every region held: served, retired but still read, staged, the spare.")
       .def("latest", &VersionStore::Latest)
       .def("versions", &VersionStore::Versions)
       .def("corrupt_byte_for_tests", [](VersionStore& s, int64_t v, uint64_t off) {
@@ -158,20 +172,25 @@ void BindStoreAndServer(py::module_& m) {
           }, py::arg("version"), py::arg("offset"));
 
   py::class_<WeightServer>(m, "WeightServer", "Serves a VersionStore on one TCP port.")
-      .def(py::init([](std::shared_ptr<VersionStore> store, const std::string& host, int port,
-                       py::bytes secret, uint64_t egress, int max_connections, double handshake_timeout_s,
-                       int max_handshakes, double send_timeout_s) {
+      .def(py::init([](std::shared_ptr<VersionStore> store, const std::string& host, int port, py::bytes secret,
+                       uint64_t egress, int max_connections, int max_connections_per_peer,
+                       int max_connections_per_host, int max_handshakes, double handshake_timeout_s,
+                       double frame_timeout_s, double send_timeout_s, double lease_timeout_s) {
              ServerOptions o;
              o.host = host;
              o.port = port;
              o.secret = secret;
              o.egress_bytes_per_s = egress;
-             o.max_connections = max_connections;
-             o.handshake_timeout_s = handshake_timeout_s;
-             o.max_handshakes = max_handshakes;
-             o.send_timeout_s = send_timeout_s;
+             o.limits.max_connections = max_connections;
+             o.limits.max_connections_per_peer = max_connections_per_peer;
+             o.limits.max_connections_per_host = max_connections_per_host;
+             o.limits.max_handshakes = max_handshakes;
              // One peer host may fill a quarter of the handshake slots.
-             o.max_handshakes_per_host = std::max(1, max_handshakes / 4);
+             o.limits.max_handshakes_per_host = std::max(1, max_handshakes / 4);
+             o.handshake_timeout_s = handshake_timeout_s;
+             o.frame_timeout_s = frame_timeout_s;
+             o.send_timeout_s = send_timeout_s;
+             o.lease_timeout_s = lease_timeout_s;
              std::unique_ptr<WeightServer> s;
              Status st;
              {
@@ -180,10 +199,12 @@ void BindStoreAndServer(py::module_& m) {
              }
              ThrowIfError(st);
              return s;
-           }), py::arg("store"), py::arg("host"), py::arg("port"), py::arg("secret"),
+           }), py::kw_only(), py::arg("store"), py::arg("host"), py::arg("port"), py::arg("secret"),
            py::arg("egress_bytes_per_s") = 0, py::arg("max_connections") = 256,
-           py::arg("handshake_timeout_s") = 2.0, py::arg("max_handshakes") = 128,
-           py::arg("send_timeout_s") = 300.0)
+           py::arg("max_connections_per_peer") = 96, py::arg("max_connections_per_host") = 192,
+           py::arg("max_handshakes") = 128, py::arg("handshake_timeout_s") = 2.0,
+           py::arg("frame_timeout_s") = 30.0, py::arg("send_timeout_s") = 300.0,
+           py::arg("lease_timeout_s") = 60.0)
       .def_property_readonly("host", &WeightServer::host)
       .def_property_readonly("port", &WeightServer::port)
       .def_property_readonly("server_id", &WeightServer::server_id)
@@ -227,7 +248,7 @@ void BindPuller(py::module_& m) {
 
   py::class_<ConnectionPool, std::shared_ptr<ConnectionPool>>(
       m, "ConnectionPool", "Authenticated connections to sources, kept open between pulls.")
-      .def(py::init<size_t, double>(), py::arg("max_idle_per_source"), py::arg("max_idle_s"))
+      .def(py::init<size_t, double>(), py::kw_only(), py::arg("max_idle_per_source"), py::arg("max_idle_s"))
       .def_property_readonly("idle", &ConnectionPool::idle, "Connections open and unused now.")
       .def("close", &ConnectionPool::Close, py::call_guard<py::gil_scoped_release>(),
            "Closes the idle connections; those in use close when their pull ends.");
@@ -236,11 +257,7 @@ void BindPuller(py::module_& m) {
       .def(py::init([](std::vector<std::pair<std::string, int>> sources, py::bytes secret,
                        const std::string& transport, int streams, int max_in_flight,
                        double request_timeout_s, double connect_timeout_s, int reconnect_attempts,
-                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool, double relay_poll_s) {
-             if (!(relay_poll_s > 0 && relay_poll_s * 1000.0 <= kMaxHaveWaitMs)) {
-               ThrowIfError(Status(Code::kInvalidArgument, "relay_poll_s: must be in (0, " +
-                                                               std::to_string(kMaxHaveWaitMs / 1000) + "]"));
-             }
+                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool, uint32_t relay_poll_ms) {
              PullOptions o;
              o.secret = secret;
              o.transport = transport;
@@ -250,14 +267,14 @@ void BindPuller(py::module_& m) {
              o.connect_timeout_s = connect_timeout_s;
              o.reconnect_attempts = reconnect_attempts;
              o.pool = std::move(pool);
-             o.have_wait_ms = static_cast<uint32_t>(relay_poll_s * 1000.0 + 0.5);
+             o.have_wait_ms = relay_poll_ms;  // a source waits kMaxHaveWaitMs at most
              std::vector<SourceAddress> addrs;
              for (auto& s : sources) addrs.push_back(SourceAddress{s.first, s.second});
              return std::make_unique<Puller>(o, addrs, self_server_id);
-           }), py::arg("sources"), py::arg("secret"), py::arg("transport"), py::arg("streams"),
+           }), py::kw_only(), py::arg("sources"), py::arg("secret"), py::arg("transport"), py::arg("streams"),
            py::arg("max_in_flight"), py::arg("request_timeout_s"), py::arg("connect_timeout_s"),
            py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr,
-           py::arg("relay_poll_s") = 0.5)
+           py::arg("relay_poll_ms") = 500)
       .def("resolve", [](Puller& p, int64_t version, double timeout_s, double source_timeout_s) {
             auto plan = std::make_unique<PullPlan>();
             ThrowIfError(p.Resolve(version, timeout_s, source_timeout_s, plan.get()));
@@ -290,29 +307,6 @@ void BindPuller(py::module_& m) {
 }
 
 void BindUtilities(py::module_& m) {
-  m.def("crc32c", [](py::object data, uint32_t crc) {
-        BufferView view(data, false);
-        py::gil_scoped_release release;
-        return Crc32cExtend(crc, view.data(), view.size());
-      }, py::arg("data"), py::arg("crc") = 0, "CRC-32C of a contiguous buffer, continuing from `crc`.");
-  m.def("crc32c_copy", [](py::object dst, py::object src, uint32_t crc, bool streaming) {
-        BufferView d(dst, true), s(src, false);
-        if (d.size() < s.size()) ThrowIfError(Status(Code::kInvalidArgument, "dst is smaller than src"));
-        py::gil_scoped_release release;
-        return Crc32cCopy(crc, d.data(), s.data(), s.size(), streaming);
-      }, py::arg("dst"), py::arg("src"), py::arg("crc") = 0, py::arg("streaming") = false,
-      "Copies src into the start of dst and returns the CRC-32C of src, in one pass.");
-  m.def("crc32c_portable", [](py::bytes b) {
-        std::string s = b;
-        return Crc32cExtendPortable(0, s.data(), s.size());
-      }, py::arg("data"));
-  m.def("crc32c_uses_hardware", &Crc32cUsesHardware);
-  m.def("crc32c_uses_folding", &Crc32cUsesFolding);
-  m.def("hmac_sha256", [](py::bytes key, py::bytes msg) {
-        std::string k = key, s = msg;
-        Digest256 d = HmacSha256(k, s.data(), s.size());
-        return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
-      }, py::arg("key"), py::arg("msg"));
   m.def("transports", [] {
         py::list out;
         for (auto& name : BuiltTransports()) {
@@ -358,6 +352,9 @@ void BindUtilities(py::module_& m) {
       py::arg("have_request") = static_cast<int>(FrameType::kHaveRequest),
       py::arg("have") = static_cast<int>(FrameType::kHave),
       py::arg("shm_open_request") = static_cast<int>(FrameType::kShmOpenRequest),
+      py::arg("shm_open") = static_cast<int>(FrameType::kShmOpen),
+      py::arg("shm_close") = static_cast<int>(FrameType::kShmClose),
+      py::arg("chunk_prefix_bytes") = kChunkPrefixBytes, py::arg("tag_bytes") = kChunkTagBytes,
       py::arg("error") = static_cast<int>(FrameType::kError),
       py::arg("reply_ok") = static_cast<int>(ReplyStatus::kOk),
       py::arg("reply_not_held") = static_cast<int>(ReplyStatus::kNotHeld),

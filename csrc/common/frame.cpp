@@ -53,12 +53,12 @@ bool IsClientFrame(FrameType type) {
 
 uint64_t MaxFrameBody(FrameType type) {
   switch (type) {
-    case FrameType::kHello: return kNonceBytes;
+    case FrameType::kHello: return kNonceBytes + 8;  // nonce, client id
     case FrameType::kChallenge: return 2 * kNonceBytes;
     case FrameType::kAuth: return kNonceBytes;
     case FrameType::kWelcome: return 256;
     case FrameType::kManifestRequest: return 8;
-    case FrameType::kManifest: return 64 + 4ull * kMaxChunks + kMaxManifestMeta;
+    case FrameType::kManifest: return 128 + 16ull * kMaxChunks + kMaxManifestMeta;
     case FrameType::kChunkRequest: return 12;
     case FrameType::kChunk: return kChunkPrefixBytes + uint64_t{kMaxChunkBytes};
     case FrameType::kHaveRequest: return 20;
@@ -154,12 +154,29 @@ std::string EncodeErrorBody(const Status& s) {
   return body;
 }
 
+std::string PrintableText(const uint8_t* p, size_t n) {
+  std::string out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] >= 0x20 && p[i] < 0x7F) {
+      out.push_back(static_cast<char>(p[i]));
+    } else {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(kHex[p[i] >> 4]);
+      out.push_back(kHex[p[i] & 15]);
+    }
+  }
+  return out;
+}
+
 Status DecodeErrorBody(const uint8_t* body, size_t n) {
   ByteReader r(body, n);
   uint32_t wire;
   RLB_RETURN_IF_ERROR(r.U32(&wire));
-  std::string msg(reinterpret_cast<const char*>(body) + 4, n - 4);
-  return Status(CodeOfWire(wire), "peer reported: " + msg);
+  // A peer's words are untrusted bytes: escaped, so they are always valid text (no
+  // decoding error, no terminal control sequence) wherever the message ends up.
+  return Status(CodeOfWire(wire), "peer reported: " + PrintableText(body + 4, n - 4));
 }
 
 }  // namespace rlboost

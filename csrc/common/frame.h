@@ -12,12 +12,14 @@
 namespace rlboost {
 
 constexpr uint32_t kWireMagic = 0x57424C52u;  // bytes "RLBW"
-constexpr uint16_t kWireFormatVersion = 2;  // 2: client proves first, MACed manifests
+// 2: client proves first, MACed manifests. 3: chunks checked by keyed tags (no longer
+// crc32c), the client names itself in the hello.
+constexpr uint16_t kWireFormatVersion = 3;
 constexpr size_t kFrameHeaderBytes = 24;
 
 constexpr uint32_t kMinChunkBytes = 4096;
 constexpr uint32_t kMaxChunkBytes = 256u << 20;
-constexpr uint32_t kMaxChunks = 1u << 24;
+constexpr uint32_t kMaxChunks = 1u << 22;  // 16-byte tags: a manifest stays under 64 MiB + meta
 constexpr uint32_t kMaxManifestMeta = 64u << 20;
 constexpr uint32_t kMaxErrorMessage = 1024;
 constexpr uint32_t kChunkPrefixBytes = 16;  // version i64, index u32, reserved u32
@@ -71,7 +73,11 @@ const char* FrameTypeName(FrameType type);
 std::string EncodeVersionBody(int64_t version);
 Status DecodeVersionBody(const std::string& body, int64_t* version);
 
-// Error frames carry a Code so the receiving side raises the same typed error.
+// Untrusted bytes as printable ASCII: anything else becomes a \xNN escape.
+std::string PrintableText(const uint8_t* p, size_t n);
+
+// Error frames carry a Code so the receiving side raises the same typed error. The
+// decoded message is PrintableText, whatever the peer sent.
 std::string EncodeErrorBody(const Status& s);
 Status DecodeErrorBody(const uint8_t* body, size_t n);
 

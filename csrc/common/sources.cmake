@@ -3,5 +3,6 @@ list(APPEND RLBOOST_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/crc32c_fold.cpp
   ${CMAKE_CURRENT_LIST_DIR}/thread_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sha256.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/polyval.cpp
   ${CMAKE_CURRENT_LIST_DIR}/random.cpp
   ${CMAKE_CURRENT_LIST_DIR}/frame.cpp)

@@ -16,7 +16,8 @@ enum class Code : int {
   kAuth,             // wrong shared secret -> AuthError
   kTimeout,          // a deadline passed -> TransferTimeout
   kPeerLost,         // the other side vanished -> PeerLost
-  kChecksum,         // a chunk failed its checksum -> ChecksumMismatch
+  kChecksum,         // bytes failed their checksum -> ChecksumMismatch
+  kIntegrity,        // a chunk does not match its tag (forged or altered) -> IntegrityError
   kUnknownVersion,   // the version asked for is not held -> VersionMismatch
   kClosed,           // the object was closed -> TransferClosed
   kIo,               // other OS-level failure -> TransferError

@@ -1,6 +1,6 @@
 // Transport: how chunk bytes move from one source into local memory. Every transport
 // has a client half (ChunkStream: ordered lanes of chunk reads, written straight into
-// the destination and checksummed on the way) and an optional server half
+// the destination and hashed on the way, for the chunk's tag) and an optional server half
 // (TransportService: answers that transport's control requests on the authenticated
 // TCP connection). Capability queries let the puller choose one per source.
 #pragma once
@@ -13,6 +13,7 @@
 
 #include "common/deadline.h"
 #include "common/frame.h"
+#include "common/polyval.h"
 #include "common/status.h"
 #include "transport/tcp/connection_pool.h"
 #include "transport/tcp/handshake.h"
@@ -35,9 +36,10 @@ struct ChunkRead {
   uint64_t offset = 0;  // within the version's payload
   uint32_t length = 0;
   uint8_t* dst = nullptr;  // where the chunk's bytes go (already offset)
+  const PolyvalKey* hash_key = nullptr;  // the version's (weights/chunk_tag.h)
   // Filled in by Complete():
   ReplyStatus reply = ReplyStatus::kOk;
-  uint32_t crc = 0;  // crc32c of the bytes written to dst
+  Block128 digest{};  // POLYVAL of the bytes written to dst, under hash_key
 };
 
 // One ordered lane of chunk reads from one source, driven by one thread.
@@ -45,7 +47,7 @@ class ChunkStream {
  public:
   virtual ~ChunkStream() = default;
   virtual Status Submit(const ChunkRead& read, Deadline d) = 0;
-  // Finishes the oldest submitted read (FIFO) and fills its reply and crc.
+  // Finishes the oldest submitted read (FIFO) and fills its reply and digest.
   virtual Status Complete(ChunkRead* read, Deadline d) = 0;
   // Makes a blocked Submit/Complete in another thread return promptly.
   virtual void Abort() = 0;
@@ -126,7 +128,9 @@ class ServingBackend {
  public:
   virtual ~ServingBackend() = default;
   virtual ReplyStatus LeaseChunk(int64_t version, uint32_t index, ChunkLease* out) = 0;
-  virtual ReplyStatus LeaseRegion(int64_t version, RegionLease* out) = 0;
+  // A region lease may be revoked (its version retired beyond what is kept): `revoke`
+  // then ends the connection that holds it, which releases the lease.
+  virtual ReplyStatus LeaseRegion(int64_t version, const std::function<void()>& revoke, RegionLease* out) = 0;
 };
 
 // Per-connection state a service may keep (leases live until the connection ends).
@@ -136,6 +140,8 @@ struct ServiceConnection {
   std::vector<std::pair<int64_t, RegionLease>> region_leases;
   std::vector<std::shared_ptr<void>> state;  // anything else a service keeps per connection
   SessionKey session_key{};                   // from the handshake (see handshake.h)
+  std::function<void()> revoke;              // ends this connection (for LeaseRegion)
+  size_t leases() const { return region_leases.size() + state.size(); }
 };
 
 // Where a server's services may listen (a transport with its own listener binds here).

@@ -19,7 +19,7 @@ uint32_t Manifest::ChunkLength(uint32_t i) const {
 
 bool Manifest::SameLayout(const Manifest& o) const {
   return version == o.version && total_bytes == o.total_bytes && chunk_bytes == o.chunk_bytes &&
-         crcs == o.crcs && meta == o.meta;
+         tags == o.tags && meta == o.meta;
 }
 
 Status ChunkCount(uint64_t total_bytes, uint32_t chunk_bytes, uint32_t* out) {
@@ -40,12 +40,14 @@ Status ChunkCount(uint64_t total_bytes, uint32_t chunk_bytes, uint32_t* out) {
   return Status::Ok();
 }
 
-void ComputeChunkCrcs(const uint8_t* data, int threads, Manifest* m) {
+void ComputeChunkTags(const uint8_t* data, const std::string& secret, int threads, Manifest* m) {
+  const ChunkKeys keys(secret, m->version);
   const uint32_t n = m->num_chunks();
   const uint32_t tasks = static_cast<uint32_t>(std::max(1, std::min<int>(threads, static_cast<int>(n))));
   ParallelFor(tasks, [&](size_t t) {
     for (uint32_t i = static_cast<uint32_t>(t); i < n; i += tasks) {
-      m->crcs[i] = Crc32c(data + m->ChunkOffset(i), m->ChunkLength(i));
+      const uint32_t len = m->ChunkLength(i);
+      m->tags[i] = keys.Tag(i, len, PolyvalOf(keys.hash_key(), data + m->ChunkOffset(i), len));
     }
   });
 }
@@ -57,7 +59,7 @@ std::string EncodeManifest(const Manifest& m) {
   w.U64(m.total_bytes);
   w.U32(m.chunk_bytes);
   w.U32(m.num_chunks());
-  w.Raw(m.crcs.data(), m.crcs.size() * 4);
+  for (const ChunkTag& t : m.tags) w.Raw(t.data(), t.size());
   w.U32(static_cast<uint32_t>(m.meta.size()));
   w.Raw(m.meta.data(), m.meta.size());
   w.U32(Crc32c(out.data(), out.size()));
@@ -81,9 +83,9 @@ Status DecodeManifest(const uint8_t* p, size_t n, Manifest* out) {
   if (!layout.ok()) return Status(Code::kProtocol, "manifest layout: " + layout.message());
   if (count != want) return Status(Code::kProtocol, "manifest chunk count does not match its size");
   if (m.version < 0) return Status(Code::kProtocol, "manifest has a negative version");
-  if (r.remaining() < uint64_t{count} * 4) return Status(Code::kProtocol, "manifest is truncated");
-  m.crcs.resize(count);
-  RLB_RETURN_IF_ERROR(r.Raw(m.crcs.data(), uint64_t{count} * 4));
+  if (r.remaining() < uint64_t{count} * kChunkTagBytes) return Status(Code::kProtocol, "manifest is truncated");
+  m.tags.resize(count);
+  for (ChunkTag& t : m.tags) RLB_RETURN_IF_ERROR(r.Raw(t.data(), t.size()));
   RLB_RETURN_IF_ERROR(r.U32(&meta_len));
   if (meta_len > kMaxManifestMeta || meta_len != r.remaining()) {
     return Status(Code::kProtocol, "manifest metadata length is out of bounds");

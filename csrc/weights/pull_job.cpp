@@ -49,6 +49,7 @@ PullJob::PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSou
                  ClaimOrder order)
     : opts_(opts),
       manifest_(std::move(manifest)),
+      keys_(opts_.secret, manifest_.version),
       dst_(dst),
       relay_(std::move(relay)),
       map_(manifest_.num_chunks(), sources.size(), order.rank, order.pullers, order.seed) {
@@ -237,7 +238,9 @@ void PullJob::FailLane(Lane* lane, const Status& st) {
 
 void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
   Source& src = *sources_[lane->source];
-  if (r.reply != ReplyStatus::kOk || r.crc != manifest_.crcs[r.index]) AnnouncePending(r.index, false);
+  const bool intact = r.reply == ReplyStatus::kOk &&
+                      TagMatches(manifest_.tags[r.index], keys_.Tag(r.index, r.length, r.digest));
+  if (!intact) AnnouncePending(r.index, false);
   if (r.reply == ReplyStatus::kNotHeld) {
     ++src.not_held;
     map_.NotHeld(lane->source, r.index);
@@ -257,11 +260,12 @@ void PullJob::OnReadDone(Lane* lane, ChunkRead& r) {
     FailLane(lane, st);
     return;
   }
-  if (r.crc != manifest_.crcs[r.index]) {
-    Status st(Code::kChecksum, "chunk " + std::to_string(r.index) + " of version " +
-                                   std::to_string(manifest_.version) + " from " +
-                                   src.session->host() + ":" + std::to_string(src.session->port()) +
-                                   " failed its crc32c check");
+  if (!intact) {
+    Status st(Code::kIntegrity, "chunk " + std::to_string(r.index) + " of version " +
+                                    std::to_string(manifest_.version) + " from " +
+                                    src.session->host() + ":" + std::to_string(src.session->port()) +
+                                    " does not match its tag in the manifest (altered on the way or "
+                                    "by the source, or the secret differs)");
     map_.Bad(lane->source, r.index, st);
     if (++src.bad >= kMaxBadChunksPerSource) map_.RetireSource(lane->source, st);
     return;
@@ -350,6 +354,7 @@ void PullJob::RunLane(Lane* lane) {
       r.offset = manifest_.ChunkOffset(c);
       r.length = manifest_.ChunkLength(c);
       r.dst = dst_ + r.offset;
+      r.hash_key = &keys_.hash_key();
       Deadline d = Deadline::After(opts_.request_timeout_s);
       lane->in_flight.emplace_back(r, d);
       AnnouncePending(c, true);
@@ -397,7 +402,7 @@ PullStats PullJob::stats() const {
     s.bytes = src->bytes;
     s.chunks = src->chunks;
     s.not_held = src->not_held;
-    s.checksum_failures = src->bad;
+    s.integrity_failures = src->bad;
     s.reconnects = src->reconnects;
     s.error = src->error;
     out.sources.push_back(s);

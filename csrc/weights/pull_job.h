@@ -1,6 +1,7 @@
 // PullJob: one version pulled into one destination. Each source gets `streams` lanes
-// (threads; no more than there are chunks); a lane keeps up to `max_in_flight` chunk reads outstanding on its stream,
-// verifies each chunk's crc32c against the manifest, and reports held chunks to the
+// (threads; no more than there are chunks); a lane keeps up to `max_in_flight` chunk reads
+// outstanding on its stream, verifies each chunk against its tag in the manifest
+// (weights/chunk_tag.h: a source that alters bytes is caught), and reports held chunks to the
 // relay store so this process can re-serve them while it is still pulling. A lane that
 // loses its source reconnects a bounded number of times; chunks it had in flight go
 // back to the map and are fetched from any source that holds them. A lane opens no
@@ -18,6 +19,7 @@
 
 #include "transport/transport.h"
 #include "weights/chunk_map.h"
+#include "weights/chunk_tag.h"
 #include "weights/manifest.h"
 #include "weights/session.h"
 #include "weights/version_store.h"
@@ -53,7 +55,7 @@ struct SourceStats {
   uint64_t bytes = 0;
   uint64_t chunks = 0;
   uint64_t not_held = 0;
-  uint64_t checksum_failures = 0;
+  uint64_t integrity_failures = 0;  // chunks whose bytes did not match their tag
   uint64_t reconnects = 0;
   std::string error;
 };
@@ -113,6 +115,7 @@ class PullJob {
 
   PullOptions opts_;
   Manifest manifest_;
+  const ChunkKeys keys_;
   uint8_t* dst_;
   RelayTarget relay_;
   // Fired when the pull fails or is cancelled (or a grace after it completed): ends

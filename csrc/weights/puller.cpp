@@ -92,7 +92,20 @@ void Puller::Unanswered(Probe& p, double source_timeout_s) {
 }
 
 Status Puller::AssemblePlan(std::vector<Probe>& probes, PullPlan* out) {
+  // The manifest most sources agree on (the first listed among as many): one source that
+  // answers with another cannot make the others look wrong.
   const Manifest* reference = nullptr;
+  size_t agreeing = 0;
+  for (auto& p : probes) {
+    if (!p.status.ok()) continue;
+    size_t n = std::count_if(probes.begin(), probes.end(), [&](const Probe& q) {
+      return q.status.ok() && q.manifest.SameLayout(p.manifest);
+    });
+    if (n > agreeing) {
+      reference = &p.manifest;
+      agreeing = n;
+    }
+  }
   Status worst;
   std::vector<PullSource> pending;
   out->sources.clear();
@@ -117,7 +130,6 @@ Status Puller::AssemblePlan(std::vector<Probe>& probes, PullPlan* out) {
       }
       continue;
     }
-    if (reference == nullptr) reference = &p.manifest;
     out->sources.push_back(PullSource{std::move(p.session), std::move(p.held), false});
   }
   if (out->sources.empty()) {

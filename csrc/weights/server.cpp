@@ -56,7 +56,7 @@ void WeightServer::Close() {
   if (accept_thread_.joinable()) accept_thread_.join();
   if (limiter_) limiter_->Close();
   store_->WakeAll();
-  std::list<std::unique_ptr<Conn>> conns;
+  ConnList conns;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& c : conns_) c->socket.Shutdown();
@@ -75,7 +75,7 @@ void WeightServer::AbandonInForkedChild() {
   // threads or locked mutexes: they are deliberately leaked.
   listener_.Close();
   for (auto& c : conns_) c->socket.Close();
-  new std::list<std::unique_ptr<Conn>>(std::move(conns_));
+  new ConnList(std::move(conns_));
   new std::thread(std::move(accept_thread_));
   for (auto& svc : services_) static_cast<void>(svc.release());
   static_cast<void>(limiter_.release());
@@ -87,13 +87,16 @@ ServerStats WeightServer::stats() const {
   s.chunks_sent = chunks_sent_;
   s.not_held_replies = not_held_;
   s.connections_accepted = accepted_;
-  s.connections_refused = refused_;
-  s.connections_evicted = evicted_;
-  s.handshakes_dropped = dropped_;
+  s.deadlines_missed = deadlines_missed_;
   s.auth_failures = auth_failures_;
   s.protocol_errors = protocol_errors_;
   s.leases_expired = leases_expired_;
+  s.leases_revoked = leases_revoked_;
   std::lock_guard<std::mutex> lock(mu_);
+  s.connections_refused = admission_.refused;
+  s.connections_evicted = admission_.evicted_idle;
+  s.stalled_evicted = admission_.evicted_stalled;
+  s.handshakes_dropped = admission_.handshakes_dropped;
   for (auto& c : conns_) s.active_connections += c->done || c->evicted ? 0 : 1;
   return s;
 }
@@ -121,114 +124,69 @@ void WeightServer::AcceptLoop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     ReapLocked();
-    auto conn = std::make_unique<Conn>();
+    auto conn = std::make_unique<ServerConn>();
     conn->peer_host = PeerHost(s);
     conn->accepted_at = Deadline::Clock::now();
-    // Only authenticated connections count toward max_connections (see AdmitAuthenticated).
-    DropHandshakesLocked(conn->peer_host);
+    conn->Enter(ConnState::kHandshake);
+    // Only authenticated connections count toward max_connections (see Admit).
+    MakeHandshakeRoomLocked(conns_, conn->peer_host, opts_.limits, &admission_);
     ++accepted_;
     conn->socket = std::move(s);
-    Conn* raw = conn.get();
+    ServerConn* raw = conn.get();
     conns_.push_back(std::move(conn));
     raw->thread = std::thread([this, raw] { Serve(raw); });
   }
 }
 
-bool WeightServer::EvictIdleLocked() {
-  for (;;) {
-    Conn* oldest = nullptr;
-    for (auto& c : conns_) {
-      if (c->idle && !c->evicted && !c->done && (oldest == nullptr || c->idle_since < oldest->idle_since)) {
-        oldest = c.get();
-      }
-    }
-    if (oldest == nullptr) return false;
-    bool was_idle = true;
-    // It may have just woken for a request: then it is busy, not idle, and keeps serving.
-    if (!oldest->idle.compare_exchange_strong(was_idle, false)) continue;
-    oldest->evicted = true;
-    oldest->socket.Shutdown();  // its thread sees the end of stream and exits
-    ++evicted_;
-    return true;
-  }
-}
-
-void WeightServer::DropHandshakesLocked(const std::string& host) {
-  // Makes room for one more: the oldest unauthenticated connection (from `host` when
-  // that host is at its own cap) is closed.
-  for (bool per_host : {true, false}) {
-    int cap = per_host ? opts_.max_handshakes_per_host : opts_.max_handshakes;
-    Conn* oldest = nullptr;
-    int count = 0;
-    for (auto& c : conns_) {
-      if (c->authenticated || c->evicted || c->done || (per_host && c->peer_host != host)) continue;
-      ++count;
-      if (oldest == nullptr || c->accepted_at < oldest->accepted_at) oldest = c.get();
-    }
-    if (count >= cap && oldest != nullptr) {
-      oldest->evicted = true;
-      oldest->socket.Shutdown();  // its handshake fails at once
-      ++dropped_;
-    }
-  }
-}
-
-bool WeightServer::AdmitAuthenticated(Conn* conn) {
+bool WeightServer::Admit(ServerConn* conn, uint64_t client_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (conn->evicted) return false;
-  auto open = std::count_if(conns_.begin(), conns_.end(),
-                            [](const auto& c) { return c->authenticated && !c->evicted && !c->done; });
-  if (open >= opts_.max_connections && !EvictIdleLocked()) {
-    ++refused_;
-    return false;
-  }
-  conn->authenticated = true;
-  return true;
+  return AdmitLocked(conns_, conn, client_id, opts_.limits, &admission_);
 }
 
-void WeightServer::Serve(Conn* conn) {
+void WeightServer::Serve(ServerConn* conn) {
   // Everything a client can cause ends here: its connection closes, nothing else.
   try {
     Socket& s = conn->socket;
     Status st = ServerHandshake(s, opts_.secret, self_, Deadline::After(opts_.handshake_timeout_s),
-                                &conn->session_key);
-    if (st.ok() && AdmitAuthenticated(conn)) st = ServeFrames(conn);
+                                [&](uint64_t id) { return Admit(conn, id); }, &conn->session_key);
+    if (st.ok()) st = ServeFrames(conn);
     if (st.code() == Code::kAuth) ++auth_failures_;
     if (st.code() == Code::kProtocol) ++protocol_errors_;
-    if ((st.code() == Code::kAuth || st.code() == Code::kProtocol) && !closing_) {
+    if (st.code() == Code::kTimeout) ++deadlines_missed_;
+    if ((st.code() == Code::kAuth || st.code() == Code::kProtocol) && !closing_ && !conn->evicted) {
       SendError(s, st, 0, Deadline::After(1.0));
     }
   } catch (...) {
     ++protocol_errors_;
   }
+  conn->state = static_cast<int>(ConnState::kClosing);
   conn->socket.Shutdown();
   conn->done = true;
 }
 
-Status WeightServer::ServeFrames(Conn* c) {
+Status WeightServer::ServeFrames(ServerConn* c) {
   Socket& s = c->socket;
   ServiceConnection conn;
   conn.socket = &s;
   conn.session_key = c->session_key;
+  conn.revoke = [this, c] {
+    if (!c->evicted.exchange(true)) ++leases_revoked_;
+    c->Evict();
+  };
+  // A region lease pins its version; it lasts lease_timeout_s from when it was granted,
+  // however busy the connection keeps itself (closing the connection ends its leases).
+  Deadline lease_expiry = Deadline::Never();
   while (!closing_ && !c->evicted) {
-    c->idle_since = Deadline::Clock::now().time_since_epoch().count();
-    c->idle = true;
-    // Idle connections may wait indefinitely, except one holding a lease (shm, UCX): the
-    // lease pins its version, so a peer that stalls or vanishes without closing would keep
-    // it from ever being retired. One unused for send_timeout_s is given up: closing the
-    // connection ends its leases (a puller still copying then finds changed bytes by their
-    // checksums, and reconnects for what it needs next).
-    bool leased = !conn.region_leases.empty() || !conn.state.empty();
-    bool readable = s.WaitReadable(leased ? Deadline::After(opts_.send_timeout_s) : Deadline::Never());
-    bool was_idle = true;
-    if (!c->idle.compare_exchange_strong(was_idle, false)) break;  // evicted meanwhile
+    c->Enter(ConnState::kIdle);
+    bool readable = s.WaitReadable(lease_expiry);
+    if (!c->LeaveIdle(ConnState::kBusy)) break;  // evicted meanwhile
     if (closing_ || c->evicted) break;
     if (!readable) {
       ++leases_expired_;
       break;
     }
     FrameHeader h;
-    Deadline frame_deadline = Deadline::After(opts_.frame_timeout_s);
+    Deadline frame_deadline = Deadline::After(opts_.frame_timeout_s);  // from its first byte
     Status st = RecvHeader(s, &h, frame_deadline);
     if (st.code() == Code::kPeerLost) return Status::Ok();  // orderly close between frames
     RLB_RETURN_IF_ERROR(st);
@@ -237,19 +195,30 @@ Status WeightServer::ServeFrames(Conn* c) {
     }
     std::string body;
     RLB_RETURN_IF_ERROR(RecvBody(s, h, &body, frame_deadline));
-    RLB_RETURN_IF_ERROR(Dispatch(h, body, conn));
+    const size_t leases_before = conn.leases();
+    RLB_RETURN_IF_ERROR(Dispatch(h, body, c, conn));
+    if (conn.leases() == 0) {
+      lease_expiry = Deadline::Never();
+    } else if (conn.leases() > leases_before) {
+      lease_expiry = lease_expiry.Min(Deadline::After(opts_.lease_timeout_s));
+    }
+    if (lease_expiry.Expired()) {
+      ++leases_expired_;
+      break;
+    }
   }
   return Status::Ok();
 }
 
-Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, ServiceConnection& conn) {
+Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, ServerConn* c,
+                              ServiceConnection& conn) {
   Socket& s = *conn.socket;
   Deadline d = Deadline::After(opts_.send_timeout_s);
   switch (h.type) {
     case FrameType::kChunkRequest:
       return ServeChunk(h, body, s);
     case FrameType::kHaveRequest:
-      return ServeHave(h, body, s);
+      return ServeHave(h, body, c);
     case FrameType::kManifestRequest: {
       int64_t version;
       RLB_RETURN_IF_ERROR(DecodeVersionBody(body, &version));
@@ -298,7 +267,8 @@ Status WeightServer::ServeChunk(const FrameHeader& h, const std::string& body, S
   return Status::Ok();
 }
 
-Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, Socket& s) {
+Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, ServerConn* c) {
+  Socket& s = c->socket;
   ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
   int64_t version;
   uint64_t known;
@@ -310,7 +280,10 @@ Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, So
   HeldState held;
   Deadline d = Deadline::After(opts_.send_timeout_s);
   // A client that hangs up mid-poll (its pull ended) frees this thread within a poll slice.
+  // The wait is the server's, not the peer's: it does not count as a stall.
+  c->Enter(ConnState::kWaiting);
   Status st = store_->Have(version, known, wait_ms, [&] { return closing_.load() || s.HungUp(); }, &held);
+  c->Enter(ConnState::kBusy);
   if (!st.ok()) return SendError(s, st, h.request_id, d);
   std::string reply;
   ByteWriter w(&reply);

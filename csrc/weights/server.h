@@ -1,11 +1,11 @@
 // WeightServer: serves the versions of a VersionStore to authenticated pullers on one
 // TCP port. One thread per connection; each connection's failures (a wrong secret, a
-// malformed frame, a vanished peer) close that connection only. Pullers keep their
-// connections open between pulls; when max_connections authenticated ones are open, the
-// one idle longest is closed to admit a newcomer (its puller reconnects when it next
-// needs it). Connections still in the handshake have caps of their own (in all and per
-// peer host) and a short deadline; when full, the oldest of them is dropped, so silent
-// sockets can neither fill the server nor keep authenticated pullers out.
+// malformed frame, a vanished peer) close that connection only. Every login and every
+// frame has a deadline for the whole of it. Authenticated connections are capped in all,
+// per client process and per peer address; unauthenticated ones have caps of their own;
+// when a newcomer would pass a cap, a connection stalled mid-frame, idle or long-polling
+// goes first (server_conn.h). A connection holding a region lease closes when the lease
+// expires or is revoked (version_store.h), so no peer pins memory for long.
 #pragma once
 
 #include <sys/types.h>
@@ -23,6 +23,7 @@
 #include "transport/tcp/socket.h"
 #include "transport/transport.h"
 #include "weights/rate_limiter.h"
+#include "weights/server_conn.h"
 #include "weights/version_store.h"
 
 namespace rlboost {
@@ -32,13 +33,11 @@ struct ServerOptions {
   int port = 0;  // 0: any free port
   std::string secret;
   uint64_t egress_bytes_per_s = 0;  // 0: unlimited
-  double handshake_timeout_s = 2.0;
-  int max_handshakes = 128;          // connections still in the handshake, in all
-  int max_handshakes_per_host = 32;  // ... and from one peer address
-  double frame_timeout_s = 30.0;  // a started frame must finish within this
-  double send_timeout_s = 300.0;  // one response, including pacing; and the longest a
-                                  // connection holding a lease may go without a request
-  int max_connections = 256;
+  double handshake_timeout_s = 2.0;  // the whole login
+  double frame_timeout_s = 30.0;     // a started request frame, whole
+  double send_timeout_s = 300.0;     // one response, including pacing
+  double lease_timeout_s = 60.0;     // the longest a connection may hold a region lease
+  AdmissionLimits limits;
   int ucx_port = 0;  // UCX listener (when built); 0: any free port
 };
 
@@ -47,13 +46,16 @@ struct ServerStats {
   uint64_t chunks_sent = 0;
   uint64_t not_held_replies = 0;
   uint64_t connections_accepted = 0;
-  uint64_t connections_refused = 0;  // over max_connections, none of them idle
-  uint64_t connections_evicted = 0;  // idle ones closed to admit a newcomer
+  uint64_t connections_refused = 0;  // newcomers turned away: no connection could go
+  uint64_t connections_evicted = 0;  // idle or long-polling ones closed to admit a newcomer
+  uint64_t stalled_evicted = 0;      // ones stalled mid-frame closed to admit a newcomer
   uint64_t handshakes_dropped = 0;   // unauthenticated ones closed to admit a newcomer
+  uint64_t deadlines_missed = 0;     // logins and frames that did not finish in time
   uint64_t auth_failures = 0;
   uint64_t protocol_errors = 0;
   uint64_t active_connections = 0;
-  uint64_t leases_expired = 0;  // connections closed for holding a lease unused too long
+  uint64_t leases_expired = 0;  // connections closed because their lease ran out
+  uint64_t leases_revoked = 0;  // ... because the leased version was retired
 };
 
 class WeightServer {
@@ -72,32 +74,14 @@ class WeightServer {
   ServerStats stats() const;
 
  private:
-  struct Conn {
-    Socket socket;
-    std::thread thread;
-    std::atomic<bool> done{false};
-    std::atomic<bool> evicted{false};
-    std::atomic<bool> authenticated{false};
-    std::string peer_host;
-    Deadline::Clock::time_point accepted_at;
-    // Authenticated and waiting for its next request since idle_since (steady clock ns).
-    // Whoever flips it from true to false (the connection's thread on a request, or an
-    // eviction) owns what happens next.
-    std::atomic<bool> idle{false};
-    std::atomic<int64_t> idle_since{0};
-    SessionKey session_key{};  // from the handshake: MACs this connection's manifest replies
-  };
-
   WeightServer(const ServerOptions& opts, std::shared_ptr<VersionStore> store);
   void AcceptLoop();
-  void Serve(Conn* conn);
-  Status ServeFrames(Conn* conn);
-  bool EvictIdleLocked();
-  void DropHandshakesLocked(const std::string& host);
-  bool AdmitAuthenticated(Conn* conn);
-  Status Dispatch(const FrameHeader& h, const std::string& body, ServiceConnection& conn);
+  void Serve(ServerConn* conn);
+  Status ServeFrames(ServerConn* conn);
+  bool Admit(ServerConn* conn, uint64_t client_id);
+  Status Dispatch(const FrameHeader& h, const std::string& body, ServerConn* c, ServiceConnection& conn);
   Status ServeChunk(const FrameHeader& h, const std::string& body, Socket& s);
-  Status ServeHave(const FrameHeader& h, const std::string& body, Socket& s);
+  Status ServeHave(const FrameHeader& h, const std::string& body, ServerConn* c);
   void ReapLocked();
   void AbandonInForkedChild();
 
@@ -112,10 +96,11 @@ class WeightServer {
   std::thread accept_thread_;
   std::atomic<bool> closing_{false};
   mutable std::mutex mu_;
-  std::list<std::unique_ptr<Conn>> conns_;
+  ConnList conns_;
+  AdmissionCounts admission_;  // guarded by mu_
 
-  std::atomic<uint64_t> bytes_sent_{0}, chunks_sent_{0}, not_held_{0}, accepted_{0}, refused_{0},
-      evicted_{0}, dropped_{0}, auth_failures_{0}, protocol_errors_{0}, leases_expired_{0};
+  std::atomic<uint64_t> bytes_sent_{0}, chunks_sent_{0}, not_held_{0}, accepted_{0}, deadlines_missed_{0},
+      auth_failures_{0}, protocol_errors_{0}, leases_expired_{0}, leases_revoked_{0};
 };
 
 }  // namespace rlboost

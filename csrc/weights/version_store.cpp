@@ -8,6 +8,9 @@ namespace rlboost {
 struct VersionStore::Sync {
   mutable std::mutex mu;
   std::condition_variable cv;
+  // Called under mu when the last pin of a retired version goes, so its memory is freed
+  // then rather than at the next publish; cleared when the store goes.
+  std::function<void()> on_unpinned;
 };
 
 struct VersionStore::Entry {
@@ -18,6 +21,9 @@ struct VersionStore::Entry {
   bool partial = false;  // registered by a relay: retired only explicitly
   uint64_t registration = 0;
   int pins = 0;
+  bool retired = false;
+  uint64_t next_lease = 0;
+  std::map<uint64_t, std::function<void()>> revokers;  // live region leases
   bool complete() const { return held.held_count == held.num_chunks; }
 };
 
@@ -38,19 +44,48 @@ bool IsHeld(const HeldState& h, uint32_t i) { return (h.bitmap[i / 8] >> (i % 8)
 
 }  // namespace
 
-VersionStore::VersionStore(int versions_kept)
-    : versions_kept_(std::max(1, versions_kept)), sync_(std::make_shared<Sync>()) {}
+VersionStore::VersionStore(int versions_kept, std::string secret)
+    : versions_kept_(std::max(1, versions_kept)), secret_(std::move(secret)), sync_(std::make_shared<Sync>()) {
+  sync_->on_unpinned = [this] { PruneLocked(); };
+}
 
-VersionStore::~VersionStore() { WakeAll(); }
+VersionStore::~VersionStore() {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  sync_->on_unpinned = nullptr;
+  sync_->cv.notify_all();
+}
 
-std::shared_ptr<void> VersionStore::Pin(const std::shared_ptr<Entry>& e) {
+std::shared_ptr<void> VersionStore::Pin(const std::shared_ptr<Entry>& e, std::function<void()> revoke) {
   ++e->pins;
+  uint64_t lease = 0;
+  if (revoke) {
+    lease = ++e->next_lease;
+    e->revokers.emplace(lease, std::move(revoke));
+  }
   std::shared_ptr<Sync> sync = sync_;
-  return std::shared_ptr<void>(e.get(), [sync, e](void*) {
+  return std::shared_ptr<void>(e.get(), [sync, e, lease](void*) {
     std::lock_guard<std::mutex> lock(sync->mu);
     --e->pins;
+    if (lease != 0) e->revokers.erase(lease);
+    if (e->pins == 0 && e->retired && sync->on_unpinned) sync->on_unpinned();
     sync->cv.notify_all();
   });
+}
+
+void VersionStore::RevokeLocked(Entry& e) {
+  // The callbacks end connections (a shutdown, which does not block); each releases its
+  // lease, and erases its revoker, from its own thread.
+  for (auto& kv : e.revokers) kv.second();
+}
+
+void VersionStore::RevokeExcessLocked() {
+  // draining_ is in retirement order: only the newest leased one keeps its leases.
+  bool kept = false;
+  for (auto it = draining_.rbegin(); it != draining_.rend(); ++it) {
+    if ((*it)->revokers.empty()) continue;
+    if (kept) RevokeLocked(**it);
+    kept = true;
+  }
 }
 
 std::shared_ptr<VersionStore::Entry> VersionStore::FindLocked(int64_t version) const {
@@ -80,8 +115,9 @@ void VersionStore::PruneLocked() {
   // Idle retired regions are released, except the newest owned published one, kept as a
   // spare for the next Stage() (fresh memory costs a page fault per 4 KiB on first write).
   // A relay's regions belong to its pulls, which never stage: nothing is kept for them.
+  // A region still read counts as the spare: at most versions_kept + 1 stay held.
   std::vector<std::shared_ptr<Entry>> kept;
-  bool spare_kept = false;
+  bool spare_kept = std::any_of(draining_.begin(), draining_.end(), [](const auto& e) { return e->pins > 0; });
   for (auto it = draining_.rbegin(); it != draining_.rend(); ++it) {
     const auto& e = *it;
     if (e->pins > 0) {
@@ -130,8 +166,8 @@ Status VersionStore::Commit(int64_t version, uint32_t chunk_bytes, std::string m
   e->manifest.meta = std::move(meta);
   uint32_t n;
   RLB_RETURN_IF_ERROR(ChunkCount(region->size(), chunk_bytes, &n));
-  e->manifest.crcs.resize(n);
-  ComputeChunkCrcs(region->data(), threads, &e->manifest);
+  e->manifest.tags.resize(n);
+  ComputeChunkTags(region->data(), secret_, threads, &e->manifest);
   e->encoded = EncodeManifest(e->manifest);
   e->region = region;
   e->held = AllHeld(n);
@@ -205,8 +241,10 @@ void VersionStore::MarkPending(int64_t version, uint64_t registration, uint32_t 
 }
 
 void VersionStore::RetireLocked(std::map<int64_t, std::shared_ptr<Entry>>::iterator it) {
+  it->second->retired = true;
   draining_.push_back(it->second);
   live_.erase(it);
+  RevokeExcessLocked();
   PruneLocked();
   sync_->cv.notify_all();
 }
@@ -224,6 +262,7 @@ Status VersionStore::Retire(int64_t version, Deadline d) {
     }
     if (e == nullptr) return Status::Ok();
   }
+  RevokeLocked(*e);  // a lease may last as long as its connection: never wait for one
   bool idle = sync_->cv.wait_until(lock, d.never() ? Deadline::After(1e8).at() : d.at(),
                                    [&] { return e->pins == 0; });
   if (!idle) return Status(Code::kTimeout, "reads of version " + std::to_string(version) + " still in flight");
@@ -250,6 +289,21 @@ std::map<int64_t, int> VersionStore::Pins() const {
     if (e->pins > 0) out[e->manifest.version] += e->pins;
   }
   return out;
+}
+
+uint64_t VersionStore::HeldBytes() const {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  std::vector<const Region*> seen;
+  uint64_t total = 0;
+  auto add = [&](const std::shared_ptr<Region>& r) {
+    if (r == nullptr || std::find(seen.begin(), seen.end(), r.get()) != seen.end()) return;
+    seen.push_back(r.get());
+    total += r->size();
+  };
+  for (auto& kv : live_) add(kv.second->region);
+  for (auto& e : draining_) add(e->region);
+  for (auto& kv : staged_) add(kv.second);
+  return total;
 }
 
 int64_t VersionStore::Latest() const {
@@ -311,7 +365,7 @@ ReplyStatus VersionStore::LeaseChunk(int64_t version, uint32_t index, ChunkLease
   return ReplyStatus::kOk;
 }
 
-ReplyStatus VersionStore::LeaseRegion(int64_t version, RegionLease* out) {
+ReplyStatus VersionStore::LeaseRegion(int64_t version, const std::function<void()>& revoke, RegionLease* out) {
   out->pin.reset();
   std::lock_guard<std::mutex> lock(sync_->mu);
   auto e = FindLocked(version);
@@ -319,7 +373,7 @@ ReplyStatus VersionStore::LeaseRegion(int64_t version, RegionLease* out) {
   out->data = e->region->data();
   out->size = e->manifest.total_bytes;
   out->fd = e->region->fd();
-  out->pin = Pin(e);
+  out->pin = Pin(e, revoke);
   return ReplyStatus::kOk;
 }
 

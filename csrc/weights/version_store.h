@@ -1,7 +1,10 @@
 // VersionStore: the versions a weight server holds. Published versions are complete;
 // versions being pulled by a relay are partial, with a held-chunk bitmap that grows as
 // chunks arrive. Every read pins its version, and a version's region is never reused or
-// released to its owner while a pin is alive, so a slow reader is never torn.
+// released to its owner while a pin is alive, so a slow reader is never torn. Region
+// leases (a same-host puller mapping the region) are revocable: of the retired versions,
+// only the newest may stay leased (a pull of it may still be running), and retiring a
+// version explicitly revokes its leases at once, so no peer can pin old versions.
 #pragma once
 
 #include <condition_variable>
@@ -34,14 +37,15 @@ struct HeldState {
 class VersionStore : public ServingBackend {
  public:
   // Committed versions beyond `versions_kept` retire automatically (oldest first).
-  explicit VersionStore(int versions_kept);
+  // secret: keys the chunk tags of what this store commits (weights/chunk_tag.h).
+  VersionStore(int versions_kept, std::string secret);
   ~VersionStore() override;
 
   // --- publisher side -----------------------------------------------------------
   // A writable shared region for `version`, reusing an idle retired region of the same
   // size when there is one.
   Status Stage(int64_t version, uint64_t nbytes, std::shared_ptr<Region>* out);
-  // Checksums the staged bytes and serves them.
+  // Tags the staged bytes' chunks and serves them.
   Status Commit(int64_t version, uint32_t chunk_bytes, std::string meta, int threads, Manifest* out);
   void DiscardStaged(int64_t version);
 
@@ -55,13 +59,16 @@ class VersionStore : public ServingBackend {
   // what to ask the trainer for can leave it to this relay.
   void MarkPending(int64_t version, uint64_t registration, uint32_t index, bool pending);
 
-  // Stops serving `version` and waits until no read is in flight (kTimeout otherwise).
+  // Stops serving `version`, revokes its region leases and waits until no chunk read is
+  // in flight (kTimeout otherwise).
   Status Retire(int64_t version, Deadline d);
   // Retires `version` only when no read holds it; false (and still served) otherwise.
   // True as well when it is not served at all.
   bool RetireIfIdle(int64_t version);
   // Reads holding each version now, served or retired (only versions with any).
   std::map<int64_t, int> Pins() const;
+  // Bytes of every region held: served, retired but still read, staged, and the spare.
+  uint64_t HeldBytes() const;
   // Newest version with every chunk held, or -1.
   int64_t Latest() const;
   std::vector<int64_t> Versions() const;
@@ -76,7 +83,7 @@ class VersionStore : public ServingBackend {
   void WakeAll();
 
   ReplyStatus LeaseChunk(int64_t version, uint32_t index, ChunkLease* out) override;
-  ReplyStatus LeaseRegion(int64_t version, RegionLease* out) override;
+  ReplyStatus LeaseRegion(int64_t version, const std::function<void()>& revoke, RegionLease* out) override;
 
   // Flips one byte of a served version in place (tests of checksum handling only).
   Status CorruptByteForTests(int64_t version, uint64_t offset);
@@ -84,13 +91,16 @@ class VersionStore : public ServingBackend {
  private:
   struct Entry;
   struct Sync;
-  std::shared_ptr<void> Pin(const std::shared_ptr<Entry>& e);
+  std::shared_ptr<void> Pin(const std::shared_ptr<Entry>& e, std::function<void()> revoke = nullptr);
+  void RevokeLocked(Entry& e);
+  void RevokeExcessLocked();
   void RetireLocked(std::map<int64_t, std::shared_ptr<Entry>>::iterator it);
   std::shared_ptr<Region> TakeIdleRegionLocked(uint64_t nbytes);
   void PruneLocked();
   std::shared_ptr<Entry> FindLocked(int64_t version) const;
 
   int versions_kept_;
+  std::string secret_;
   uint64_t next_registration_ = 0;
   std::shared_ptr<Sync> sync_;
   std::map<int64_t, std::shared_ptr<Entry>> live_;

@@ -87,6 +87,12 @@ class RunConfig:
         "task.math_prompt_field": "task.math.prompt_field",
         "task.math_answer_field": "task.math.answer_field",
         "task.math_answer_format": "task.math.answer_format",
+        "transfer.port": "transfer.publisher.port",
+        "transfer.relay_port": "transfer.relay_server.port",
+        "transfer.egress_bytes_per_s": "transfer.publisher.egress_bytes_per_s",
+        "transfer.versions_kept": "transfer.publisher.versions_kept",
+        "transfer.max_connections": "transfer.publisher.max_connections",
+        "transfer.max_handshakes": "transfer.publisher.max_handshakes",
     }
 
     def __post_init__(self) -> None:
@@ -112,15 +118,13 @@ _JOINS = "the run joins a Ray cluster (cluster.address or RLBOOST_RAY_ADDRESS)"
 
 def check_multi_node(config: RunConfig) -> None:
     """A run that joins a Ray cluster (cluster.address here, or RLBOOST_RAY_ADDRESS when the
-    run starts) spans machines: its weight servers must listen where other nodes reach
-    them, with a secret, and a file rendezvous needs a folder every trainer node sees."""
+    run starts) spans machines: its weight servers must listen where other nodes reach them,
+    and a file rendezvous needs a folder every trainer node sees. (The run's secret reaches
+    its processes on every machine through Ray.)"""
     t = config.transfer
     if is_loopback(t.bind_host):
         raise ValueError(f"transfer.bind_host must be an address other nodes reach (e.g. 0.0.0.0) when "
                          f"{_JOINS}, got {t.bind_host!r}")
-    if not t.secret:
-        raise ValueError(f"transfer.secret (or RLBOOST_SECRET) must be set when {_JOINS}: weight "
-                         "servers then accept connections from other machines")
     if config.trainer.rendezvous == "file" and not config.trainer.rendezvous_dir:
         raise ValueError("trainer.rendezvous_dir must name a folder every trainer node sees (a shared "
                          f"file system) when trainer.rendezvous is 'file' and {_JOINS}; or set "

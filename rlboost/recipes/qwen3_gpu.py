@@ -9,7 +9,8 @@ an 8-GPU spot node) follow the bundled trace. Give the checkpoint and the datase
 
 `--set rollout.backend=embedded` rolls out with rlboost's own engine instead (one GPU each).
 The run checks that the Ray cluster has these GPUs before it starts anything. Weight
-servers listen on every interface, so RLBOOST_SECRET must be set.
+servers listen on every interface and admit only the run's processes (they share the
+run's secret, which Ray hands them).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def qwen3_gpu() -> RunConfig:
                                                             block_size=16, max_batch_size=256,
                                                             max_prefill_tokens=8192, stream_interval=16)),
         # every node's weight servers listen on all interfaces (peers dial each node's own
-        # address), so a shared secret is required: set RLBOOST_SECRET
+        # address); the run's secret keeps out everyone else
         transfer=TransferConfig(bind_host="0.0.0.0", streams=8, chunk_bytes=32 << 20),
         cluster=ClusterConfig(reserved_instances=2, max_preemptible=4, trace="sample",
                               notice_s=30.0, sudden_fraction=0.5),

@@ -25,6 +25,7 @@ from rlboost.controller.metrics import StepMetrics
 from rlboost.run.directory import RunDirectory
 from rlboost.trainer.loop import TrainerGroup
 from rlboost.trainer.rank import RankSpec
+from rlboost.transfer import run_secret
 
 READY_TIMEOUT_S = 600.0
 
@@ -73,6 +74,10 @@ class Cluster:
 
     def __init__(self, config: RunConfig, run: RunDirectory, ledger: CostLedger, *, weights: Path,
                  reference: Path, optimizer_state: str | None):
+        # one secret for every weight server and puller of the run, carried to them by Ray;
+        # never written to config.json (which drops bytes) or logged
+        secret = config.transfer.secret or run_secret()
+        config = dataclasses.replace(config, transfer=dataclasses.replace(config.transfer, secret=secret))
         self.config, self.run, self.ledger = config, run, ledger
         self.replay: TraceReplay | None = None
         self.trace_plan: TracePlan | None = None

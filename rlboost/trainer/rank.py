@@ -9,6 +9,7 @@ collective: call it on all ranks at once.
 
 from __future__ import annotations
 
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 
+from rlboost.errors import CheckpointError
 from rlboost.models import empty_model, load_pretrained, save_pretrained
 from rlboost.trainer import fsdp, rng
 from rlboost.trainer.batch import MicroBatch, micro_batch_loss, reference_logprobs
@@ -180,7 +182,7 @@ class TrainerRank:
         torch.save({"optimizer": state}, out / OPTIMIZER_FILE)
 
     def _load_optimizer(self, path: str) -> None:
-        saved = torch.load(path, weights_only=False) if self.spec.rank == 0 else {}
+        saved = read_optimizer_file(path) if self.spec.rank == 0 else {}
         set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=saved.get("optimizer", {}),
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         if "torch_rng" in saved:  # a checkpoint from before per-rank random state files
@@ -193,6 +195,21 @@ class TrainerRank:
         if self.publisher is not None:
             self.publisher.close()
 
+
+
+def read_optimizer_file(path: str) -> dict:
+    """optimizer.pt as save_checkpoint writes it (tensors, numbers, strings: every version
+    of rlboost wrote only these), read with weights_only=True so a checkpoint cannot run
+    code. A file that needs more was not written by rlboost: CheckpointError says so."""
+    try:
+        saved = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: holds more than tensors and numbers ({first[:200]}); rlboost reads "
+                              "optimizer state with weights_only=True: resume from a checkpoint rlboost wrote") from None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path}: expected a dict with an 'optimizer' entry, got {type(saved).__name__}")
+    return saved
 
 
 class _StepSums:

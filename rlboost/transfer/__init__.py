@@ -4,13 +4,17 @@ The trainer publishes each version once; any instance pulls the version it needs
 the trainer and from peers that already hold it (even partly), over TCP, shared memory
 or UCX, and re-serves what it holds to later newcomers::
 
-    with WeightPublisher(TransferConfig(secret=b"s")) as pub:
+    config = TransferConfig(secret=run_secret())   # the same secret in every process of the run
+    with WeightPublisher(config) as pub:
         pub.publish(1, model.state_dict())
-        with WeightPuller(pub.address, TransferConfig(secret=b"s")) as puller:
+        with WeightPuller(pub.address, config) as puller:
             weights = puller.pull()          # Mapping[str, Tensor], zero-copy views
+
+Every chunk is checked against a tag in the publisher's manifest that no process without
+the secret can forge (IntegrityError otherwise).
 """
 
-from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.config import ServerConfig, TransferConfig, new_secret, run_secret
 from rlboost.transfer.manifest import Manifest, TensorSpec
 from rlboost.transfer.progress import TqdmProgress
 from rlboost.transfer.publisher import WeightPublisher
@@ -21,9 +25,12 @@ __all__ = [
     "Manifest",
     "PullHandle",
     "PulledWeights",
+    "ServerConfig",
     "TensorSpec",
     "TqdmProgress",
     "TransferConfig",
     "WeightPublisher",
     "WeightPuller",
+    "new_secret",
+    "run_secret",
 ]

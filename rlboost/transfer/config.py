@@ -1,24 +1,57 @@
-"""TransferConfig: every knob of weight publishing and pulling, validated on construction.
+"""TransferConfig: every knob of weight publishing and pulling, validated on construction,
+with the limits of each server role (trainer publisher, relay, handoff sender) apart, so
+capping the trainer's egress leaves relays alone.
 
-The shared secret and the transport override may come from the environment
-(RLBOOST_SECRET, RLBOOST_TRANSPORT, read through rlboost.env); explicit values win.
+No server runs without a secret. A run draws one (``run_secret()``: RLBOOST_SECRET when
+set, else ``new_secret()``) and hands the same value to all of its processes. A config
+built without one takes RLBOOST_SECRET (read through rlboost.env) when set, else uses this
+process's own random secret, so its servers answer only peers in this process. An empty
+secret needs ``allow_no_secret=True`` (tests on loopback only).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
+import secrets
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlboost import env
+from rlboost.validate import require
 
 TRANSPORTS = ("auto", "tcp", "shm", "ucx")
 _MIN_CHUNK = 4096
 _MAX_CHUNK = 256 << 20
 _MAX_TIMEOUT_S = 3600.0  # longer deadlines are a mistake, not a need
 _RESOLVE_TIMEOUT_S = 3.0  # a live source answers a manifest request in milliseconds
+_MAX_RELAY_POLL_S = 60.0  # a source waits this long at most, whatever is asked
+
+
+def new_secret() -> bytes:
+    """A fresh random shared secret (64 hex characters), for one run."""
+    return secrets.token_hex(32).encode()
+
+
+_process_secret: tuple[int, bytes] | None = None  # (pid, secret)
+
+
+def process_secret() -> bytes:
+    """This process's own random secret (drawn at first use; again in a forked child):
+    what a config without a secret uses, so nothing outside the process can connect."""
+    global _process_secret
+    if _process_secret is None or _process_secret[0] != os.getpid():
+        _process_secret = (os.getpid(), new_secret())
+    return _process_secret[1]
+
+
+def run_secret() -> bytes:
+    """The secret of a run that is starting: RLBOOST_SECRET when set (runs across machines
+    whose processes are not all started by one driver), else a fresh random one. Call it
+    once per run and pass the result to every process of the run."""
+    return env.secret() or new_secret()
 
 
 def is_loopback(host: str) -> bool:
@@ -70,99 +103,158 @@ def this_host_address() -> str:
 
 
 @dataclass(kw_only=True, slots=True)
-class TransferConfig:
-    """How weights are served and pulled.
+class ServerConfig:
+    """Limits of one weight server role (the trainer's publisher, a relay, a handoff sender).
 
-    Example: ``TransferConfig(secret=b"s3cret", streams=4, egress_bytes_per_s=500_000_000)``.
+    Example: ``ServerConfig(egress_bytes_per_s=500_000_000, versions_kept=2)``.
     """
 
-    bind_host: str = "127.0.0.1"  # servers listen only here
-    advertise_host: str | None = None  # host peers dial; None: bind_host, or this machine's address for 0.0.0.0/::
-    port: int = 0  # publisher port; 0 picks a free one
-    relay_port: int = 0  # port of a puller's relay server; 0 (ephemeral) lets several pullers share a host
-    secret: bytes | None = None  # None: RLBOOST_SECRET, else empty (loopback only)
-    transport: str = "auto"  # auto (same host: shm, else tcp) | tcp | shm | ucx
-    streams: int = 4  # parallel streams (lanes) per source
-    chunk_bytes: int = 8 << 20  # publisher's chunk size (one checksum each)
-    max_in_flight: int = 2  # chunk requests outstanding per stream
-    request_timeout_s: float = 60.0  # deadline of one chunk request
-    # How long a server keeps sending one response to a peer that does not read it, and
-    # how long a connection holding a shm/UCX lease may go without a request before it is
-    # closed (the memory stays pinned meanwhile); None: half of request_timeout_s, so a
-    # relay retiring a version (which waits request_timeout_s) outlasts such a peer.
+    port: int = 0
+    """port it listens on (0: a free one; fixed, a firewall can admit one port)"""
+    egress_bytes_per_s: int | None = None
+    """cap on what it sends, bytes/s (None: no cap)"""
+    versions_kept: int = 2
+    """complete versions it keeps serving"""
+    max_connections: int = 256
+    """authenticated connections at once; past a cap a stalled, idle or polling one is closed"""
+    max_connections_per_peer: int = 96
+    """... from one client process"""
+    max_connections_per_host: int = 192
+    """... from one address"""
+    max_handshakes: int = 128
+    """connections still authenticating (a quarter per address); the oldest goes first"""
+
+    def __post_init__(self) -> None:
+        check_range("port", self.port, 0, 65535)
+        if self.egress_bytes_per_s is not None:
+            require(self.egress_bytes_per_s >= 1024, "egress_bytes_per_s", ">= 1024 or None", self.egress_bytes_per_s)
+        check_range("versions_kept", self.versions_kept, 1, 64)
+        check_range("max_connections", self.max_connections, 1, 65536)
+        check_range("max_connections_per_peer", self.max_connections_per_peer, 1, 65536)
+        check_range("max_connections_per_host", self.max_connections_per_host, 1, 65536)
+        check_range("max_handshakes", self.max_handshakes, 1, 65536)
+
+
+@dataclass(kw_only=True, slots=True)
+class TransferConfig:
+    """How weights (and handed-off samples) are served and pulled.
+
+    Example: ``TransferConfig(secret=new_secret(), streams=4,
+    publisher=ServerConfig(egress_bytes_per_s=500_000_000))``.
+    """
+
+    secret: bytes | None = field(default=None, repr=False)
+    """the run's shared secret (set by the run, or RLBOOST_SECRET; never written to disk)"""
+    allow_no_secret: bool = False
+    """tests only: serve and pull with an empty secret on loopback"""
+    bind_host: str = "127.0.0.1"
+    """address servers listen on (0.0.0.0 across machines)"""
+    advertise_host: str | None = None
+    """host peers dial (None: bind_host, or the node's address when bound to 0.0.0.0)"""
+    transport: str = "auto"
+    """auto (same host: shm, else tcp), tcp, shm or ucx (RLBOOST_TRANSPORT overrides)"""
+    streams: int = 4
+    """parallel streams per source"""
+    chunk_bytes: int = 8 << 20
+    """bytes per chunk (each checked against its tag)"""
+    max_in_flight: int = 2
+    """chunk requests outstanding per stream"""
+    request_timeout_s: float = 60.0
+    """deadline of one chunk request"""
     send_timeout_s: float | None = None
+    """how long a server keeps sending to a peer that does not read (None: half request_timeout_s)"""
+    frame_timeout_s: float = 30.0
+    """a request frame must arrive whole within this of its first byte"""
+    lease_timeout_s: float | None = None
+    """longest shared-memory lease a same-host puller may hold (None: request_timeout_s)"""
     connect_timeout_s: float = 10.0
-    # The longest one source may take to answer each round of resolving a version (its
-    # manifest, what it holds); one that does not is left out of the pull, so a frozen
-    # peer cannot hold up the others. None: min(connect_timeout_s, 3 s).
+    """deadline of opening a connection"""
     resolve_timeout_s: float | None = None
-    reconnect_attempts: int = 2  # per stream, before a source is given up
-    egress_bytes_per_s: int | None = None  # cap on what one server sends; None: no cap
-    versions_kept: int = 2  # complete versions a server keeps serving
-    alignment: int = 4096  # every tensor starts at a multiple of this
-    relay: bool = True  # pullers re-serve what they hold
-    commit_threads: int = 2  # parallel tasks checksumming a staged version (a thread per core at most)
-    max_connections: int = 256  # authenticated ones per server; when full, the longest idle one is closed
-    max_handshakes: int = 128  # per server, still unauthenticated (a quarter per peer host); when full, the oldest is closed
-    handshake_timeout_s: float = 2.0  # a connection must authenticate within this
-    keep_connections: bool = True  # pullers keep authenticated connections between pulls
-    connection_idle_s: float = 60.0  # a kept connection unused this long is closed
-    relay_poll_s: float = 0.5  # longest wait of one long poll for news of a peer still pulling
+    """a source that does not answer a resolve within this is left out (None: min(connect, 3 s))"""
+    reconnect_attempts: int = 2
+    """reconnects per stream before a source is given up"""
+    alignment: int = 4096
+    """every tensor starts at a multiple of this many bytes"""
+    relay: bool = True
+    """pullers re-serve what they hold to their peers"""
+    commit_threads: int = 2
+    """threads tagging a staged version's chunks"""
+    handshake_timeout_s: float = 2.0
+    """a connection must authenticate within this, whole"""
+    keep_connections: bool = True
+    """pullers keep authenticated connections between pulls"""
+    connection_idle_s: float = 60.0
+    """a kept connection unused this long is closed"""
+    relay_poll_s: float = 0.5
+    """longest wait of one long poll for news of a peer still pulling"""
+    publisher: ServerConfig = field(default_factory=ServerConfig)
+    relay_server: ServerConfig = field(default_factory=ServerConfig)
+    handoff: ServerConfig = field(default_factory=lambda: ServerConfig(versions_kept=64))
 
     def __post_init__(self) -> None:
         if self.secret is None:
-            self.secret = env.secret() or b""
-        if not isinstance(self.secret, bytes):
-            raise ValueError(f"secret must be bytes, got {type(self.secret).__name__}")
+            self.secret = env.secret()
+        require(self.secret is None or isinstance(self.secret, bytes), "secret", "bytes or None",
+              type(self.secret).__name__)
+        require(isinstance(self.allow_no_secret, bool), "allow_no_secret", "True or False", self.allow_no_secret)
+        require(self.secret is None or bool(self.secret) or self.allow_no_secret, "secret",
+              "non-empty (an empty secret lets anyone connect; allow_no_secret=True in tests only)", self.secret)
         if self.transport == "auto" and env.transport():
             self.transport = env.transport()
-        _check(self.transport in TRANSPORTS, "transport", f"one of {TRANSPORTS}", self.transport)
-        _check(bool(self.bind_host), "bind_host", "a host name or address", self.bind_host)
-        _check(self.advertise_host is None or (bool(self.advertise_host) and self.advertise_host not in WILDCARD_HOSTS),
-               "advertise_host", "None or a host peers can dial (not 0.0.0.0 or ::)", self.advertise_host)
-        if not self.secret and not is_loopback(self.bind_host):
-            raise ValueError(
-                f"secret: required when bind_host ({self.bind_host}) is not a loopback address; "
-                "set TransferConfig(secret=...) or RLBOOST_SECRET"
-            )
-        for name in ("port", "relay_port"):
-            _check(0 <= getattr(self, name) < 65536, name, "[0, 65535]", getattr(self, name))
-        _check(1 <= self.streams <= 64, "streams", "[1, 64]", self.streams)
-        _check(1 <= self.max_in_flight <= 64, "max_in_flight", "[1, 64]", self.max_in_flight)
-        _check(
-            _MIN_CHUNK <= self.chunk_bytes <= _MAX_CHUNK,
-            "chunk_bytes", f"[{_MIN_CHUNK}, {_MAX_CHUNK}]", self.chunk_bytes,
-        )
-        _check(0 < self.request_timeout_s <= _MAX_TIMEOUT_S, "request_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
-               self.request_timeout_s)
+        require(self.transport in TRANSPORTS, "transport", f"one of {TRANSPORTS}", self.transport)
+        require(bool(self.bind_host), "bind_host", "a host name or address", self.bind_host)
+        require(self.advertise_host is None or (bool(self.advertise_host) and self.advertise_host not in WILDCARD_HOSTS),
+              "advertise_host", "None or a host peers can dial (not 0.0.0.0 or ::)", self.advertise_host)
+        if self.allow_no_secret and self.secret == b"" and not is_loopback(self.bind_host):
+            raise ValueError(f"allow_no_secret: only for loopback servers, bind_host is {self.bind_host}")
+        check_range("streams", self.streams, 1, 64)
+        check_range("max_in_flight", self.max_in_flight, 1, 64)
+        check_range("chunk_bytes", self.chunk_bytes, _MIN_CHUNK, _MAX_CHUNK)
+        self._check_timeouts()
+        check_range("reconnect_attempts", self.reconnect_attempts, 0, 100)
+        power_of_two = self.alignment > 0 and self.alignment & (self.alignment - 1) == 0
+        require(power_of_two and self.alignment <= 1 << 20, "alignment", "a power of two <= 1 MiB", self.alignment)
+        check_range("commit_threads", self.commit_threads, 1, 64)
+        require(isinstance(self.keep_connections, bool), "keep_connections", "True or False", self.keep_connections)
+        require(0 < self.connection_idle_s <= 86400, "connection_idle_s", "in (0, 86400]", self.connection_idle_s)
+        require(0.001 <= self.relay_poll_s <= _MAX_RELAY_POLL_S, "relay_poll_s", f"in [0.001, {_MAX_RELAY_POLL_S}]",
+              self.relay_poll_s)
+        for role in ("publisher", "relay_server", "handoff"):
+            require(isinstance(getattr(self, role), ServerConfig), role, "a ServerConfig", getattr(self, role))
+
+    def _check_timeouts(self) -> None:
+        bound = f"in (0, {_MAX_TIMEOUT_S}]"
+        require(0 < self.request_timeout_s <= _MAX_TIMEOUT_S, "request_timeout_s", bound, self.request_timeout_s)
         if self.send_timeout_s is None:
             self.send_timeout_s = self.request_timeout_s / 2
-        _check(0 < self.send_timeout_s <= _MAX_TIMEOUT_S, "send_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
-               self.send_timeout_s)
-        _check(0 < self.connect_timeout_s <= _MAX_TIMEOUT_S, "connect_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
-               self.connect_timeout_s)
+        if self.lease_timeout_s is None:
+            self.lease_timeout_s = self.request_timeout_s
         if self.resolve_timeout_s is None:
             self.resolve_timeout_s = min(self.connect_timeout_s, _RESOLVE_TIMEOUT_S)
-        _check(0 < self.resolve_timeout_s <= _MAX_TIMEOUT_S, "resolve_timeout_s", f"in (0, {_MAX_TIMEOUT_S}]",
-               self.resolve_timeout_s)
-        _check(0 <= self.reconnect_attempts <= 100, "reconnect_attempts", "[0, 100]", self.reconnect_attempts)
-        if self.egress_bytes_per_s is not None:
-            _check(self.egress_bytes_per_s >= 1024, "egress_bytes_per_s", ">= 1024 or None", self.egress_bytes_per_s)
-        _check(1 <= self.versions_kept <= 64, "versions_kept", "[1, 64]", self.versions_kept)
-        power_of_two = self.alignment > 0 and self.alignment & (self.alignment - 1) == 0
-        _check(power_of_two and self.alignment <= 1 << 20, "alignment", "a power of two <= 1 MiB", self.alignment)
-        _check(1 <= self.commit_threads <= 64, "commit_threads", "[1, 64]", self.commit_threads)
-        _check(1 <= self.max_connections <= 65536, "max_connections", "[1, 65536]", self.max_connections)
-        _check(1 <= self.max_handshakes <= 65536, "max_handshakes", "[1, 65536]", self.max_handshakes)
-        _check(0 < self.handshake_timeout_s <= 60, "handshake_timeout_s", "in (0, 60]", self.handshake_timeout_s)
-        _check(isinstance(self.keep_connections, bool), "keep_connections", "True or False", self.keep_connections)
-        _check(0 < self.connection_idle_s <= 86400, "connection_idle_s", "in (0, 86400]", self.connection_idle_s)
-        _check(0 < self.relay_poll_s <= 60, "relay_poll_s", "in (0, 60]", self.relay_poll_s)
+        for name in ("send_timeout_s", "frame_timeout_s", "lease_timeout_s", "connect_timeout_s", "resolve_timeout_s"):
+            require(0 < getattr(self, name) <= _MAX_TIMEOUT_S, name, bound, getattr(self, name))
+        require(0 < self.handshake_timeout_s <= 60, "handshake_timeout_s", "in (0, 60]", self.handshake_timeout_s)
+
+    @property
+    def relay_poll_ms(self) -> int:
+        """relay_poll_s as the native puller takes it."""
+        return max(1, round(self.relay_poll_s * 1000))
+
+    def require_secret(self) -> bytes:
+        """The secret servers and pullers use: the configured one, else this process's own
+        (an empty one only where allow_no_secret asked for it)."""
+        if self.secret is not None:
+            return self.secret
+        if not is_loopback(self.bind_host):
+            # peers on other machines must share the secret: this process's own would do no good
+            raise ValueError(f"secret: required when bind_host ({self.bind_host}) is not a loopback address; "
+                             "a run hands its processes one (run_secret()); elsewhere set TransferConfig(secret=...) "
+                             "or RLBOOST_SECRET")
+        return process_secret()
 
 
-def _check(ok: bool, field: str, allowed: str, got: object) -> None:
-    if not ok:
-        raise ValueError(f"{field}: must be {allowed}, got {got!r}")
+def check_range(name: str, value: int | float, low: int | float, high: int | float) -> None:
+    require(low <= value <= high, name, f"[{low}, {high}]", value)
 
 
 def node_ip() -> str | None:

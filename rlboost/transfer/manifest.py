@@ -17,7 +17,7 @@ from rlboost.errors import ProtocolError
 FORMAT_VERSION = 1
 MAX_TENSORS = 1 << 20
 MAX_TABLE_BYTES = 64 << 20  # the native manifest's metadata bound
-MAX_TOTAL_BYTES = 1 << 52  # the most chunks times the largest chunk the native core accepts
+MAX_TOTAL_BYTES = 1 << 50  # the most chunks times the largest chunk the native core accepts
 MAX_ALIGNMENT = 1 << 30
 MAX_DIMS = 64
 
@@ -47,7 +47,7 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """The layout of one weight version, plus its chunk checksums once published.
+    """The layout of one weight version, plus its chunk tags once published.
 
     Example::
 
@@ -60,7 +60,7 @@ class Manifest:
     total_bytes: int
     alignment: int = 4096
     chunk_bytes: int = 0  # set when published
-    chunk_crcs: tuple[int, ...] = ()  # crc32c per chunk, set when published
+    chunk_tags: bytes = b""  # 16 bytes per chunk (the native core's integrity tags), set when published
     format_version: int = FORMAT_VERSION
 
     @classmethod
@@ -100,8 +100,8 @@ class Manifest:
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.tensors)
 
-    def with_chunks(self, version: int, chunk_bytes: int, crcs: Iterable[int]) -> "Manifest":
-        return replace(self, version=version, chunk_bytes=chunk_bytes, chunk_crcs=tuple(crcs))
+    def with_chunks(self, version: int, chunk_bytes: int, tags: bytes) -> "Manifest":
+        return replace(self, version=version, chunk_bytes=chunk_bytes, chunk_tags=bytes(tags))
 
     def to_bytes(self) -> bytes:
         """The tensor table as UTF-8 JSON (the chunk table travels in the native manifest)."""
@@ -114,7 +114,7 @@ class Manifest:
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes, version: int, chunk_bytes: int = 0, crcs: Iterable[int] = ()) -> "Manifest":
+    def from_bytes(cls, data: bytes, version: int, chunk_bytes: int = 0, tags: bytes = b"") -> "Manifest":
         """Parses and validates a tensor table; ProtocolError (and only that) when anything is off."""
         if len(data) > MAX_TABLE_BYTES:
             raise ProtocolError(f"manifest tensor table of {len(data)} bytes exceeds {MAX_TABLE_BYTES}")
@@ -128,7 +128,7 @@ class Manifest:
                 raise ProtocolError(f"manifest tensors must be a list of at most {MAX_TENSORS} entries")
             m = cls(version=version, tensors=tuple(_parse_spec(t) for t in table),
                     total_bytes=fields["total_bytes"], alignment=fields["alignment"],
-                    chunk_bytes=chunk_bytes, chunk_crcs=tuple(crcs))
+                    chunk_bytes=chunk_bytes, chunk_tags=bytes(tags))
         except ProtocolError:
             raise
         # RecursionError: deeply nested JSON; OverflowError: numbers like 1e400 reaching int().

@@ -1,6 +1,6 @@
 """WeightPublisher: the trainer side. Each version is copied once into a shared-memory
 staging region and served from there by a native weight server; publishing returns as
-soon as the copy and the chunk checksums are done.
+soon as the copy and the chunk tags (the integrity check pullers verify) are done.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from rlboost import _C
 from rlboost.errors import TransferClosed
 from rlboost.transfer import descriptors
 from rlboost.transfer.closing import Closing
-from rlboost.transfer.config import TransferConfig, advertised_host, format_address
+from rlboost.transfer.config import ServerConfig, TransferConfig, advertised_host, format_address
 from rlboost.transfer.manifest import Manifest
+from rlboost.transfer.server import start_server
 
 
 class WeightPublisher(Closing):
@@ -25,16 +26,14 @@ class WeightPublisher(Closing):
     Staging views stay valid until the version is retired (``versions_kept`` newer ones).
     """
 
-    def __init__(self, config: TransferConfig | None = None):
-        self.config = config if config is not None else TransferConfig()
-        c = self.config
-        self._store = _C.VersionStore(c.versions_kept)
-        self._server = _C.WeightServer(
-            self._store, c.bind_host, c.port, c.secret,
-            egress_bytes_per_s=c.egress_bytes_per_s or 0, max_connections=c.max_connections,
-            handshake_timeout_s=c.handshake_timeout_s, max_handshakes=c.max_handshakes,
-            send_timeout_s=c.send_timeout_s,
-        )
+    def __init__(self, config: TransferConfig | None = None, server: ServerConfig | None = None):
+        """`server`: this publisher's role limits (default: ``config.publisher``, the
+        trainer's; a sample sender passes ``config.handoff``)."""
+        self.config = config = config if config is not None else TransferConfig()
+        self.server_config = server if server is not None else config.publisher
+        secret = config.require_secret()
+        self._store = _C.VersionStore(versions_kept=self.server_config.versions_kept, secret=secret)
+        self._server = start_server(self._store, config, self.server_config, secret)
         self._staged: dict[int, tuple[Manifest, object]] = {}
         self._closed = False
 
@@ -72,7 +71,7 @@ class WeightPublisher(Closing):
                                         self.config.commit_threads)
         finally:
             self.discard(version)
-        return manifest.with_chunks(version, native.chunk_bytes, native.crcs)
+        return manifest.with_chunks(version, native.chunk_bytes, native.tags)
 
     def publish(self, version: int, named_tensors: Mapping[str, torch.Tensor]) -> Manifest:
         """Copies tensors (any device) into staging and serves them as `version`."""
@@ -95,11 +94,14 @@ class WeightPublisher(Closing):
         self._store.retire(version, self.config.request_timeout_s if timeout is None else timeout)
 
     def stats(self) -> dict:
-        """Server counters: bytes_sent, chunks_sent, auth_failures, protocol_errors, ..."""
-        return self._server.stats()
+        """Server counters (bytes_sent, chunks_sent, auth_failures, protocol_errors, ...),
+        plus held_bytes: the memory of every version held (served, still read, staged)."""
+        out = self._server.stats()
+        out["held_bytes"] = self._store.held_bytes()
+        return out
 
     def corrupt_byte_for_tests(self, version: int, offset: int) -> None:
-        """Flips one served byte in place; only for tests of checksum handling."""
+        """Flips one served byte in place; only for tests of integrity checks."""
         self._store.corrupt_byte_for_tests(version, offset)
 
     def close(self) -> None:
@@ -112,3 +114,4 @@ class WeightPublisher(Closing):
     def _check_open(self) -> None:
         if self._closed:
             raise TransferClosed("publisher is closed")
+

@@ -1,11 +1,12 @@
 """PullHandle (prepare -> start -> wait) and PulledWeights (the named tensor views over
-a received buffer)."""
+a received buffer). A handle reports to the puller that prepared it through PullHooks,
+so this module needs nothing of puller.py."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -13,9 +14,6 @@ from rlboost.errors import TransferError, TransferTimeout
 from rlboost.transfer import descriptors
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.progress import ProgressCallback, TqdmProgress
-
-if TYPE_CHECKING:
-    from rlboost.transfer.puller import WeightPuller
 
 
 class PulledWeights(Mapping[str, torch.Tensor]):
@@ -45,18 +43,29 @@ class PulledWeights(Mapping[str, torch.Tensor]):
         return f"PulledWeights(version={self.version}, tensors={len(self)}, bytes={self.manifest.total_bytes})"
 
 
+@dataclass(frozen=True, slots=True)
+class PullHooks:
+    """What a pull tells the puller that prepared it."""
+
+    register_relay: Callable[["PullHandle"], tuple[object | None, int]]  # -> (relay store, registration)
+    retire: Callable[[int], None]  # the pull could not start: stop relaying its version
+    failed: Callable[["PullHandle", bytes], None]  # held-chunk bitmap, for a resumed pull
+    succeeded: Callable[[int], None]
+
+
 class PullHandle:
     """One pull in progress: ``start()`` returns at once, ``wait(timeout)`` collects it."""
 
-    def __init__(self, owner: "WeightPuller", native_puller, plan, manifest: Manifest,
+    def __init__(self, hooks: PullHooks, native_puller, plan, manifest: Manifest,
                  buffer: torch.Tensor, region: object | None, seed: bytes,
                  progress: ProgressCallback | bool | None):
         self.manifest = manifest
         self.version = manifest.version
         self.buffer = buffer
-        self._owner = owner
+        self._hooks = hooks
         self._native = native_puller
         self._plan = plan
+        self.native_manifest = plan.manifest  # what relaying this version serves
         # "host:port: reason" for each source left out when the version was resolved.
         self.skipped_sources: list[str] = list(plan.skipped)
         self._region = region
@@ -82,13 +91,13 @@ class PullHandle:
         """Starts moving bytes in native threads and returns immediately."""
         if self._job is not None:
             raise ValueError("pull already started")
-        relay, registration = self._owner._register_relay(self)
+        relay, registration = self._hooks.register_relay(self)
         addr, nbytes = descriptors.describe(self.buffer)
         try:
             self._job = self._native.start(self._plan, addr, nbytes, relay, registration, self._seed,
                                            keepalive=(self.buffer, self._region))
         except BaseException:
-            self._owner.retire(self.version)
+            self._hooks.retire(self.version)
             raise
         self._plan = None
         return self
@@ -124,9 +133,9 @@ class PullHandle:
         try:
             self._job.raise_if_failed()
         except TransferError:
-            self._owner._remember_failed(self, self._job.held_bitmap())
+            self._hooks.failed(self, self._job.held_bitmap())
             raise
-        self._owner._forget_failed(self.version)
+        self._hooks.succeeded(self.version)
         self._result = PulledWeights(self.manifest, self.buffer, self._region, self.stats())
         return self._result
 
@@ -150,8 +159,9 @@ class PullHandle:
             self._job.cancel()
 
     def stats(self) -> dict:
-        """chunk_requests, chunks_fetched, refetched, per source bytes/chunks/errors, and
-        skipped_sources (left out when the version was resolved)."""
+        """chunk_requests, chunks_fetched, refetched, per source bytes/chunks/
+        integrity_failures/errors, and skipped_sources (left out when the version was
+        resolved)."""
         out = self._job.stats() if self._job is not None else {}
         out["skipped_sources"] = list(self.skipped_sources)
         return out

@@ -18,7 +18,8 @@ from rlboost.transfer.closing import Closing
 from rlboost.transfer.config import TransferConfig, advertised_host, format_address, parse_address
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.progress import ProgressCallback
-from rlboost.transfer.pulled import PulledWeights, PullHandle
+from rlboost.transfer.pulled import PulledWeights, PullHandle, PullHooks
+from rlboost.transfer.server import start_server
 
 Into = torch.Tensor | PulledWeights | None
 
@@ -27,27 +28,26 @@ class WeightPuller(Closing):
     """Pulls weight versions from one or more sources ("host:port")."""
 
     def __init__(self, sources: str | Sequence[str] = (), config: TransferConfig | None = None):
-        self.config = config if config is not None else TransferConfig()
+        self.config = config = config if config is not None else TransferConfig()
+        self._secret = config.require_secret()
         self._sources = self._parse(sources)
         self._relayed: dict[int, tuple[torch.Tensor, object | None]] = {}
         # Relayed versions left behind while peers still read them: served until their
         # last read ends, then released (see _spare_for).
         self._retiring: set[int] = set()
-        self._failed: dict[int, tuple[torch.Tensor, object | None, bytes, tuple[int, ...]]] = {}
+        self._failed: dict[int, tuple[torch.Tensor, object | None, bytes, bytes]] = {}
         self._handles: weakref.WeakSet[PullHandle] = weakref.WeakSet()
         self._closed = False
         self._relay_store = self._relay_server = None
+        self._hooks = PullHooks(register_relay=self._register_relay, retire=self.retire,
+                                failed=self._remember_failed, succeeded=self._forget_failed)
         c = self.config
         # Per source: one connection per stream, the control one and a long-poll one.
-        self._pool = _C.ConnectionPool(c.streams + 2, c.connection_idle_s) if c.keep_connections else None
+        self._pool = (_C.ConnectionPool(max_idle_per_source=c.streams + 2, max_idle_s=c.connection_idle_s)
+                      if c.keep_connections else None)
         if c.relay:
-            self._relay_store = _C.VersionStore(c.versions_kept)
-            self._relay_server = _C.WeightServer(
-                self._relay_store, c.bind_host, c.relay_port, c.secret,
-                egress_bytes_per_s=c.egress_bytes_per_s or 0, max_connections=c.max_connections,
-                handshake_timeout_s=c.handshake_timeout_s, max_handshakes=c.max_handshakes,
-                send_timeout_s=c.send_timeout_s,
-            )
+            self._relay_store = _C.VersionStore(versions_kept=c.relay_server.versions_kept, secret=self._secret)
+            self._relay_server = start_server(self._relay_store, c, c.relay_server, self._secret)
 
     # ---- sources -----------------------------------------------------------------
     @property
@@ -87,16 +87,14 @@ class WeightPuller(Closing):
         self._check_open()
         addrs = self._parse(sources) if sources is not None else self._sources
         c = self.config
-        native = _C.Puller(addrs, c.secret, c.transport, c.streams, c.max_in_flight,
-                           c.request_timeout_s, c.connect_timeout_s, c.reconnect_attempts, self._self_id,
-                           pool=self._pool, relay_poll_s=c.relay_poll_s)
+        native = self._native(addrs, c.streams, c.max_in_flight, c.reconnect_attempts)
         plan = native.resolve(-1 if version is None else version, c.request_timeout_s, c.resolve_timeout_s)
         nm = plan.manifest
-        manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.crcs)
+        manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.tags)
         if manifest.total_bytes != nm.total_bytes:
             raise ProtocolError("tensor table and chunk table disagree on the payload size")
         buffer, region, seed = self._destination(manifest, into)
-        handle = PullHandle(self, native, plan, manifest, buffer, region, seed, progress)
+        handle = PullHandle(self._hooks, native, plan, manifest, buffer, region, seed, progress)
         self._handles.add(handle)
         return handle
 
@@ -115,9 +113,8 @@ class WeightPuller(Closing):
         """The newest version any source holds complete."""
         self._check_open()
         c = self.config
-        native = _C.Puller(self._sources, c.secret, c.transport, 1, 1, c.request_timeout_s,
-                           c.connect_timeout_s, 0, self._self_id, pool=self._pool)
-        return native.resolve(-1, c.request_timeout_s, c.resolve_timeout_s).manifest.version
+        return self._native(self._sources, 1, 1, 0).resolve(-1, c.request_timeout_s,
+                                                              c.resolve_timeout_s).manifest.version
 
     # ---- relay -------------------------------------------------------------------
     @property
@@ -165,6 +162,13 @@ class WeightPuller(Closing):
         self._failed.clear()
 
     # ---- internals used by PullHandle ----------------------------------------------
+    def _native(self, sources: list[tuple[str, int]], streams: int, max_in_flight: int, reconnects: int):
+        c = self.config
+        return _C.Puller(sources=sources, secret=self._secret, transport=c.transport, streams=streams,
+                         max_in_flight=max_in_flight, request_timeout_s=c.request_timeout_s,
+                         connect_timeout_s=c.connect_timeout_s, reconnect_attempts=reconnects,
+                         self_server_id=self._self_id, pool=self._pool, relay_poll_ms=c.relay_poll_ms)
+
     @property
     def _self_id(self) -> int:
         """This process's relay server id, so it never pulls from itself (0: no relay)."""
@@ -180,11 +184,10 @@ class WeightPuller(Closing):
         # Versions beyond versions_kept go at once unless peers are reading them; those
         # are served until their reads end rather than waited for.
         kept = [v for v in sorted(self._relayed) if v not in self._retiring]
-        for v in kept[: max(0, len(kept) - self.config.versions_kept + 1)]:
+        for v in kept[: max(0, len(kept) - self.config.relay_server.versions_kept + 1)]:
             if not self._retire_if_idle(v):
                 self._retiring.add(v)
-        nm = _C.Manifest(handle.version, handle.manifest.total_bytes, handle.manifest.chunk_bytes,
-                         list(handle.manifest.chunk_crcs), handle.manifest.to_bytes())
+        nm = handle.native_manifest
         if handle._region is not None:
             registration = self._relay_store.add_partial(nm, handle._region)
         else:
@@ -194,7 +197,7 @@ class WeightPuller(Closing):
         return self._relay_store, registration
 
     def _remember_failed(self, handle: PullHandle, held: bytes) -> None:
-        self._failed[handle.version] = (handle.buffer, handle._region, held, handle.manifest.chunk_crcs)
+        self._failed[handle.version] = (handle.buffer, handle._region, held, handle.manifest.chunk_tags)
 
     def _forget_failed(self, version: int) -> None:
         self._failed.pop(version, None)
@@ -202,7 +205,7 @@ class WeightPuller(Closing):
     def _destination(self, manifest: Manifest, into: Into) -> tuple[torch.Tensor, object | None, bytes]:
         total = manifest.total_bytes
         failed = self._failed.get(manifest.version)
-        resumable = failed is not None and failed[3] == manifest.chunk_crcs
+        resumable = failed is not None and failed[3] == manifest.chunk_tags
         region = None
         if into is None:
             if resumable:

@@ -24,7 +24,7 @@ from rlboost.migration.state import SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.transfer import TransferConfig, WeightPublisher
+from rlboost.transfer import TransferConfig, WeightPublisher, new_secret
 
 TOK = ByteTokenizer()
 
@@ -97,10 +97,11 @@ def _reference(model_dir, weights, step, prompts, params=None):
 @contextlib.contextmanager
 def _running_fleet(ctl, ckpt, weights, ledger, rec, now):
     """Version 1 published, a reserved and a preemptible instance up at it; closes all."""
-    with WeightPublisher(TransferConfig()) as pub:
+    transfer = TransferConfig(secret=new_secret())  # the run's secret, shared with its instances
+    with WeightPublisher(transfer) as pub:
         pub.publish(1, weights)
         ray.get(ctl.set_weight_version.remote(1))
-        template = InstanceSpec(instance_id="t", kind="preemptible", transfer=TransferConfig(), model_dir=str(ckpt),
+        template = InstanceSpec(instance_id="t", kind="preemptible", transfer=transfer, model_dir=str(ckpt),
                                 rollout=RolloutConfig(capacity=4, embedded=EmbeddedEngineConfig(num_blocks=64)),
                                 sources=(pub.address,))
         fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, now)

@@ -19,7 +19,7 @@ from rlboost.errors import TransferTimeout
 from rlboost.models import build_tiny_checkpoint
 from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.embedded.config import EmbeddedEngineConfig
-from rlboost.transfer import TransferConfig, WeightPublisher, WeightPuller
+from rlboost.transfer import ServerConfig, TransferConfig, WeightPublisher, WeightPuller
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,8 @@ def _spec(tmp_path, sources, transfer) -> InstanceSpec:
 def _stalled_publisher() -> WeightPublisher:
     """Serves 4 KiB chunks at 1 KiB/s: a puller that waits 0.5 s per chunk fails with its
     own TransferTimeout."""
-    pub = WeightPublisher(TransferConfig(secret=b"s", chunk_bytes=4096, egress_bytes_per_s=1024, relay=False))
+    pub = WeightPublisher(TransferConfig(secret=b"s", chunk_bytes=4096, publisher=ServerConfig(egress_bytes_per_s=1024),
+                                         relay=False))
     pub.publish(1, {"w": torch.zeros(64 << 10, dtype=torch.uint8)})
     return pub
 

@@ -1,8 +1,7 @@
 """Controller tests: handoff endpoints opened by the fakes are closed after each test."""
 
-import pytest
-
 import controller_fakes
+import pytest
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ import os
 
 import pytest
 import ray
-
 from controller_fakes import engine_config, uninterrupted
+
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.clock import MonotonicClock
 from rlboost.controller.config import ControllerConfig
@@ -15,6 +15,7 @@ from rlboost.errors import RolloutError
 from rlboost.rollout.emulated.engine import KV_LAYOUT, EmulatedEngine
 from rlboost.rollout.handoff.endpoint import MigratingEngine
 from rlboost.sim import make_groups
+from rlboost.transfer import TransferConfig, new_secret
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +36,10 @@ def test_a_step_over_ray_actors_survives_a_killed_instance(ray_session):
         ControllerConfig(poll_interval_s=0.02, idle_timeout_s=30.0, call_timeout_s=10.0, migrate_with_kv=True),
         "reference", ReferenceWindowConfig(initial_window_s=0.2, floor_s=0.0))
     engines = {}
+    transfer = TransferConfig(secret=new_secret())  # the run's secret: engines pull pages from each other
     config = engine_config(max_running=8, sample_tokens_per_s=20.0)
     for name, kind in (("reserved-0", "reserved"), ("spot-0", "preemptible"), ("spot-1", "preemptible")):
-        engines[name] = engine_actor.remote(lambda: EmulatedEngine(config, clock=MonotonicClock()))
+        engines[name] = engine_actor.remote(lambda: EmulatedEngine(config, clock=MonotonicClock()), transfer)
         ray.get(engines[name].load_weights.remote({}, 0))
         info = InstanceInfo(instance_id=name, kind=kind, capacity=8, kv_layout=KV_LAYOUT)
         lease = ray.get(ctl.register.remote(info, engines[name]))

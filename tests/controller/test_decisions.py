@@ -2,9 +2,9 @@
 placement and a step that cannot finish. Nothing is carried out here; that is the service's."""
 
 from table_fakes import FakeScene
+
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.decisions import (AskForReserved, CloseWindow, FailStep, ReopenWindow, RolloutDone,
-                                          StepDecisions)
+from rlboost.controller.decisions import AskForReserved, CloseWindow, FailStep, ReopenWindow, RolloutDone, StepDecisions
 from rlboost.controller.estimates import LengthModel, RateModel
 from rlboost.controller.router import RouterConfig
 from rlboost.errors import StepFailed

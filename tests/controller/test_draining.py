@@ -5,13 +5,13 @@ unfinished when that time comes (the router alone, then the driver loop on virtu
 import dataclasses
 
 import pytest
-
 from controller_fakes import add_instance, outputs, run_step, uninterrupted
+from test_service import config, later, scenario, window
+
 from rlboost.controller.estimates import RateModel
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import InstanceView, Router, RouterConfig
 from rlboost.sim import make_groups
-from test_service import config, later, scenario, window
 
 NO_STOP = dict(stop_probability=1e-12)  # samples run to max_new_tokens: lengths are known
 

@@ -9,6 +9,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))  # the shared contract suite
 
 from engine_contract import ContractTarget, EngineContract  # noqa: E402
+
 from rlboost.rollout.emulated.engine import EmulatedEngine, EmulatedEngineConfig  # noqa: E402
 
 VERSION = 3

@@ -5,6 +5,7 @@ poll comes back as a lost instance."""
 import asyncio
 
 from table_fakes import FakeScene
+
 from rlboost.controller.intake import Intake
 from rlboost.controller.step import Outcome
 from rlboost.errors import PeerLost

@@ -4,6 +4,7 @@ samples, and what they return (finished samples, lost instances) instead of call
 import asyncio
 
 from table_fakes import FakeScene
+
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.intake import Intake
 from rlboost.controller.mover import SampleMover

@@ -2,9 +2,16 @@
 
 import pytest
 
-from rlboost.controller.offload import (AdaptiveWindow, AdaptiveWindowConfig, ReferenceWindowConfig,
-                                        ReferenceWindowRule, StepObservation, WindowContext,
-                                        ideal_step_time, make_policy)
+from rlboost.controller.offload import (
+    AdaptiveWindow,
+    AdaptiveWindowConfig,
+    ReferenceWindowConfig,
+    ReferenceWindowRule,
+    StepObservation,
+    WindowContext,
+    ideal_step_time,
+    make_policy,
+)
 
 
 def ctx(elapsed=10.0, generated=0, remaining=1000.0, local=100.0, remote=50.0, n=2):

@@ -7,14 +7,13 @@ import time
 
 import pytest
 import torch
+from controller_fakes import engine_config, outputs, uninterrupted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller_fakes import engine_config, outputs, uninterrupted
 from rlboost.controller.clock import MonotonicClock, run_virtual
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.offload import (AdaptiveWindow, AdaptiveWindowConfig, ReferenceWindowConfig,
-                                        ReferenceWindowRule)
+from rlboost.controller.offload import AdaptiveWindow, AdaptiveWindowConfig, ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
 from rlboost.controller.service import RolloutService

@@ -3,8 +3,8 @@ samples, offers them elsewhere, fails the step naming them if nobody takes them,
 every instance. Only failed calls lose an instance (and a live one is told to drop its samples)."""
 
 import pytest
-
 from controller_fakes import RecordingEngineForTests, add_instance, outputs, run_service, run_step, uninterrupted
+
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import GROUP_STRIDE, PromptGroup
@@ -107,6 +107,7 @@ def test_a_lost_engine_that_may_still_run_is_told_to_drop_its_samples():
 
     async def body(svc, clock, log):
         from controller_fakes import engine_config
+
         from rlboost.controller.records import InstanceInfo
         from rlboost.rollout.emulated.engine import EmulatedEngine
 

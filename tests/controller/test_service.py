@@ -1,9 +1,16 @@
 """The driver loop on virtual time, with recording engines: joins, notices, deaths, gating, windows."""
 
 import pytest
+from controller_fakes import (
+    RecordingEngineForTests,
+    add_instance,
+    engine_config,
+    outputs,
+    run_service,
+    run_step,
+    uninterrupted,
+)
 
-from controller_fakes import (RecordingEngineForTests, add_instance, engine_config, outputs, run_service, run_step,
-                              uninterrupted)
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import InstanceInfo

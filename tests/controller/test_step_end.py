@@ -4,6 +4,7 @@ while to answer (as Ray calls do), so the next step starts clean, whatever ids i
 import asyncio
 
 from controller_fakes import engine_config, outputs, run_step, uninterrupted
+
 from rlboost.controller.adapters import InProcessEngine
 from rlboost.controller.clock import run_virtual
 from rlboost.controller.config import ControllerConfig

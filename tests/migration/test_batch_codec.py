@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from rlboost import _C
 from rlboost.errors import ProtocolError
-from rlboost.migration.batch import (MigrationBatch, pack_batch, pack_batch_into, packed_batch_nbytes,
-                                     unpack_batch)
+from rlboost.migration.batch import MigrationBatch, pack_batch, pack_batch_into, packed_batch_nbytes, unpack_batch
 from rlboost.migration.kv import KVLayout, gather_pages, scatter_pages
 from rlboost.migration.state import RequestState, SamplingParams, pack_states
 

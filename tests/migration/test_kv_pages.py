@@ -12,9 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlboost import _C
-from rlboost.migration.kv import (KVLayout, gather_pages, gather_pages_batch, scatter_pages,
-                                  scatter_pages_batch)
+from rlboost.migration.kv import KVLayout, gather_pages, gather_pages_batch, scatter_pages, scatter_pages_batch
 
 DTYPES = ["float32", "float16", "bfloat16"]
 

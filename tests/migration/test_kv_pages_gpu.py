@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlboost.migration.kv import (KVLayout, gather_pages, gather_pages_batch, scatter_pages,
-                                  scatter_pages_batch)
+from rlboost.migration.kv import KVLayout, gather_pages, gather_pages_batch, scatter_pages, scatter_pages_batch
 
 from .test_kv_pages import reference_gather, reference_scatter
 

@@ -7,8 +7,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rlboost.models import (ByteTokenizer, ModelConfig, build_tiny_checkpoint, checkpoint_files,
-                            load_pretrained, save_pretrained)
+from rlboost.models import (
+    ByteTokenizer,
+    ModelConfig,
+    build_tiny_checkpoint,
+    checkpoint_files,
+    load_pretrained,
+    save_pretrained,
+)
 
 ARCHS = ["llama", "qwen2", "qwen3"]
 

@@ -45,10 +45,12 @@ def test_gpu_recipe_runs_nccl_on_cuda(secret):
     assert apply_overrides(config, ["cluster.address=10.0.0.1:6379"]).cluster.address == "10.0.0.1:6379"
 
 
-def test_gpu_recipe_refuses_to_build_without_a_secret(monkeypatch):
+def test_gpu_recipe_builds_without_a_secret_but_serves_only_with_the_runs(monkeypatch):
     monkeypatch.delenv("RLBOOST_SECRET", raising=False)
+    config = get_recipe("qwen3_gpu")  # the run draws its secret and hands it to its processes
+    assert config.transfer.secret is None
     with pytest.raises(ValueError, match="secret"):
-        get_recipe("qwen3_gpu")
+        config.transfer.require_secret()  # no server listens on every interface without one
 
 
 def test_unknown_recipe_names_the_known_ones():

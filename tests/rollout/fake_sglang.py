@@ -35,15 +35,14 @@ import json
 import pickle
 import threading
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from types import SimpleNamespace
 
+import fake_sglang_model as model
 import numpy as np
 import torch.multiprocessing  # noqa: F401  (registers the tensor reductions SGLang's serializer uses)
-from multiprocessing.reduction import ForkingPickler
 from safetensors.torch import load_file
-
-import fake_sglang_model as model
 
 SERVER_ARGS = {"model_path": None, "tp_size": 1, "mem_fraction_static": None, "dtype": "auto",
                "stream_interval": 1, "skip_tokenizer_init": False, "enable_deterministic_inference": False,

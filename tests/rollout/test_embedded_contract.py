@@ -1,8 +1,8 @@
 """The embedded torch engine passes the RolloutEngine contract on a tiny checkpoint."""
 
 import pytest
-
 from engine_contract import ContractTarget, EngineContract
+
 from rlboost.models import ModelConfig, load_pretrained
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 

@@ -4,8 +4,8 @@ first KV export."""
 
 import pytest
 import torch
-
 from engine_contract import Collected, collect, make_state, poll_until
+
 from rlboost import _C
 from rlboost.errors import RolloutError
 from rlboost.rollout.embedded import engine as embedded

@@ -6,8 +6,8 @@ import threading
 import numpy as np
 import pytest
 import torch
-
 from engine_contract import Collected, absorb, collect, make_state, run_alone
+
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.kv import KVLayout

@@ -3,8 +3,8 @@ between a CPU engine and a GPU engine with their KV pages."""
 
 import pytest
 import torch
-
 from engine_contract import Collected, absorb, collect, make_state, run_alone
+
 from rlboost.migration.batch import pack_batch, unpack_batch
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 

@@ -2,13 +2,13 @@
 from the source's sender to the destination, only tickets and token-only states come back."""
 
 import pytest
-
 from engine_contract import Collected, collect, make_state, poll_until
+
 from rlboost.errors import HandoffFailed, RolloutError
 from rlboost.migration.state import RequestState
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.rollout.handoff.endpoint import MigratingEngine
 from rlboost.rollout.engine import RolloutEngine
+from rlboost.rollout.handoff.endpoint import MigratingEngine
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 import torch
-
 from fake_sglang import FAKES
 
 PARAMS = {"max_new_tokens": 400, "temperature": 1.0}

@@ -14,11 +14,12 @@ import threading
 
 import pytest
 import torch
-
 from engine_contract import Collected, collect, make_state, poll_until
+
 from rlboost.errors import HandoffFailed, PeerLost, ProtocolError, RolloutError, TransferTimeout
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.rollout.handoff.migrate import Handoff, SampleReceiver, SampleSender, TransferChannel, migrate
+from rlboost.transfer import TransferConfig
 
 MAX_NEW = 40
 
@@ -236,12 +237,15 @@ def test_a_ticket_that_does_not_match_its_payload_loses_nothing(make, reference)
     assert_matches(out, reference)
 
 
+SECRET = b"handoff-test-secret"  # shared by the source and the destination process
+
+
 def destination_process(ckpt: str, weight_version: int, tickets, results) -> None:
     """A destination engine in its own process: receive one ticket, run its samples out."""
     torch.set_num_threads(1)
     config = EmbeddedEngineConfig(model_dir=ckpt, stream_interval=1, weight_version=weight_version)
     try:
-        with EmbeddedEngine(config) as dst, SampleReceiver() as receiver:
+        with EmbeddedEngine(config) as dst, SampleReceiver(TransferConfig(secret=SECRET, relay=False)) as receiver:
             ticket = tickets.get(timeout=120)
             try:
                 result = receiver.receive(dst, ticket, timeout=60)
@@ -283,7 +287,7 @@ def test_samples_move_to_another_process(make, reference, destination, mode):
     tickets, results = destination()
     src = make()
     out = started(src)
-    with SampleSender() as sender:
+    with SampleSender(TransferConfig(secret=SECRET)) as sender:
         ticket = sender.send(src, [0, 1, 2, 404], mode=mode)
         assert ticket.sample_ids == (0, 1, 2) and src.load().running + src.load().queued == 0
         tickets.put(ticket)
@@ -300,7 +304,7 @@ def test_samples_refused_by_another_process_come_back(make, reference, destinati
     tickets, results = destination(weight_version=5)
     src = make()
     out = started(src)
-    with SampleSender() as sender:
+    with SampleSender(TransferConfig(secret=SECRET)) as sender:
         ticket = sender.send(src, [0, 1, 2], mode="kv")
         tickets.put(ticket)
         assert results.get(timeout=120) == ("refused", (0, 1, 2))
@@ -324,12 +328,12 @@ def test_migration_cost_bench_runs_in_quick_mode():
 
 
 def test_a_stalled_channel_times_out_and_the_samples_go_back(make, reference):
-    from rlboost.transfer import TransferConfig
+    from rlboost.transfer import ServerConfig, TransferConfig
 
     src, dst = make(), make()
     out = started(src)
     # a server capped at 1 KiB/s needs minutes for these pages: the handoff must not wait for it
-    slow = TransferConfig(relay=False, egress_bytes_per_s=1024, request_timeout_s=2.0)
+    slow = TransferConfig(relay=False, publisher=ServerConfig(egress_bytes_per_s=1024), request_timeout_s=2.0)
     with TransferChannel(slow) as channel:
         with pytest.raises(HandoffFailed) as info:
             migrate(src, dst, [0, 1, 2], mode="kv", channel=channel, ship_timeout_s=0.5)
@@ -341,11 +345,11 @@ def test_a_stalled_channel_times_out_and_the_samples_go_back(make, reference):
 
 
 def test_a_full_sender_refuses_before_draining_instead_of_evicting_a_batch(make):
-    from rlboost.transfer import TransferConfig
+    from rlboost.transfer import ServerConfig, TransferConfig
 
     src = make()
     src.submit(states(n=3))
-    with SampleSender(TransferConfig(versions_kept=2)) as sender:
+    with SampleSender(TransferConfig(handoff=ServerConfig(versions_kept=2))) as sender:
         first, second = sender.send(src, [0], mode="kv"), sender.send(src, [1], mode="kv")
         with pytest.raises(RolloutError, match="versions_kept"):
             sender.send(src, [2], mode="kv")

@@ -5,8 +5,8 @@ exactly what they would have generated without moving."""
 import random
 
 import pytest
-
 from engine_contract import Collected, absorb, collect
+
 from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.rollout.handoff.migrate import migrate

@@ -16,9 +16,9 @@ import importlib.util
 import inspect
 
 import pytest
-
 from engine_contract import Collected, collect, make_state
 from fake_sglang import FAKES, RULES, SAMPLING_KEYS
+
 from rlboost.models import build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.sglang.engine import SGLangEngine, SGLangEngineConfig
 

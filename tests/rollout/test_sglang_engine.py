@@ -8,19 +8,26 @@ import time
 
 import pytest
 import torch
+from engine_contract import (
+    Collected,
+    ContractTarget,
+    EngineContract,
+    absorb,
+    collect,
+    make_state,
+    poll_until,
+    run_alone,
+)
+from fake_sglang import FAKES, ShortContextFake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_contract import (Collected, ContractTarget, EngineContract, absorb, collect, make_state, poll_until,
-                             run_alone)
-from fake_sglang import FAKES, ShortContextFake
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.models import ModelConfig, load_pretrained
 from rlboost.rollout.sglang import weights as sglang_weights
 from rlboost.rollout.sglang.engine import SGLangEngine, SGLangEngineConfig
-from rlboost.rollout.sglang.requests import (SGLangSample, cut_at_stop, finish_of, new_entries, request_id,
-                                             sampling_seed)
+from rlboost.rollout.sglang.requests import SGLangSample, cut_at_stop, finish_of, new_entries, request_id, sampling_seed
 from rlboost.rollout.sglang.thread import LoopThread
 from rlboost.rollout.sglang.weights import weight_buckets
 

@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from rlboost.trainer.grpo import (GRPOConfig, aggregate, group_advantages, grpo_loss, kl_k3,
-                                  token_logprobs)
+from rlboost.trainer.grpo import GRPOConfig, aggregate, group_advantages, grpo_loss, kl_k3, token_logprobs
 
 LN = math.log
 

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from rlboost.transfer import TransferConfig, WeightPublisher
+from rlboost.transfer import ServerConfig, TransferConfig, WeightPublisher
 
 
 def payload(nbytes: int, seed: int) -> torch.Tensor:
@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=64 << 10)
     ap.add_argument("--secret", default="")
     args = ap.parse_args()
-    cfg = TransferConfig(chunk_bytes=args.chunk, egress_bytes_per_s=args.egress or None,
+    cfg = TransferConfig(chunk_bytes=args.chunk, publisher=ServerConfig(egress_bytes_per_s=args.egress or None),
                          secret=args.secret.encode())
     with WeightPublisher(cfg) as pub:
         pub.publish(1, {"blob": payload(args.nbytes, args.seed)})

@@ -5,7 +5,7 @@ import torch
 
 from rlboost import _C
 from rlboost.errors import ProtocolError, TransferClosed, TransferTimeout
-from rlboost.transfer import WeightPublisher, WeightPuller
+from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 
 from .helpers import BUILT_TRANSPORTS, make_config, wait_for_bytes
 from .wire_client import W, connect, frame, recv_frame
@@ -27,7 +27,7 @@ def test_concurrent_pullers_all_get_exact_bytes(publisher, transport):
 
 def test_hostile_client_during_a_pull_does_not_disturb_it():
     blob = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
-    with WeightPublisher(make_config(egress_bytes_per_s=1_000_000)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=1_000_000))) as pub:
         pub.publish(1, {"blob": blob})
         with WeightPuller(pub.address, make_config(transport="tcp")) as puller:
             handle = puller.prepare(1).start()
@@ -41,7 +41,7 @@ def test_hostile_client_during_a_pull_does_not_disturb_it():
 
 def test_wait_with_timeout_then_wait_again():
     blob = torch.randint(0, 256, (512 << 10,), dtype=torch.uint8)
-    with WeightPublisher(make_config(egress_bytes_per_s=1_000_000)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=1_000_000))) as pub:
         pub.publish(1, {"blob": blob})
         with WeightPuller(pub.address, make_config(transport="tcp")) as puller:
             handle = puller.prepare(1)
@@ -53,7 +53,7 @@ def test_wait_with_timeout_then_wait_again():
 
 
 def test_cancel_ends_the_pull_with_transfer_closed():
-    with WeightPublisher(make_config(egress_bytes_per_s=200_000)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=200_000))) as pub:
         pub.publish(1, {"blob": torch.zeros(4 << 20, dtype=torch.uint8)})
         with WeightPuller(pub.address, make_config(transport="tcp")) as puller:
             handle = puller.prepare(1).start()

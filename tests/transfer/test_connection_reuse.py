@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from rlboost.transfer import WeightPublisher, WeightPuller
+from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 
 from .helpers import SECRET, make_config
 from .wire_client import HostileSourceForTests
@@ -61,7 +61,7 @@ def test_connections_the_source_closed_are_replaced_without_a_failure():
 def test_a_full_server_closes_idle_kept_connections_to_admit_newcomers():
     blob = _blob()
     cfg = make_config(transport="tcp", relay=False, streams=2)
-    with WeightPublisher(make_config(max_connections=3)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(max_connections=3))) as pub:
         pub.publish(1, {"blob": blob})
         first, second = WeightPuller(pub.address, cfg), WeightPuller(pub.address, cfg)
         try:

@@ -15,14 +15,24 @@ from rlboost import _C
 from rlboost.errors import AuthError, ProtocolError
 from rlboost.transfer import WeightPuller
 
-from .helpers import SECRET, make_config
-from .wire_client import (HEADER, W, connect, frame, is_closed_by_peer, proof, recv_exact, recv_frame,
-                          server_handshake_rest)
+from .helpers import make_config
+from .wire_client import (
+    HEADER,
+    W,
+    connect,
+    frame,
+    is_closed_by_peer,
+    proof,
+    recv_exact,
+    recv_frame,
+    server_handshake_rest,
+)
+
 
 def test_server_proves_nothing_to_a_client_that_has_not_proven_itself(served):
     pub, _ = served
     with connect(pub.address) as s:
-        s.sendall(frame(W["hello"], bytes(32)))  # a nonce the client chose
+        s.sendall(frame(W["hello"], bytes(40)))  # a nonce and client id the client chose
         ftype, _, _, body = _C.parse_frame(recv_frame(s))
         assert ftype == W["challenge"] and len(body) == 32  # a fresh nonce, no proof over ours
         s.sendall(frame(W["auth"], proof(b"a guess", b"rlboost-client-proof-v2", bytes(32), body)))
@@ -37,9 +47,9 @@ def test_server_without_the_secret_is_refused(served):
     def impostor() -> None:
         conn, _ = listener.accept()
         with conn:
-            client_nonce = recv_frame(conn)[W["header_bytes"]:]
+            hello = recv_frame(conn)[W["header_bytes"]:]
             try:
-                server_handshake_rest(conn, b"not-the-secret", client_nonce, bytes(32))
+                server_handshake_rest(conn, b"not-the-secret", hello, bytes(32))
                 recv_frame(conn)
             except (ConnectionError, OSError):
                 pass
@@ -64,8 +74,8 @@ def test_old_wire_format_peer_gets_a_typed_error(served):
 
 class WeightSwappingProxyForTests:
     """An on-path attacker between a puller and a real source: forwards every frame, but
-    flips a byte of chunk 0 and rewrites the manifest's crc of chunk 0 (and the manifest's
-    own checksum) to match, so every crc32c the puller checks still agrees."""
+    flips a byte of chunk 0 and rewrites the manifest's tag of chunk 0 (and the manifest's
+    own checksum): without the secret it cannot recompute the manifest's session MAC."""
 
     def __init__(self, upstream: str, payload: bytes):
         self.upstream, self.payload = upstream, payload  # an attacker who saw the bytes
@@ -112,15 +122,14 @@ class WeightSwappingProxyForTests:
                 manifest, mac = body[: len(body) - mac_len], body[len(body) - mac_len:]
                 if _C.crc32c(manifest[:-4], 0) == struct.unpack("<I", manifest[-4:])[0]:
                     self.tampered.set()
-                    return self._swap_crc0(manifest) + mac
+                    return self._swap_tag0(manifest) + mac
         return body
 
-    def _swap_crc0(self, manifest: bytes) -> bytes:
+    def _swap_tag0(self, manifest: bytes) -> bytes:
         m = _C.Manifest.decode(manifest)
-        chunk0 = bytearray(self.payload[: min(m.chunk_bytes, m.total_bytes)])
-        chunk0[0] ^= 0xFF
-        crcs = [_C.crc32c(bytes(chunk0), 0)] + list(m.crcs[1:])
-        return _C.Manifest(m.version, m.total_bytes, m.chunk_bytes, crcs, m.meta).encode()
+        tags = bytes(16) + m.tags[16:]  # the attacker's best guess at chunk 0's new tag
+        return _C.Manifest(version=m.version, total_bytes=m.total_bytes, chunk_bytes=m.chunk_bytes,
+                           tags=tags, meta=m.meta).encode()
 
 
 def test_on_path_weight_swap_is_caught_by_the_manifest_mac(served):

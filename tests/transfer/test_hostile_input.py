@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from rlboost import _C
-from rlboost.errors import AuthError, ChecksumMismatch, PeerLost, ProtocolError, VersionMismatch
+from rlboost.errors import AuthError, IntegrityError, PeerLost, ProtocolError, VersionMismatch
 from rlboost.transfer import WeightPublisher, WeightPuller
 
 from .helpers import SECRET, make_config
-from .wire_client import (W, HostileSourceForTests, client_handshake, connect, frame, is_closed_by_peer,
-                          recv_frame)
+from .wire_client import HostileSourceForTests, W, client_handshake, connect, frame, is_closed_by_peer, recv_frame
 
 
 def good_pull_works(address: str, blob: torch.Tensor) -> None:
@@ -117,11 +116,11 @@ def test_unknown_version_raises_version_mismatch(served):
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_corrupted_chunk_raises_checksum_mismatch(served, transport):
+def test_corrupted_chunk_raises_integrity_error(served, transport):
     pub, blob = served
     pub.corrupt_byte_for_tests(1, 100_000)
     with WeightPuller(pub.address, make_config(transport=transport)) as puller:
-        with pytest.raises(ChecksumMismatch):
+        with pytest.raises(IntegrityError):
             puller.pull(1)
     pub.corrupt_byte_for_tests(1, 100_000)  # flips it back
     good_pull_works(pub.address, blob)
@@ -135,7 +134,7 @@ def test_corrupt_source_is_routed_around_when_another_holds_the_chunk(served):
         with WeightPuller([pub.address, healthy.address], make_config(transport="tcp")) as puller:
             pulled = puller.pull(1)
             assert torch.equal(pulled["blob"], blob)
-            failures = {s["address"]: s["checksum_failures"] for s in pulled.stats["sources"]}
+            failures = {s["address"]: s["integrity_failures"] for s in pulled.stats["sources"]}
             assert failures[healthy.address] == 0
             assert pulled.stats["refetched"] == 0
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlboost.errors import TransferClosed, TransferTimeout
-from rlboost.transfer import WeightPublisher, WeightPuller
+from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 
 from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes
 from .wire_client import HostileSourceForTests
@@ -46,7 +46,7 @@ def test_a_relay_that_never_holds_the_version_does_not_hold_up_pulls(publisher, 
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
 def test_a_relay_that_starts_the_version_during_a_pull_serves_it(transport):
     blob = torch.randint(0, 256, (2 << 20,), dtype=torch.uint8)
-    with WeightPublisher(make_config(egress_bytes_per_s=2_000_000)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=2_000_000))) as pub:
         pub.publish(1, {"blob": blob})
         cfg = make_config(transport=transport)
         with WeightPuller(pub.address, cfg) as late, WeightPuller([pub.address, late.relay_address], cfg) as puller:
@@ -86,7 +86,7 @@ def test_a_peer_that_never_answers_its_long_poll_does_not_hold_up_pulls():
     silent = HostileSourceForTests("pending_silent", SECRET, bytes(4096))
     cfg = make_config(transport="tcp", request_timeout_s=LONG, relay_poll_s=LONG)
     try:
-        with WeightPublisher(make_config(egress_bytes_per_s=500_000)) as pub, \
+        with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=500_000))) as pub, \
                 WeightPuller([pub.address, silent.address], cfg) as puller:
             pub.publish(1, tensors)
             for _ in range(3):
@@ -131,7 +131,7 @@ def test_cancel_or_close_during_a_long_poll_ends_the_pull_promptly(stop):
     blob = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
     silent = HostileSourceForTests("pending_silent", SECRET, bytes(4096))
     try:
-        with WeightPublisher(make_config(egress_bytes_per_s=200_000)) as pub:
+        with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=200_000))) as pub:
             pub.publish(1, {"blob": blob})
             cfg = make_config(transport="tcp", request_timeout_s=LONG, relay_poll_s=LONG)
             puller = WeightPuller([pub.address, silent.address], cfg)
@@ -153,12 +153,26 @@ def _task_and_fd_counts() -> tuple[int, int]:
     return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
 
 
+def _settled_counts() -> tuple[int, int]:
+    """The counts once they hold still for half a second: threads that earlier tests left
+    winding down (a shared-memory mapping's reaper ends within its 200 ms poll) are gone."""
+    tick = threading.Event()
+    last = _task_and_fd_counts()
+    for _ in range(20):
+        tick.wait(0.5)
+        now = _task_and_fd_counts()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def _pulls_with_idle_and_silent_sources() -> None:
     tensors = random_tensors(8)
     silent = HostileSourceForTests("pending_silent", SECRET, bytes(4096))
     cfg = make_config(relay_poll_s=LONG, request_timeout_s=LONG)
     try:
-        with WeightPublisher(make_config(egress_bytes_per_s=500_000)) as pub, \
+        with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=500_000))) as pub, \
                 WeightPuller(pub.address, cfg) as stuck, WeightPuller(pub.address, cfg) as puller:
             pub.publish(1, tensors)
             stuck.pull(1)
@@ -177,7 +191,7 @@ def _pulls_with_idle_and_silent_sources() -> None:
 
 def test_pulls_with_idle_and_silent_sources_leave_no_threads_or_descriptors():
     _pulls_with_idle_and_silent_sources()  # starts what lives for the process (checksum pool)
-    before = _task_and_fd_counts()
+    before = _settled_counts()
     for _ in range(2):
         _pulls_with_idle_and_silent_sources()
     assert _task_and_fd_counts() == before

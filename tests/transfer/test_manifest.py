@@ -59,10 +59,17 @@ def test_malformed_tensor_tables_raise_protocol_error(data):
         Manifest.from_bytes(data, 1)
 
 
+def _native(version, total, chunk, n=None, meta=b""):
+    n = -(-total // chunk) if n is None else n
+    tags = b"".join(bytes([i % 256]) * 16 for i in range(n))
+    return _C.Manifest(version=version, total_bytes=total, chunk_bytes=chunk, tags=tags, meta=meta)
+
+
 def test_native_manifest_round_trip_and_corruption():
-    m = _C.Manifest(3, 10000, 4096, [1, 2, 3], b"meta")
+    m = _native(3, 10000, 4096, meta=b"meta")
     back = _C.Manifest.decode(m.encode())
-    assert (back.version, back.total_bytes, back.chunk_bytes, back.crcs, back.meta) == (3, 10000, 4096, [1, 2, 3], b"meta")
+    assert (back.version, back.total_bytes, back.chunk_bytes, back.tags, back.meta) == \
+        (3, 10000, 4096, bytes(16) + bytes([1]) * 16 + bytes([2]) * 16, b"meta")
     raw = bytearray(m.encode())
     raw[9] ^= 1
     with pytest.raises(ProtocolError):
@@ -73,21 +80,22 @@ def test_native_manifest_round_trip_and_corruption():
 
 def test_native_manifest_handles_payloads_over_4_gib_without_allocating_them():
     total = (5 << 30) + 123
-    n = -(-total // (1 << 20))
-    m = _C.Manifest(1, total, 1 << 20, list(range(n)), b"")
+    m = _native(1, total, 1 << 20)
     back = _C.Manifest.decode(m.encode())
-    assert back.total_bytes == total and back.num_chunks == n
+    assert back.total_bytes == total and back.num_chunks == -(-total // (1 << 20))
 
 
 def test_native_manifest_rejects_inconsistent_chunking():
     with pytest.raises(ValueError):
-        _C.Manifest(1, 10000, 4096, [1, 2], b"")  # needs 3 chunks
+        _native(1, 10000, 4096, n=2)  # needs 3 chunks
     with pytest.raises(ValueError):
-        _C.Manifest(1, 10000, 100, [0] * 100, b"")  # chunk below the minimum
+        _native(1, 10000, 100, n=100)  # chunk below the minimum
+    with pytest.raises(ValueError):
+        _C.Manifest(version=1, total_bytes=10000, chunk_bytes=4096, tags=bytes(47), meta=b"")
 
 
-def _raw_native_manifest(version, total, chunk, crcs, meta=b""):
-    body = struct.pack("<qQII", version, total, chunk, len(crcs)) + struct.pack(f"<{len(crcs)}I", *crcs)
+def _raw_native_manifest(version, total, chunk, tags, meta=b""):
+    body = struct.pack("<qQII", version, total, chunk, len(tags) // 16) + tags
     body += struct.pack("<I", len(meta)) + meta
     return body + struct.pack("<I", _C.crc32c(body, 0))
 
@@ -97,11 +105,11 @@ def test_native_manifest_chunk_count_does_not_wrap_near_2_64(total):
     # A checksummed manifest claiming an enormous payload with no chunks must not decode:
     # a wrapped chunk count would let a puller size a buffer from total_bytes.
     with pytest.raises(ProtocolError):
-        _C.Manifest.decode(_raw_native_manifest(1, total, 4096, []))
+        _C.Manifest.decode(_raw_native_manifest(1, total, 4096, b""))
     with pytest.raises(ValueError):
-        _C.Manifest(1, total, 4096, [], b"")
+        _native(1, total, 4096, n=0)
 
 
 def test_raw_native_manifest_helper_matches_the_encoder():
-    m = _C.Manifest(2, 10000, 4096, [7, 8, 9], b"xy")
-    assert _raw_native_manifest(2, 10000, 4096, [7, 8, 9], b"xy") == m.encode()
+    m = _native(2, 10000, 4096, meta=b"xy")
+    assert _raw_native_manifest(2, 10000, 4096, m.tags, b"xy") == m.encode()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlboost.errors import TransferError, TransferTimeout
-from rlboost.transfer import WeightPublisher, WeightPuller
+from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 
 from .helpers import make_config
 
@@ -26,7 +26,7 @@ def _give_up(address: str, failures: list) -> None:
 
 
 def test_requests_abandoned_by_their_pullers_do_not_delay_a_later_pull():
-    with WeightPublisher(make_config(chunk_bytes=MiB, egress_bytes_per_s=MiB // 2)) as pub:
+    with WeightPublisher(make_config(chunk_bytes=MiB, publisher=ServerConfig(egress_bytes_per_s=MiB // 2))) as pub:
         pub.publish(1, {"w": torch.zeros(16 * MiB, dtype=torch.uint8)})
         failures: list = []
         threads = [threading.Thread(target=_give_up, args=(pub.address, failures)) for _ in range(3)]
@@ -47,7 +47,7 @@ def test_a_cap_too_low_for_the_deadline_fails_the_pull_with_a_timeout_naming_the
     # 256 KiB pieces at 1 KiB/s cannot start within a 1 s send deadline: the server says so
     # in a reply (the puller gives up the source at once, with the reason) instead of
     # closing the connection mid-frame, and it keeps serving.
-    with WeightPublisher(make_config(egress_bytes_per_s=1024, request_timeout_s=2.0)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=1024), request_timeout_s=2.0)) as pub:
         pub.publish(1, {"w": torch.zeros(300_000, dtype=torch.uint8)})
         cfg = make_config(transport="tcp", relay=False, request_timeout_s=2.0)
         with WeightPuller(pub.address, cfg) as puller:

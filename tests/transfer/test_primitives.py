@@ -5,7 +5,6 @@ import hmac
 import random
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

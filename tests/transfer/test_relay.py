@@ -11,10 +11,9 @@ import torch
 
 from rlboost import _C
 from rlboost.errors import TransferError
-from rlboost.transfer import WeightPublisher, WeightPuller
+from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 
-from .helpers import (BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes,
-                      wait_until)
+from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes, wait_until
 from .wire_client import HEADER, W, client_handshake, connect, frame, is_closed_by_peer, recv_frame
 
 
@@ -34,7 +33,7 @@ def test_peer_relays_a_version_it_pulled(publisher, transport):
 
 def test_newcomer_pulls_from_a_peer_that_is_still_pulling():
     blob = torch.randint(0, 256, (2 << 20,), dtype=torch.uint8)
-    with WeightPublisher(make_config(egress_bytes_per_s=1_000_000)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=1_000_000))) as pub:
         pub.publish(1, {"blob": blob})
         cfg = make_config(transport="tcp")
         with WeightPuller(pub.address, cfg) as first, WeightPuller(first.relay_address, cfg) as second:
@@ -49,11 +48,11 @@ def test_newcomer_pulls_from_a_peer_that_is_still_pulling():
 
 
 def test_relay_answers_not_held_for_chunks_it_lacks():
-    store = _C.VersionStore(2)
-    server = _C.WeightServer(store, "127.0.0.1", 0, SECRET)
+    store = _C.VersionStore(versions_kept=2, secret=SECRET)
+    server = _C.WeightServer(store=store, host="127.0.0.1", port=0, secret=SECRET)
     try:
         region = _C.Region.create(3 * 4096)
-        store.add_partial(_C.Manifest(5, 3 * 4096, 4096, [0, 0, 0], b""), region)
+        store.add_partial(_C.Manifest(version=5, total_bytes=3 * 4096, chunk_bytes=4096, tags=bytes(48), meta=b""), region)
         with connect(f"127.0.0.1:{server.port}") as s:
             client_handshake(s, SECRET)
             s.sendall(frame(W["chunk_request"], struct.pack("<qI", 5, 1), request_id=1))
@@ -70,7 +69,8 @@ def test_relay_answers_not_held_for_chunks_it_lacks():
 def test_four_newcomers_share_the_trainer_link_through_relays():
     nbytes = 4 << 20
     blob = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
-    cfg = make_config(transport="tcp", egress_bytes_per_s=4_000_000)
+    # The trainer's egress is capped; the relays' is not (roles have limits of their own).
+    cfg = make_config(transport="tcp", publisher=ServerConfig(egress_bytes_per_s=4_000_000))
     with WeightPublisher(cfg) as pub:
         pub.publish(1, {"blob": blob})
         pullers = [WeightPuller(pub.address, cfg) for _ in range(4)]
@@ -102,7 +102,7 @@ def test_a_relay_port_already_taken_says_so_and_how_to_avoid_it(publisher):
     with WeightPuller(publisher.address, cfg) as first:
         port = int(first.relay_address.rsplit(":", 1)[1])
         with pytest.raises(TransferError, match=rf"{port}.*port 0 picks a free one"):
-            WeightPuller(publisher.address, make_config(relay_port=port))
+            WeightPuller(publisher.address, make_config(relay_server=ServerConfig(port=port)))
 
 
 def test_a_peer_that_never_reads_its_chunk_does_not_keep_the_relay_from_its_next_version():
@@ -167,7 +167,7 @@ def test_a_relay_pulls_its_next_version_into_a_second_buffer_while_a_peer_reads_
 def test_a_relay_whose_both_buffers_are_read_waits_for_the_readers_of_the_one_it_reuses():
     big = torch.randn(8 << 20)
     cfg = make_config(request_timeout_s=2.0, send_timeout_s=600.0, chunk_bytes=16 << 20, transport="tcp",
-                      versions_kept=3)
+                      publisher=ServerConfig(versions_kept=3), relay_server=ServerConfig(versions_kept=3))
     with WeightPublisher(cfg) as pub:
         for v in (1, 2, 3):
             pub.publish(v, {"w": big + v})

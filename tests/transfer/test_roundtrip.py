@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlboost.errors import TransferClosed, VersionMismatch
-from rlboost.transfer import Manifest, TqdmProgress, WeightPublisher, WeightPuller
+from rlboost.transfer import Manifest, ServerConfig, TqdmProgress, WeightPublisher, WeightPuller
 
 from .helpers import BUILT_TRANSPORTS, CHUNK, assert_same, make_config, random_tensors
 
@@ -29,7 +29,7 @@ def test_single_tensor_round_trip(publisher, transport, nbytes):
 def test_many_dtypes_round_trip_as_zero_copy_views(publisher, transport):
     tensors = random_tensors()
     manifest = publisher.publish(3, tensors)
-    assert len(manifest.chunk_crcs) == -(-manifest.total_bytes // CHUNK)
+    assert len(manifest.chunk_tags) == 16 * -(-manifest.total_bytes // CHUNK)
     with WeightPuller(publisher.address, make_config(transport=transport)) as puller:
         pulled = puller.pull()  # latest
         assert pulled.version == 3
@@ -47,7 +47,7 @@ def test_auto_picks_shared_memory_for_a_same_host_source(publisher):
 
 
 def test_capped_server_is_pulled_over_tcp():
-    with WeightPublisher(make_config(egress_bytes_per_s=50_000_000)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=50_000_000))) as pub:
         blob = torch.randint(0, 256, (100_000,), dtype=torch.uint8)
         pub.publish(1, {"blob": blob})
         with WeightPuller(pub.address, make_config(transport="auto")) as puller:
@@ -95,13 +95,13 @@ def test_stage_and_commit_bucket_by_bucket(publisher):
     for name, t in tensors.items():  # as a trainer gathering one bucket at a time would
         views[name].copy_(t)
     committed = publisher.commit(7)
-    assert committed.version == 7 and committed.chunk_crcs
+    assert committed.version == 7 and committed.chunk_tags
     with WeightPuller(publisher.address, make_config()) as puller:
         assert_same(puller.pull(7), tensors)
 
 
 def test_old_versions_retire_and_raise_version_mismatch(config):
-    with WeightPublisher(make_config(versions_kept=2)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(versions_kept=2))) as pub:
         for v in (1, 2, 3):
             pub.publish(v, {"w": torch.full((100,), float(v))})
         assert pub.versions == [2, 3] and pub.latest == 3

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from rlboost.transfer import WeightPublisher, WeightPuller
+from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 
 from .helpers import assert_same, make_config, random_tensors
 
@@ -20,7 +20,7 @@ def _silent_sockets(address: str, n: int) -> list[socket.socket]:
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
 def test_silent_unauthenticated_sockets_do_not_count_toward_max_connections(transport):
     tensors = random_tensors(11)
-    with WeightPublisher(make_config(max_connections=4)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(max_connections=4))) as pub:
         pub.publish(1, tensors)
         squatters = _silent_sockets(pub.address, 8)  # accepted before the puller's, never a byte
         try:
@@ -34,7 +34,7 @@ def test_silent_unauthenticated_sockets_do_not_count_toward_max_connections(tran
 
 def test_when_handshake_slots_are_full_the_oldest_unauthenticated_socket_is_dropped():
     tensors = random_tensors(12)
-    with WeightPublisher(make_config(max_handshakes=16, handshake_timeout_s=60)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(max_handshakes=16), handshake_timeout_s=60)) as pub:
         pub.publish(1, tensors)
         squatters = _silent_sockets(pub.address, 40)  # one host may hold 4 slots
         try:

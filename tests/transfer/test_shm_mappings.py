@@ -4,7 +4,6 @@ source retires the region (here: the source process exits)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from rlboost.transfer import WeightPuller

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlboost.errors import VersionMismatch
-from rlboost.transfer import WeightPublisher, WeightPuller
+from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 
 from .helpers import make_config, wait_for_bytes
 
@@ -20,7 +20,7 @@ def test_publishing_v2_during_a_slow_pull_of_v1_keeps_v1_exact(transport):
     v1, v2, v3 = blobs()
     # A capped server serves over TCP only, so the shared-memory pull runs uncapped.
     cap = 2_000_000 if transport == "tcp" else None
-    with WeightPublisher(make_config(egress_bytes_per_s=cap, versions_kept=2)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=cap, versions_kept=2))) as pub:
         pub.publish(1, {"blob": v1})
         with WeightPuller(pub.address, make_config(transport=transport)) as puller:
             handle = puller.prepare(1).start()
@@ -35,7 +35,7 @@ def test_publishing_v2_during_a_slow_pull_of_v1_keeps_v1_exact(transport):
 
 def test_version_retired_mid_pull_raises_version_mismatch_not_torn_bytes():
     v1, v2, _ = blobs()
-    with WeightPublisher(make_config(egress_bytes_per_s=2_000_000, versions_kept=1)) as pub:
+    with WeightPublisher(make_config(publisher=ServerConfig(egress_bytes_per_s=2_000_000, versions_kept=1))) as pub:
         pub.publish(1, {"blob": v1})
         with WeightPuller(pub.address, make_config(transport="tcp")) as puller:
             handle = puller.prepare(1).start()

@@ -39,8 +39,9 @@ def recv_frame(sock: socket.socket) -> bytes:
     return head + recv_exact(sock, length)
 
 
-def proof(secret: bytes, label: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
-    return hmac.new(secret, label + client_nonce + server_nonce, hashlib.sha256).digest()
+def proof(secret: bytes, label: bytes, client_nonce: bytes, server_nonce: bytes, client_id: int = 0) -> bytes:
+    msg = label + client_nonce + server_nonce + struct.pack("<Q", client_id)
+    return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
 def connect(address: str, timeout: float = 10.0) -> socket.socket:
@@ -49,11 +50,11 @@ def connect(address: str, timeout: float = 10.0) -> socket.socket:
     return s
 
 
-# The handshake (format 2): hello(client nonce) -> challenge(server nonce) ->
-# auth(client proof) -> welcome(identity + server proof); both sides then MAC manifest
-# replies with a session key derived from the secret and both nonces.
-CLIENT_LABEL, SERVER_LABEL = b"rlboost-client-proof-v2", b"rlboost-server-proof-v2"
-SESSION_LABEL, MANIFEST_LABEL = b"rlboost-session-key-v2", b"rlboost-manifest-mac-v2"
+# The handshake (format 3): hello(client nonce, client id) -> challenge(server nonce) ->
+# auth(client proof) -> welcome(identity + server proof); proofs and the session key bind
+# both nonces and the client id; both sides then MAC manifest replies with the session key.
+CLIENT_LABEL, SERVER_LABEL = b"rlboost-client-proof-v3", b"rlboost-server-proof-v3"
+SESSION_LABEL, MANIFEST_LABEL = b"rlboost-session-key-v3", b"rlboost-manifest-mac-v3"
 IDENTITY = struct.pack("<Q", 42) + bytes(16) + struct.pack("<I", 1)  # server id, host key, pid
 
 
@@ -63,30 +64,45 @@ def seal_manifest(key: bytes, request_id: int, encoded: bytes) -> bytes:
     return encoded + mac
 
 
-def client_handshake(sock: socket.socket, secret: bytes, *, wrong_proof: bool = False) -> bytes | None:
-    """Authenticates as a client and returns the session key; with wrong_proof, sends a
-    proof that must be refused (and returns None)."""
+def hello_body(nonce: bytes, client_id: int) -> bytes:
+    return nonce + struct.pack("<Q", client_id)
+
+
+def client_handshake(sock: socket.socket, secret: bytes, *, wrong_proof: bool = False,
+                     client_id: int | None = None) -> bytes | None:
+    """Authenticates as a client (a random client id unless given) and returns the session
+    key; with wrong_proof, sends a proof that must be refused (and returns None)."""
     nonce = os.urandom(32)
-    sock.sendall(frame(W["hello"], nonce))
+    cid = int.from_bytes(os.urandom(8), "little") if client_id is None else client_id
+    sock.sendall(frame(W["hello"], hello_body(nonce, cid)))
     _, _, _, server_nonce = _C.parse_frame(recv_frame(sock))
     assert len(server_nonce) == 32  # the server proves nothing before the client has
-    p = os.urandom(32) if wrong_proof else proof(secret, CLIENT_LABEL, nonce, server_nonce)
+    p = os.urandom(32) if wrong_proof else proof(secret, CLIENT_LABEL, nonce, server_nonce, cid)
     sock.sendall(frame(W["auth"], p))
     if wrong_proof:
         return None
     ftype, _, _, body = _C.parse_frame(recv_frame(sock))
     assert ftype == W["welcome"]
-    assert hmac.compare_digest(body[-32:], proof(secret, SERVER_LABEL, nonce, server_nonce))
-    return proof(secret, SESSION_LABEL, nonce, server_nonce)
+    assert hmac.compare_digest(body[-32:], proof(secret, SERVER_LABEL, nonce, server_nonce, cid))
+    return proof(secret, SESSION_LABEL, nonce, server_nonce, cid)
 
 
-def server_handshake_rest(conn: socket.socket, secret: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
-    """After hello: sends the challenge, takes any auth (unchecked), welcomes with a valid
-    proof, and returns the session key."""
+def server_handshake_rest(conn: socket.socket, secret: bytes, hello: bytes, server_nonce: bytes) -> bytes:
+    """After hello (its body): sends the challenge, takes any auth (unchecked), welcomes
+    with a valid proof, and returns the session key."""
+    client_nonce, (cid,) = hello[:32], struct.unpack("<Q", hello[32:40])
     conn.sendall(frame(W["challenge"], server_nonce))
     recv_frame(conn)
-    conn.sendall(frame(W["welcome"], IDENTITY + proof(secret, SERVER_LABEL, client_nonce, server_nonce)))
-    return proof(secret, SESSION_LABEL, client_nonce, server_nonce)
+    conn.sendall(frame(W["welcome"], IDENTITY + proof(secret, SERVER_LABEL, client_nonce, server_nonce, cid)))
+    return proof(secret, SESSION_LABEL, client_nonce, server_nonce, cid)
+
+
+def native_manifest(secret: bytes, version: int, payload: bytes, chunk: int, meta: bytes) -> bytes:
+    """An encoded manifest of `payload` with the tags a publisher holding `secret` computes."""
+    tags = b"".join(_C.chunk_tag(secret, version, i // chunk, payload[i:i + chunk])
+                    for i in range(0, len(payload), chunk))
+    return _C.Manifest(version=version, total_bytes=len(payload), chunk_bytes=chunk, tags=tags,
+                       meta=meta).encode()
 
 
 def is_closed_by_peer(sock: socket.socket) -> bool:
@@ -184,8 +200,7 @@ class HostileSourceForTests:
     def _serve_frames(self, conn: socket.socket) -> None:
         if self.behavior == "first_connection_only" and conn is not self._conns[0]:
             return self._hold(conn)
-        hello = recv_frame(conn)
-        client_nonce = hello[W["header_bytes"]:]
+        hello = recv_frame(conn)[W["header_bytes"]:]
         server_nonce = os.urandom(32)
         challenge = server_nonce
         early = {
@@ -199,12 +214,12 @@ class HostileSourceForTests:
             conn.shutdown(socket.SHUT_WR)
             recv_exact(conn, 1)  # hold the connection until the client gives up
             return
-        key = server_handshake_rest(conn, self.secret, client_nonce, server_nonce)  # only misbehaves later
+        key = server_handshake_rest(conn, self.secret, hello, server_nonce)  # only misbehaves later
         chunk = 4096
-        crcs = [_C.crc32c(self.payload[i:i + chunk]) for i in range(0, len(self.payload), chunk)]
+        n = (len(self.payload) + chunk - 1) // chunk
         meta = (b'{"format_version":1,"alignment":256,"total_bytes":%d,'
                 b'"tensors":[["blob","uint8",[%d],0,%d]]}' % ((len(self.payload),) * 3))
-        manifest = _C.Manifest(1, len(self.payload), chunk, crcs, meta).encode()
+        manifest = native_manifest(self.secret, 1, self.payload, chunk, meta)
         while True:
             head = recv_frame(conn)
             if conn in self._doomed:
@@ -221,7 +236,6 @@ class HostileSourceForTests:
                 self.have_requested.set()
                 return self._hold(conn)
             elif ftype == W["have_request"]:
-                n = len(crcs)
                 bits = bytes([0xFF] * (n // 8)) + (bytes([(1 << (n % 8)) - 1]) if n % 8 else b"")
                 reply = struct.pack("<qIIQ", 1, n, n, 0) + bits + bytes(len(bits))
                 conn.sendall(frame(W["have"], reply, request_id=rid))

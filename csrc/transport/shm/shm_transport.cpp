@@ -9,7 +9,7 @@
 #include <mutex>
 
 #include "common/bytes.h"
-#include "common/crc32c.h"
+#include "common/polyval.h"
 #include "transport/shm/shm_region.h"
 #include "transport/tcp/frame_io.h"
 
@@ -37,8 +37,10 @@ class ShmChunkStream : public ChunkStream {
     if (read->offset + read->length > mapping_->size()) {
       return Status(Code::kProtocol, "chunk lies outside the shared region");
     }
-    // One pass: the checksum is taken from the bytes as they are copied.
-    read->crc = Crc32cCopy(0, read->dst, mapping_->data() + read->offset, read->length, streaming_);
+    // One pass: the hash is taken from the bytes as they are copied.
+    Polyval hash(*read->hash_key);
+    hash.UpdateCopy(read->dst, mapping_->data() + read->offset, read->length, streaming_);
+    read->digest = hash.Finish();
     read->reply = ReplyStatus::kOk;
     return Status::Ok();
   }
@@ -128,7 +130,7 @@ class ShmService : public TransportService {
       return Status::Ok();
     }
     RegionLease lease;
-    ReplyStatus st = backend.LeaseRegion(version, &lease);
+    ReplyStatus st = backend.LeaseRegion(version, conn.revoke, &lease);
     if (st == ReplyStatus::kOk && lease.fd < 0) st = ReplyStatus::kUnavailable;
     if (st == ReplyStatus::kOk && leases.size() >= kMaxLeasesPerConnection) {
       return Status(Code::kProtocol, "too many shared-memory leases on one connection");

@@ -81,12 +81,20 @@ Status ConnectAuthenticated(ConnectionPool* pool, const std::string& host, int p
     return Status::Ok();
   }
   out->reused = false;
-  RLB_RETURN_IF_ERROR(ConnectTcp(host, port, d, &out->socket, interrupt));
-  {
-    // A source that accepts but never answers would hold us here until the deadline.
-    InterruptScope scope(interrupt, out->socket);
-    RLB_RETURN_IF_ERROR(ClientHandshake(out->socket, secret, d, &out->peer));
+  Status st;
+  // A login closed by the server (kPeerLost) is tried once more while the deadline allows:
+  // a server whose login slots are full of stalled peers closes the oldest login for a
+  // newcomer, which may have been ours.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    st = ConnectTcp(host, port, d, &out->socket, interrupt);
+    if (st.ok()) {
+      // A source that accepts but never answers would hold us here until the deadline.
+      InterruptScope scope(interrupt, out->socket);
+      st = ClientHandshake(out->socket, secret, d, &out->peer);
+    }
+    if (st.code() != Code::kPeerLost || d.Expired() || (interrupt != nullptr && interrupt->fired())) break;
   }
+  RLB_RETURN_IF_ERROR(st);
   if (server_id != 0 && out->peer.server_id != server_id) {
     return Status(Code::kPeerLost, "the source at " + host + ":" + std::to_string(port) + " restarted");
   }

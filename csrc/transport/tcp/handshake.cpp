@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -17,17 +18,30 @@
 namespace rlboost {
 namespace {
 
-constexpr char kServerLabel[] = "rlboost-server-proof-v2";
-constexpr char kClientLabel[] = "rlboost-client-proof-v2";
-constexpr char kSessionLabel[] = "rlboost-session-key-v2";
-constexpr char kManifestLabel[] = "rlboost-manifest-mac-v2";
+constexpr char kServerLabel[] = "rlboost-server-proof-v3";
+constexpr char kClientLabel[] = "rlboost-client-proof-v3";
+constexpr char kSessionLabel[] = "rlboost-session-key-v3";
+constexpr char kManifestLabel[] = "rlboost-manifest-mac-v3";
 
-Digest256 Proof(const std::string& secret, const char* label, const uint8_t* client_nonce,
-                const uint8_t* server_nonce) {
+// What both proofs and the session key bind: the client's hello and the server's nonce.
+struct Exchange {
+  uint8_t client_nonce[kNonceBytes];
+  uint8_t server_nonce[kNonceBytes];
+  uint64_t client_id = 0;
+};
+
+Digest256 Proof(const std::string& secret, const char* label, const Exchange& x) {
   std::string msg(label);
-  msg.append(reinterpret_cast<const char*>(client_nonce), kNonceBytes);
-  msg.append(reinterpret_cast<const char*>(server_nonce), kNonceBytes);
+  msg.append(reinterpret_cast<const char*>(x.client_nonce), kNonceBytes);
+  msg.append(reinterpret_cast<const char*>(x.server_nonce), kNonceBytes);
+  ByteWriter(&msg).U64(x.client_id);
   return HmacSha256(secret, msg.data(), msg.size());
+}
+
+std::string Hello(const Exchange& x) {
+  std::string body(reinterpret_cast<const char*>(x.client_nonce), kNonceBytes);
+  ByteWriter(&body).U64(x.client_id);
+  return body;
 }
 
 std::string ReadLink(const char* path) {
@@ -54,17 +68,30 @@ const std::array<uint8_t, 16>& LocalHostKey() {
   return key;
 }
 
+uint64_t LocalClientId() {
+  static std::atomic<uint64_t> id{0};
+  static std::atomic<pid_t> owner{0};
+  if (owner.load() != getpid()) {
+    uint64_t fresh = 0;
+    while (fresh == 0 && SecureRandom(&fresh, sizeof(fresh)).ok()) {
+    }
+    id = fresh;
+    owner = getpid();
+  }
+  return id;
+}
+
 Status ClientHandshake(Socket& s, const std::string& secret, Deadline d, PeerIdentity* server) {
-  uint8_t client_nonce[kNonceBytes];
-  RLB_RETURN_IF_ERROR(SecureRandom(client_nonce, kNonceBytes));
-  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kHello, 0, 0, client_nonce, kNonceBytes, d));
+  Exchange x;
+  x.client_id = LocalClientId();
+  RLB_RETURN_IF_ERROR(SecureRandom(x.client_nonce, kNonceBytes));
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kHello, 0, 0, Hello(x), d));
   FrameHeader h;
   std::string body;
   RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kChallenge, &h, &body, d));
   if (body.size() != kNonceBytes) return Status(Code::kProtocol, "challenge has the wrong size");
-  uint8_t server_nonce[kNonceBytes];
-  std::memcpy(server_nonce, body.data(), kNonceBytes);
-  Digest256 proof = Proof(secret, kClientLabel, client_nonce, server_nonce);
+  std::memcpy(x.server_nonce, body.data(), kNonceBytes);
+  Digest256 proof = Proof(secret, kClientLabel, x);
   RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kAuth, 0, 0, proof.data(), proof.size(), d));
   RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kWelcome, &h, &body, d));
   ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
@@ -74,39 +101,41 @@ Status ClientHandshake(Socket& s, const std::string& secret, Deadline d, PeerIde
   RLB_RETURN_IF_ERROR(r.U32(&server->pid));
   RLB_RETURN_IF_ERROR(r.Raw(server_proof, kMacBytes));
   RLB_RETURN_IF_ERROR(r.ExpectEnd());
-  Digest256 want = Proof(secret, kServerLabel, client_nonce, server_nonce);
+  Digest256 want = Proof(secret, kServerLabel, x);
   if (!ConstantTimeEqual(want.data(), server_proof, kMacBytes)) {
     return Status(Code::kAuth, "the server does not know the shared secret (check RLBOOST_SECRET)");
   }
-  server->session_key = Proof(secret, kSessionLabel, client_nonce, server_nonce);
+  server->session_key = Proof(secret, kSessionLabel, x);
   return Status::Ok();
 }
 
 Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, Deadline d,
-                       SessionKey* session_key) {
+                       const std::function<bool(uint64_t)>& admit, SessionKey* session_key) {
   FrameHeader h;
   std::string body;
+  Exchange x;
   RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kHello, &h, &body, d));
-  if (body.size() != kNonceBytes) return Status(Code::kProtocol, "hello has the wrong size");
-  uint8_t client_nonce[kNonceBytes], server_nonce[kNonceBytes];
-  std::memcpy(client_nonce, body.data(), kNonceBytes);
-  RLB_RETURN_IF_ERROR(SecureRandom(server_nonce, kNonceBytes));
-  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kChallenge, 0, 0, server_nonce, kNonceBytes, d));
+  if (body.size() != kNonceBytes + 8) return Status(Code::kProtocol, "hello has the wrong size");
+  std::memcpy(x.client_nonce, body.data(), kNonceBytes);
+  std::memcpy(&x.client_id, body.data() + kNonceBytes, 8);
+  RLB_RETURN_IF_ERROR(SecureRandom(x.server_nonce, kNonceBytes));
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kChallenge, 0, 0, x.server_nonce, kNonceBytes, d));
   RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kAuth, &h, &body, d));
   if (body.size() != kMacBytes) return Status(Code::kProtocol, "auth has the wrong size");
-  Digest256 want = Proof(secret, kClientLabel, client_nonce, server_nonce);
+  Digest256 want = Proof(secret, kClientLabel, x);
   if (!ConstantTimeEqual(want.data(), reinterpret_cast<const uint8_t*>(body.data()), kMacBytes)) {
     return Status(Code::kAuth, "wrong shared secret");
   }
+  if (admit && !admit(x.client_id)) return Status(Code::kPeerLost, "no connection slot for this peer");
   // Only now, to a client that proved it holds the secret, does the server prove itself.
-  Digest256 proof = Proof(secret, kServerLabel, client_nonce, server_nonce);
+  Digest256 proof = Proof(secret, kServerLabel, x);
   std::string welcome;
   ByteWriter w(&welcome);
   w.U64(self.server_id);
   w.Raw(self.host_key.data(), self.host_key.size());
   w.U32(self.pid);
   w.Raw(proof.data(), proof.size());
-  *session_key = Proof(secret, kSessionLabel, client_nonce, server_nonce);
+  *session_key = Proof(secret, kSessionLabel, x);
   return SendFrame(s, FrameType::kWelcome, 0, 0, welcome, d);
 }
 

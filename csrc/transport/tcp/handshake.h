@@ -1,20 +1,22 @@
 // Connect-time mutual authentication and a per-connection MAC key.
 //
-// hello(client nonce) -> challenge(server nonce) -> auth(client proof) ->
-// welcome(identity, server proof). The client proves first: a server answers a stranger
+// hello(client nonce, client id) -> challenge(server nonce) -> auth(client proof) ->
+// welcome(identity, server proof). The client id names the client's process, so a server
+// can cap the connections of one peer; it is covered by both proofs. The client proves first: a server answers a stranger
 // with nothing but a fresh nonce, so nothing it sends lets a stranger test guesses of a
 // weak secret offline. Proofs are HMAC-SHA256(secret, role label | both nonces), so a
 // recorded exchange cannot be replayed and one side's proof cannot be reflected.
 //
 // Both sides then derive session_key = HMAC-SHA256(secret, key label | both nonces) and
-// MAC the manifest reply with it (request id included). The manifest carries the crc32c
-// of every chunk, which the puller verifies, so an on-path swap of the manifest or of any
-// chunk's bytes is caught (AuthError, resp. ChecksumMismatch) while the bulk data path
-// stays plain bytes.
+// MAC the manifest reply with it (request id included). The manifest carries a tag of
+// every chunk (weights/chunk_tag.h), which the puller verifies, so an on-path swap of the
+// manifest or of any chunk's bytes is caught (AuthError, resp. IntegrityError) while the
+// bulk data path stays plain bytes.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "common/deadline.h"
@@ -35,11 +37,16 @@ struct PeerIdentity {
 
 // This process's host key (boot id + pid namespace).
 const std::array<uint8_t, 16>& LocalHostKey();
+// This process's client id: random, drawn again in a forked child.
+uint64_t LocalClientId();
 
 // Fills *server, including its session_key. kAuth when either side lacks the secret.
+// The whole exchange must finish by `d`, however the peer paces its bytes.
 Status ClientHandshake(Socket& s, const std::string& secret, Deadline d, PeerIdentity* server);
+// admit: asked once the client has proven itself, with its client id; false refuses it
+// (kPeerLost, before the server proves itself).
 Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, Deadline d,
-                       SessionKey* session_key);
+                       const std::function<bool(uint64_t client_id)>& admit, SessionKey* session_key);
 
 // A manifest reply with this connection's MAC appended (bound to the request id).
 std::string SealManifest(const SessionKey& key, uint64_t request_id, std::string encoded);

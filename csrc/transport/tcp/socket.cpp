@@ -144,6 +144,8 @@ Status Socket::SendV(struct iovec* iov, int iovcnt, Deadline d) {
     if (iovcnt > 0) {
       iov->iov_base = static_cast<char*>(iov->iov_base) + left;
       iov->iov_len -= left;
+      // A partial send: the next call may wait only for what is left of the deadline.
+      RLB_RETURN_IF_ERROR(ApplyTimeout(SO_SNDTIMEO, d));
     }
   }
   return Status::Ok();
@@ -162,12 +164,16 @@ Status Socket::RecvAll(void* data, size_t n, Deadline d) {
     }
     p += got;
     n -= static_cast<size_t>(got);
+    // A short read (the timeout fired with part of the bytes, or a signal): a peer that
+    // trickles must not get the full timeout again.
+    if (n > 0) RLB_RETURN_IF_ERROR(ApplyTimeout(SO_RCVTIMEO, d));
   }
   return Status::Ok();
 }
 
 Status Socket::RecvSome(void* data, size_t n, size_t* got, Deadline d) {
   if (fd_ < 0) return Status(Code::kClosed, "socket is closed");
+  RLB_RETURN_IF_ERROR(ApplyTimeout(SO_RCVTIMEO, d));
   while (true) {
     ssize_t r = ::recv(fd_, data, n, 0);
     if (r > 0) {

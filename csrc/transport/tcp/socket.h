@@ -1,7 +1,9 @@
 // Socket: a blocking TCP socket with deadline-bounded send and receive. Blocking calls
 // (MSG_WAITALL, one sendmsg per frame) keep the syscall count per chunk small; the
-// deadline is applied through SO_RCVTIMEO / SO_SNDTIMEO, and Shutdown() wakes a thread
-// blocked in any call so servers and pullers can close promptly.
+// deadline is applied through SO_RCVTIMEO / SO_SNDTIMEO, re-armed with what is left of it
+// after every partial transfer, so a peer trickling bytes cannot stretch a deadline
+// (it bounds the whole frame, not each read). Shutdown() wakes a thread blocked in any
+// call so servers and pullers can close promptly.
 #pragma once
 
 #include <sys/uio.h>
@@ -35,8 +37,8 @@ class Socket {
   // Gathers iov in as few sendmsg calls as the kernel allows; iov is consumed.
   Status SendV(struct iovec* iov, int iovcnt, Deadline d);
   Status RecvAll(void* data, size_t n, Deadline d);
-  // Receives what has arrived (at least one byte, at most n) into data. Uses the receive
-  // timeout the last RecvAll set, so a bulk loop pays no extra syscall per call.
+  // Receives what has arrived (at least one byte, at most n) into data, waiting no longer
+  // than the deadline.
   Status RecvSome(void* data, size_t n, size_t* got, Deadline d);
   // Waits until the socket is readable (or closed); false when the deadline passed.
   bool WaitReadable(Deadline d);

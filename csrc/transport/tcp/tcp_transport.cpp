@@ -6,13 +6,13 @@
 #include <deque>
 
 #include "common/bytes.h"
-#include "common/crc32c.h"
+#include "common/polyval.h"
 #include "transport/tcp/frame_io.h"
 
 namespace rlboost {
 namespace {
 
-// Received bytes are checksummed in pieces this large, while they are still in L2.
+// Received bytes are hashed in pieces this large, while they are still in L2.
 constexpr size_t kRecvPiece = 512u << 10;
 // Egress pacing granularity: small enough that an abandoned send stops costing tokens
 // quickly, large enough that pacing costs few syscalls.
@@ -97,18 +97,18 @@ class TcpChunkStream : public ChunkStream {
       return Status(Code::kProtocol, "chunk response names another chunk than was asked for");
     }
     if (read->reply != ReplyStatus::kOk) return Status::Ok();
-    // Take whatever has arrived, up to a piece, and checksum it while it is in cache:
-    // as many wakeups as a plain socket copy, one pass over the bytes after the kernel's.
-    uint32_t crc = 0;
+    // Take whatever has arrived, up to a piece, and hash it while it is in cache: as many
+    // wakeups as a plain socket copy, one pass over the bytes after the kernel's.
+    Polyval hash(*read->hash_key);
     for (uint64_t done = 0; done < read->length;) {
       if (d.Expired()) return Status(Code::kTimeout, "chunk did not arrive before the request deadline");
       size_t want = static_cast<size_t>(std::min<uint64_t>(kRecvPiece, read->length - done));
       size_t got = 0;
       RLB_RETURN_IF_ERROR(sock_.RecvSome(read->dst + done, want, &got, d));
-      crc = Crc32cExtend(crc, read->dst + done, got);
+      hash.Update(read->dst + done, got);
       done += got;
     }
-    read->crc = crc;
+    read->digest = hash.Finish();
     return Status::Ok();
   }
 

@@ -1,5 +1,5 @@
 // The TCP transport: chunk requests pipelined on dedicated connections, responses
-// received straight into the destination, checksummed piece by piece while hot in cache.
+// received straight into the destination, hashed piece by piece while hot in cache.
 #pragma once
 
 #include <memory>

@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "common/bytes.h"
-#include "common/crc32c.h"
+#include "common/polyval.h"
 #include "transport/ucx/ucx_transport.h"
 #include "transport/ucx/ucx_worker.h"
 
@@ -110,7 +110,7 @@ class UcxChunkStream : public ChunkStream {
     }
     RLB_RETURN_IF_ERROR(st);
     if (failed_) return Status(Code::kPeerLost, "ucx endpoint to " + remote_.host + " failed");
-    read->crc = Crc32c(read->dst, read->length);
+    read->digest = PolyvalOf(*read->hash_key, read->dst, read->length);
     read->reply = ReplyStatus::kOk;
     return Status::Ok();
   }

@@ -235,7 +235,7 @@ class UcxService : public TransportService {
     }
     std::shared_ptr<UcxRegistration> reg(new UcxRegistration(), UcxRegistrationDeleter());
     reg->peer = SocketPeer(conn.socket->fd());
-    ReplyStatus st = backend.LeaseRegion(version, &reg->lease);
+    ReplyStatus st = backend.LeaseRegion(version, conn.revoke, &reg->lease);
     std::string reply;
     if (st == ReplyStatus::kOk && !Register(reg.get(), &reply).ok()) st = ReplyStatus::kUnavailable;
     if (st == ReplyStatus::kOk) conn.state.push_back(reg);

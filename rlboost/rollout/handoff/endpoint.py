@@ -14,7 +14,7 @@ from rlboost.rollout.engine import EngineLoad, RolloutEngine, TokenDelta
 from rlboost.rollout.handoff.tickets import DEFAULT_TIMEOUT_S, HandoffTicket, SampleReceiver, SampleSender
 from rlboost.transfer import TransferConfig
 
-MAX_PENDING = 64  # batches a source serves at once (the publisher's versions_kept ceiling)
+MAX_PENDING = 64  # batches a source serves at once (the handoff role's versions_kept ceiling)
 
 
 class MigratingEngine:
@@ -90,7 +90,8 @@ class MigratingEngine:
         Unknown and finished ids are skipped, as export_states does. Raises RolloutError,
         draining nothing, while max_pending batches are still held."""
         if self._sender is None:
-            self._sender = SampleSender(replace(self._transfer, versions_kept=self._max_pending))
+            t = self._transfer
+            self._sender = SampleSender(replace(t, handoff=replace(t.handoff, versions_kept=self._max_pending)))
         ticket = self._sender.send(self.engine, sample_ids, mode)
         states = self._sender.states(ticket)
         if not states:

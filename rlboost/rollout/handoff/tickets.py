@@ -129,12 +129,13 @@ class SampleSender:
 
     Keeps each drained batch until all of its samples are released or taken back (both
     take an optional subset, for a batch whose samples go to several destinations), so a
-    refusal loses nothing. It holds at most `config.versions_kept` batches: send() refuses
+    refusal loses nothing. It holds at most `config.handoff.versions_kept` batches: send() refuses
     (RolloutError, before draining anything) rather than let the publisher evict one.
     """
 
     def __init__(self, config: TransferConfig | None = None):
-        self.publisher = WeightPublisher(config if config is not None else TransferConfig(versions_kept=16))
+        config = config if config is not None else TransferConfig()
+        self.publisher = WeightPublisher(config, server=config.handoff)
         self._keys = itertools.count()
         self._pending: dict[int, tuple[MigrationBatch, set[int]]] = {}  # key -> (batch, ids still out)
         self._lock = threading.Lock()
@@ -150,7 +151,7 @@ class SampleSender:
             return len(self._pending)
 
     def send(self, src: RolloutEngine, sample_ids: Sequence[int], mode: str = "kv") -> HandoffTicket:
-        capacity = self.publisher.config.versions_kept
+        capacity = self.publisher.server_config.versions_kept
         with self._lock:
             if len(self._pending) >= capacity:
                 raise RolloutError(f"the sender already serves {capacity} batches (versions_kept); release "
