@@ -6,7 +6,6 @@ layout, and each sample's gathered KV bytes with a checksum per sample.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from dataclasses import dataclass
 
@@ -91,10 +90,6 @@ class MigrationBatch:
     def sample_ids(self) -> tuple[int, ...]:
         return tuple(s.sample_id for s in self.states)
 
-    def without_kv(self) -> MigrationBatch:
-        """The same samples for re-prefill (drops the KV pages)."""
-        return dataclasses.replace(self, kv_layout=None, kv_tokens=None, kv_data=None)
-
 
 def _as_int(value, name: str) -> int:
     if isinstance(value, bool):
@@ -118,11 +113,6 @@ def pack_batch(b: MigrationBatch, out=None):
         return _encode(b, None)
     n = _encode(b, _writable(out))
     return out[:n] if isinstance(out, (torch.Tensor, np.ndarray)) else memoryview(out).cast("B")[:n]
-
-
-def pack_batch_into(b: MigrationBatch, out) -> int:
-    """Like ``pack_batch(b, out=out)``; returns the number of bytes written."""
-    return _encode(b, _writable(out))
 
 
 def _writable(out):

@@ -55,11 +55,6 @@ class KVLayout:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.itemsize
 
     @property
-    def block_bytes(self) -> int:
-        """Bytes of one block of one layer's K (or V)."""
-        return self.block_size * self.num_kv_heads * self.head_dim * self.itemsize
-
-    @property
     def torch_dtype(self) -> torch.dtype:
         return _TORCH_DTYPES[self.dtype]
 

@@ -181,32 +181,6 @@ def _check_group_sizes(group_ids: torch.Tensor, expected: int) -> None:
                          f"off: {bad[:5]}")
 
 
-def pack_groups(samples: Sequence[ScoredSample], max_tokens: int) -> list[list[ScoredSample]]:
-    """Split samples into micro-batches of whole groups, each padded size <= max_tokens.
-
-    Padded size is rows * longest row. Groups keep their first-seen order; a single group
-    larger than max_tokens becomes a micro-batch on its own (groups are never split).
-    """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    groups: dict[int, list[ScoredSample]] = {}
-    for s in samples:
-        groups.setdefault(s.group_id, []).append(s)
-    batches: list[list[ScoredSample]] = []
-    current: list[ScoredSample] = []
-    longest = 0
-    for members in groups.values():
-        cand_longest = max(longest, max(m.num_tokens for m in members))
-        if current and (len(current) + len(members)) * cand_longest > max_tokens:
-            batches.append(current)
-            current, cand_longest = [], max(m.num_tokens for m in members)
-        current = current + members
-        longest = cand_longest
-    if current:
-        batches.append(current)
-    return batches
-
-
 @torch.no_grad()
 def reference_logprobs(ref_model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
     """Log-probs of the batch's response tokens under a frozen reference model (for KL), at the

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rlboost import _C
 from rlboost.errors import ProtocolError
-from rlboost.migration.batch import MigrationBatch, pack_batch, pack_batch_into, packed_batch_nbytes, unpack_batch
+from rlboost.migration.batch import MigrationBatch, pack_batch, packed_batch_nbytes, unpack_batch
 from rlboost.migration.kv import KVLayout, gather_pages, scatter_pages
 from rlboost.migration.state import RequestState, SamplingParams, pack_states
 
@@ -60,10 +60,10 @@ def test_pack_into_a_reused_buffer(states, layout, with_kv):
     expected = pack_batch(b)
     assert packed_batch_nbytes(b) == len(expected)
     out = bytearray(b"\xee" * (len(expected) + 10))  # stale contents must not leak into padding
-    assert pack_batch_into(b, out) == len(expected)
+    assert len(pack_batch(b, out=out)) == len(expected)
     assert out[:len(expected)] == expected
     tensor_out = torch.full((len(expected),), 7, dtype=torch.uint8)
-    assert pack_batch_into(b, tensor_out) == len(expected)
+    assert len(pack_batch(b, out=tensor_out)) == len(expected)
     assert tensor_out.numpy().tobytes() == expected
 
 
@@ -87,11 +87,11 @@ def test_pack_into_rejects_small_or_read_only_buffers():
     b = kv_batch([long_state(1, 3, 3)])
     need = packed_batch_nbytes(b)
     with pytest.raises(ValueError, match=f"needs {need}"):
-        pack_batch_into(b, bytearray(need - 1))
+        pack_batch(b, out=bytearray(need - 1))
     with pytest.raises(ValueError, match="writable"):
-        pack_batch_into(b, bytes(need))
+        pack_batch(b, out=bytes(need))
     with pytest.raises(ValueError, match="CPU torch.uint8"):
-        pack_batch_into(b, torch.zeros(need, dtype=torch.int8))
+        pack_batch(b, out=torch.zeros(need, dtype=torch.int8))
 
 
 def test_roundtrip_long_samples_with_kv():

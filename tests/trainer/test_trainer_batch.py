@@ -7,7 +7,7 @@ import torch
 
 from rlboost.models import empty_model, tiny_config
 from rlboost.models.checkpoint import init_random
-from rlboost.trainer.batch import ScoredSample, build_micro_batch, micro_batch_loss, pack_groups
+from rlboost.trainer.batch import ScoredSample, build_micro_batch, micro_batch_loss
 from rlboost.trainer.grpo import GRPOConfig, token_logprobs
 
 
@@ -58,18 +58,6 @@ def test_sample_record_validates_its_fields():
         _sample(0, 0, (1,), (2,), float("nan"))
     with pytest.raises(ValueError, match="output_ids"):
         _sample(0, 0, (1,), (), 1.0, ())
-
-
-def test_pack_groups_keeps_groups_whole_under_a_token_budget():
-    samples = [_sample(i, i // 2, (1, 2), (3,) * (1 + i), float(i)) for i in range(6)]
-    # lengths 3..8; groups (3, 4), (5, 6), (7, 8): 4 rows x 6 = 24 fit, 6 rows x 8 do not
-    batches = pack_groups(samples, max_tokens=24)
-    assert [[s.sample_id for s in b] for b in batches] == [[0, 1, 2, 3], [4, 5]]
-    for b in batches:
-        groups = {s.group_id for s in b}
-        assert all(sum(s.group_id == g for s in b) == 2 for g in groups)
-    # a group bigger than the budget still forms one micro-batch
-    assert [[s.sample_id for s in b] for b in pack_groups(samples, 1)] == [[0, 1], [2, 3], [4, 5]]
 
 
 def test_micro_batch_loss_on_policy_and_split_across_micro_batches():
