@@ -32,7 +32,7 @@ from rlboost.migration.state import RequestState
 from rlboost.rollout.admission import validate_states
 from rlboost.rollout.engine import EngineLoad
 from rlboost.rollout.sglang.config import SGLangEngineConfig
-from rlboost.rollout.sglang.rate import DecodeRate
+from rlboost.rollout.sglang.rate import DecodeRate, LoadCounts
 from rlboost.rollout.sglang.requests import SGLangSample, cut_at_stop, finish_of, new_entries, request_id
 from rlboost.rollout.sglang.thread import LoopThread
 from rlboost.rollout.sglang.weights import (
@@ -87,7 +87,7 @@ class SGLangEngine(ThreadedEngineState):
         self._rate = 0.0
         # Engine thread only:
         self._samples: dict[int, SGLangSample] = {}
-        self._running = self._queued = self._queued_tokens = 0  # _samples summed up
+        self._load_counts = LoadCounts()  # _samples summed up
         self._tasks: set[asyncio.Task] = set()
         self._decode_rate = DecodeRate(config.rate_window_s)
         self._released = False
@@ -323,15 +323,11 @@ class SGLangEngine(ThreadedEngineState):
             self._decode_rate.idle()
 
     def _account(self, sample: SGLangSample, sign: int) -> None:
-        """Add (+1) or take out (-1) a sample's share of the load counts."""
-        started = 1 if sample.ids else 0
-        self._running += sign * started
-        self._queued += sign * (1 - started)
-        self._queued_tokens += sign * sample.remaining
+        self._load_counts.add(bool(sample.ids), sample.remaining, sign)
 
     def _publish_counts(self) -> None:
         with self._cond:
-            self._counts = (self._running, self._queued, self._queued_tokens)
+            self._counts = self._load_counts.snapshot()
 
     def _fail(self, e: BaseException) -> None:
         with self._cond:

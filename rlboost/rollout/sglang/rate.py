@@ -1,5 +1,6 @@
-"""DecodeRate: tokens/s an engine decodes, measured over its recent busy time only, so the
-idle gaps between steps do not dilute the rate the router and the offload policy read."""
+"""What an SGLang engine reports in load(): DecodeRate, the tokens/s it decodes measured
+over its recent busy time only (idle gaps between steps do not dilute the rate the router
+and the offload policy read), and LoadCounts, its running and queued samples."""
 
 from __future__ import annotations
 
@@ -35,3 +36,19 @@ class DecodeRate:
     def idle(self) -> None:
         self._busy_since = None
         self._arrivals.clear()
+
+
+class LoadCounts:
+    """Samples decoding, samples waiting for their first token, and the tokens all of them
+    may still produce: the engine thread adds (+1) and takes out (-1) each sample's share."""
+
+    def __init__(self) -> None:
+        self.running = self.queued = self.queued_tokens = 0
+
+    def add(self, started: bool, remaining: int, sign: int) -> None:
+        self.running += sign * int(started)
+        self.queued += sign * (1 - int(started))
+        self.queued_tokens += sign * remaining
+
+    def snapshot(self) -> tuple[int, int, int]:
+        return self.running, self.queued, self.queued_tokens
