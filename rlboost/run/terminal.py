@@ -66,8 +66,13 @@ class StopSignal:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("\nstopping after this step (checkpoint, then exit); Ctrl-C again to stop now",
-              file=self._terminal or sys.stderr, flush=True)
+        # A signal handler runs between any two bytecodes, possibly inside the progress bar's own
+        # write to this stream; a buffered write from here would be reentrant, so write the raw fd.
+        stream = self._terminal or sys.stderr
+        try:
+            os.write(stream.fileno(), b"\nstopping after this step (checkpoint, then exit); Ctrl-C again to stop now\n")
+        except (OSError, ValueError, AttributeError):
+            pass
 
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
