@@ -80,6 +80,27 @@ def kill_below(root: int, pids: list[int]) -> None:
             pass
 
 
+def started_at(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot), None once it has ended: with the
+    pid it names one process, even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def kill_leftovers(processes: dict[int, int | None]) -> None:
+    """SIGKILL the processes of a snapshot {pid: started_at(pid)} taken while they were
+    this test's descendants, that still run (the same processes: same start times)."""
+    for pid, start in processes.items():
+        if start is not None and started_at(pid) == start:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def rlboost(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
     """`rlboost train ARGS` as a user runs it, its output captured (cwd outside the source
     tree: the installed package is imported)."""

@@ -92,7 +92,7 @@ class Cluster:
         try:
             self._launch(weights, reference, optimizer_state)
         except BaseException:
-            self.close()
+            self.close(failed=True)
             raise
 
     def _launch(self, weights: Path, reference: Path, optimizer_state: str | None) -> None:
@@ -204,8 +204,13 @@ class Cluster:
         named = [("the controller", self.controller)] if self.controller is not None else []
         if self.trainer is not None:
             named += [(f"trainer rank {r}", rank) for r, rank in enumerate(self.trainer.ranks)]
-        pings = {rank.__ray_ready__.remote(): name for name, rank in named}
-        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=DEATH_CHECK_S) if pings else ([], [])
+        if not named:
+            return []
+        try:
+            pings = {actor.__ray_ready__.remote(): name for name, actor in named}
+            answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=DEATH_CHECK_S)
+        except Exception:  # Ray itself is failing: no process can be named
+            return []
         dead = []
         for ref in answered:
             try:
