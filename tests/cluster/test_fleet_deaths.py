@@ -19,8 +19,9 @@ from rlboost.controller.actor import RolloutController
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.models import build_tiny_checkpoint, load_pretrained
-from rlboost.rollout.embedded import EmbeddedEngineConfig
-from rlboost.transfer import TransferConfig, WeightPublisher
+from rlboost.rollout.config import RolloutConfig
+from rlboost.rollout.embedded.engine import EmbeddedEngineConfig
+from rlboost.transfer import TransferConfig, WeightPublisher, new_secret
 
 
 class EventsForTests:
@@ -55,11 +56,12 @@ def test_a_dead_reserved_engine_is_replaced_and_every_death_is_recorded(ray_clus
     ctl = RolloutController.options(num_cpus=0).remote(ControllerConfig(
         poll_interval_s=0.02, registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=4)))
     rec, ledger = EventsForTests(), CostLedger()
-    with WeightPublisher(TransferConfig()) as pub:
+    transfer = TransferConfig(secret=new_secret())  # the run's secret, shared with its instances
+    with WeightPublisher(transfer) as pub:
         pub.publish(1, load_pretrained(ckpt).named_weights())
         ray.get(ctl.set_weight_version.remote(1))
-        template = InstanceSpec(instance_id="t", kind="preemptible", capacity=4, transfer=TransferConfig(),
-                                engine=EmbeddedEngineConfig(model_dir=str(ckpt), num_blocks=64),
+        template = InstanceSpec(instance_id="t", kind="preemptible", transfer=transfer, model_dir=str(ckpt),
+                                rollout=RolloutConfig(capacity=4, embedded=EmbeddedEngineConfig(num_blocks=64)),
                                 sources=(pub.address,))
         fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, lambda: 0.0)
         try:
