@@ -12,6 +12,7 @@ every step once in metrics.jsonl, each trained on all of its samples exactly onc
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -66,7 +67,7 @@ def _active_pid(run: Path, instance: str, proc) -> int:
                       RUN_TIMEOUT_S, f"active {instance}", proc)
 
 
-def _completed(tmp_path: Path, proc, run: Path) -> str:
+def _completed(proc, run: Path) -> str:
     """The run ended well; returns what it printed on stderr."""
     code, out, err = finish(proc, RUN_TIMEOUT_S)
     assert code == 0, f"rlboost train exited {code}:\n{err[-4000:]}"
@@ -98,6 +99,12 @@ def _restarted(run: Path, err: str, who: str) -> None:
     launches = [(e["reason"], e["step"]) for e in jsonl(run / "events.jsonl") if e["kind"] == "launch"]
     assert launches == [("start", 1), ("restart", failed)]
     assert f"| restarts from a checkpoint | 1 ({who} died in step {failed}); " in (run / "summary.md").read_text()
+    # the reserved cluster is billed without a gap from the checkpoint through the relaunch
+    before, after = (next(m for m in jsonl(run / "metrics.jsonl") if m["step"] == s) for s in (checkpoint, failed))
+    cost = json.loads((run / "config.json").read_text())["cost"]
+    usd_per_s = cost["reserved_usd_per_hour"] / 3600 * cost["time_scale"]
+    held_s = after["elapsed_s"] - before["elapsed_s"]
+    assert after["reserved_usd"] - before["reserved_usd"] == pytest.approx(held_s * usd_per_s, rel=1e-3)
 
 
 def test_a_trainer_rank_that_dies_is_restarted_from_the_last_checkpoint(tmp_path):
@@ -105,7 +112,7 @@ def test_a_trainer_rank_that_dies_is_restarted_from_the_last_checkpoint(tmp_path
     run = _run_dir(tmp_path, proc)
     _after_checkpoint(run, 1, proc)
     kill_below(proc.pid, [_processes(run)["trainer_ranks"][1]["pid"]])
-    err = _completed(tmp_path, proc, run)
+    err = _completed(proc, run)
     _restarted(run, err, "trainer rank 1")
 
 
@@ -115,7 +122,7 @@ def test_a_controller_that_dies_is_restarted_from_the_last_checkpoint(tmp_path):
     run = _run_dir(tmp_path, proc)
     _after_checkpoint(run, 1, proc)
     kill_below(proc.pid, [_processes(run)["controller"]["pid"]])
-    err = _completed(tmp_path, proc, run)
+    err = _completed(proc, run)
     _restarted(run, err, "the controller")
 
 
@@ -126,7 +133,7 @@ def _instance_killed_mid_step(tmp_path: Path, instance: str) -> tuple[Path, str]
     _after_checkpoint(run, 1, proc)
     time.sleep(1.0)  # aims the kill one second into step 2 (no condition is awaited)
     kill_below(proc.pid, [pid])
-    return run, _completed(tmp_path, proc, run)
+    return run, _completed(proc, run)
 
 
 @pytest.mark.slow
@@ -167,7 +174,7 @@ def test_without_restarts_a_death_stops_the_run_in_one_line_and_resume_completes
                         rf"continue from the checkpoint of step \d+ with: rlboost train --resume {re.escape(str(run))}",
                         lines[0]), lines[0]
     resumed = rlboost(["--resume", str(run)], tmp_path, env)
-    _completed(tmp_path, resumed, run)
+    _completed(resumed, run)
 
 
 @pytest.mark.slow
@@ -182,4 +189,4 @@ def test_a_killed_driver_leaves_no_rendezvous_behind_a_resume(tmp_path):
     kill_leftovers(below)  # Ray's agents outlive a killed driver for a minute or so
     assert list(run.glob(".rendezvous-*"))  # the file rendezvous of the killed launch
     resumed = rlboost(["--resume", str(run)], tmp_path, env)
-    _completed(tmp_path, resumed, run)
+    _completed(resumed, run)

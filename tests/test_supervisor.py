@@ -63,6 +63,7 @@ def test_a_restart_goes_back_to_the_checkpoint_and_bills_the_time_lost(tmp_path)
     assert record["cause"] == "trainer rank 1 died in step 5" and record["failed_step"] == 5
     assert record["checkpoint"] == 2 and record["lost_s"] == pytest.approx(25.0, abs=0.5)
     assert run.elapsed() >= 45.0  # the clock runs on: the redone steps come after the failure
+    assert restart.at_s >= 45.0  # and the reserved cluster stays billed through the relaunch
 
 
 def test_restarts_stop_at_max_restarts_and_say_how_to_continue(tmp_path):

@@ -81,14 +81,16 @@ def supervise(config: RunConfig, run: RunDirectory, launch: Launch, terminal: Te
                 raise
             restart = supervisor.restart(failure, launch.ledger)
             print(restart.line, file=terminal, flush=True)
-            launch = prepare_launch(config, run, restart.first, carried=restart.ledger)
+            launch = prepare_launch(config, run, restart.first, carried=restart.ledger, billed_from=restart.at_s)
 
 
 @dataclass(frozen=True, slots=True)
 class Launch:
     """What one launch of a run starts from: its first step, the checkpoint state it resumes
     (empty for a new run), the starting and reference weights, the prompts, the trace plan
-    and the cost ledger carried over from earlier launches."""
+    and the cost ledger carried over from earlier launches; billed_from: when the reserved
+    cluster's billing resumes (a restart: the failure, since the reserved machines are held
+    through the relaunch), None for when the launch starts it."""
 
     first: int
     state: dict
@@ -98,9 +100,11 @@ class Launch:
     feed: TaskFeed
     plan: TracePlan
     ledger: CostLedger
+    billed_from: float | None = None
 
 
-def prepare_launch(config: RunConfig, run: RunDirectory, first: int, carried: dict | None = None) -> Launch:
+def prepare_launch(config: RunConfig, run: RunDirectory, first: int, carried: dict | None = None,
+                   billed_from: float | None = None) -> Launch:
     """Everything before any process starts; a bad model, tokenizer or dataset is ConfigError.
     carried: the cost totals of the launches before this one (default: the checkpoint's)."""
     state = checkpoint_state(run, first)
@@ -113,7 +117,7 @@ def prepare_launch(config: RunConfig, run: RunDirectory, first: int, carried: di
     ledger = CostLedger(config.cost)
     ledger.carry(state.get("ledger", {}) if carried is None else carried)  # costs of earlier launches
     return Launch(first, state, start, weights, optimizer_state, feed,
-                  plan_trace(config, config.run.steps - first + 1, step_s=1.0), ledger)
+                  plan_trace(config, config.run.steps - first + 1, step_s=1.0), ledger, billed_from)
 
 
 def run_steps(config: RunConfig, run: RunDirectory, launch: Launch, terminal: TextIO, stop: StopSignal) -> int:
@@ -124,7 +128,7 @@ def run_steps(config: RunConfig, run: RunDirectory, launch: Launch, terminal: Te
         failed = True  # until the steps are done: close what is left without waiting on it
         try:
             cluster = Cluster(config, run, launch.ledger, weights=launch.weights, reference=launch.start,
-                              optimizer_state=launch.optimizer_state)
+                              optimizer_state=launch.optimizer_state, billed_from=launch.billed_from)
             progress = StepProgress(launch.first, config.run.steps, config.run.progress, file=terminal)
             cluster.begin(version=launch.first)
             if launch.state.get("trace"):  # resumed: the trace goes on from where the checkpoint left it

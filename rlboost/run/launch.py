@@ -75,7 +75,7 @@ class Cluster:
     """The run's actors and the calls one step makes on them."""
 
     def __init__(self, config: RunConfig, run: RunDirectory, ledger: CostLedger, *, weights: Path,
-                 reference: Path, optimizer_state: str | None):
+                 reference: Path, optimizer_state: str | None, billed_from: float | None = None):
         # one secret for every weight server and puller of the run, carried to them by Ray;
         # never written to config.json (which drops bytes) or logged
         secret = config.transfer.secret or run_secret()
@@ -90,12 +90,13 @@ class Cluster:
             kind, step = parse_injection(item)
             self.injections.setdefault(step, []).append(kind)
         try:
-            self._launch(weights, reference, optimizer_state)
+            self._launch(weights, reference, optimizer_state, billed_from)
         except BaseException:
             self.close(failed=True)
             raise
 
-    def _launch(self, weights: Path, reference: Path, optimizer_state: str | None) -> None:
+    def _launch(self, weights: Path, reference: Path, optimizer_state: str | None,
+                billed_from: float | None) -> None:
         config, run = self.config, self.run
         t, r = config.trainer, config.rollout
         self.trainer = TrainerGroup.launch(rank_specs(config, weights, reference),
@@ -108,7 +109,9 @@ class Cluster:
         self.fleet = Fleet(self.controller, instance_template(config, weights, publisher),
                            lambda kind: actor_options(kind, cpus=r.instance_cpus, gpus=r.instance_gpus),
                            self.ledger, run.append_event, run.elapsed)
-        self.ledger.start("reserved-cluster", "reserved", at_s=run.elapsed())
+        # a restart keeps the reserved cluster billed through its relaunch: its machines are held
+        billed = run.elapsed() if billed_from is None else billed_from
+        self.ledger.start("reserved-cluster", "reserved", at_s=billed)
         for i in range(config.cluster.reserved_instances):  # engines start while the trainer loads
             self.fleet.join(f"reserved-{i}", "reserved")
         for i in range(config.cluster.initial_preemptible):
@@ -223,7 +226,7 @@ class Cluster:
         """Stop the trace, the instances, the controller and the trainer (in that order);
         whatever was started, even by a launch that failed half way. failed: a process may
         be dead or stuck in a collective, so the live ones get seconds, not minutes, to
-        leave cleanly before they are killed."""
+        leave cleanly before they are killed; the reserved cluster is still billed."""
         wait_s = 2.0 if failed else 30.0
         if self.replay is not None:
             self.replay.stop()
@@ -239,7 +242,8 @@ class Cluster:
             self.trainer.close(timeout_s=2 * wait_s)
         if self.rendezvous is not None:  # the ranks have left their process group
             self.rendezvous.unlink(missing_ok=True)
-        if "reserved-cluster" in self.ledger.running():
+        if "reserved-cluster" in self.ledger.running() and not failed:
+            # after a failure its machines stay held (and billed) until the run is launched again
             self.ledger.stop("reserved-cluster", at_s=self.run.elapsed())
 
 

@@ -31,7 +31,8 @@ class RunSummary:
     (their process or node died). restarts are the driver's relaunches from the last
     checkpoint after the controller or a trainer rank died or a step failed (restart_causes
     says what, in which step); the run's time from each checkpoint to the failure after it
-    (restart_lost_s, summed) was redone, and it is billed: the instances were up meanwhile.
+    (restart_lost_s, summed) was redone, and it is billed: the instances were up meanwhile
+    (and the reserved cluster stays billed while the run is launched again).
     """
 
     steps: int

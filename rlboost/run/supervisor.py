@@ -18,11 +18,12 @@ from rlboost.trainer.checkpoint import read_state
 
 @dataclass(frozen=True, slots=True)
 class Restart:
-    """Where the next launch starts (its first step), the costs it carries over and the
-    line that tells the user."""
+    """Where the next launch starts (its first step), the costs it carries over, when (run
+    clock) the reserved cluster's billing goes on, and the line that tells the user."""
 
     first: int
     ledger: dict
+    at_s: float
     line: str
 
 
@@ -31,7 +32,8 @@ class Supervisor:
 
     A restart is billed honestly: the instance time from the checkpoint to the failure was
     spent, so the next launch carries the failed launch's instance-seconds (not the
-    checkpoint's), while tokens count only the steps kept. Metrics and events after the
+    checkpoint's) and bills the reserved cluster through the relaunch (its machines stay
+    held), while tokens count only the steps kept. Metrics and events after the
     checkpoint are dropped (those steps are redone), the clock runs on, and the restart is
     recorded as an event {"kind": "restart", cause, failed_step, checkpoint, lost_s,
     restart, max_restarts} followed by a launch record with reason "restart".
@@ -52,7 +54,7 @@ class Supervisor:
         state = read_state(run.checkpoint_dir(checkpoint)) if checkpoint is not None else {}
         back_to = float(state["elapsed_s"]) if state else _start_time(run)
         now = run.elapsed()
-        seconds = ledger.totals(at_s=now)["seconds"]  # the failed launch's processes are closed
+        seconds = ledger.totals(at_s=now)["seconds"]  # the reserved cluster's up to now
         run.truncate_metrics(checkpoint or 0)
         run.truncate_events(back_to)
         for record in self._records:  # an earlier restart after this checkpoint stays on record
@@ -69,7 +71,7 @@ class Supervisor:
             random.seed(self.seed)
             torch.manual_seed(self.seed)
         tokens = int(state.get("ledger", {}).get("tokens", 0)) if state else 0
-        return Restart(first, {"seconds": seconds, "tokens": tokens},
+        return Restart(first, {"seconds": seconds, "tokens": tokens}, now,
                        restart_line(failure, self.restarts, self.max_restarts))
 
 
