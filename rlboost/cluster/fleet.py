@@ -6,13 +6,16 @@ the deadline) or suddenly (the actor is killed; the controller finds out on its 
 call), and records every instance event in the run directory's events.jsonl (in causal
 order per instance: join, then active, then notice, then its end) and every instance
 lifetime in the cost ledger. A watcher thread follows the controller's view (first time
-active, gone) and keeps each instance's list of relay peers current.
+active, gone) and keeps each instance's list of relay peers current. An instance that
+dies on its own (its process or its node) is recorded as a death like a sudden
+preemption; a reserved engine that dies is replaced at once, under the same name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,9 +27,11 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.instance import InstanceSpec, PullRecord, RolloutInstance
 
 WATCH_INTERVAL_S = 0.25
-# Why an instance ended ("gone" events): its notice's deadline came, the controller stopped
-# hearing from it, or the run shut its fleet down.
-GONE_REASONS = ("reclaimed", "lost", "shutdown")
+# Why an instance ended. "gone" events: its notice's deadline came, or the run shut its
+# fleet down. "death" events: the run killed it without notice (a sudden preemption), or it
+# was lost (its process or node died, or it stopped answering, and the controller dropped it).
+GONE_REASONS = ("reclaimed", "shutdown")
+DEATH_REASONS = ("killed", "lost")
 log = logging.getLogger(__name__)
 
 
@@ -35,11 +40,13 @@ class _Member:
     spec: InstanceSpec
     handle: Any
     ready: Any  # ObjectRef of ready(): the relay address
+    process: Any  # ObjectRef of process_info(): where the actor runs
     relay: str | None = None
     alive: bool = True
     noticed: bool = False
     deadline: float | None = None  # run clock; a notice the controller has not received yet
     seen: set = field(default_factory=set)  # controller states seen (this life)
+    samples: int = 0  # samples the controller had on it when last seen
 
 
 class Fleet:
@@ -48,8 +55,10 @@ class Fleet:
     template: an InstanceSpec whose instance_id/kind are replaced per instance.
     record(kind, instance=..., pool=..., preemptible_up=..., reserved_up=..., **more)
     appends one event (events.jsonl; the counts are instances placed and not ended after
-    the event, starting and draining ones included); now() is the run's clock in seconds,
-    shared with the ledger.
+    the event, starting and draining ones included); a death event also carries its reason
+    (DEATH_REASONS) and samples_resumed, the samples the controller had on the instance
+    when last seen (they resume elsewhere from their last collected token). now() is the
+    run's clock in seconds, shared with the ledger.
     """
 
     def __init__(self, controller: Any, template: InstanceSpec, actor_options: Callable[[str], dict],
@@ -81,7 +90,8 @@ class Fleet:
         with self._lock:
             if instance_id in self._members and self._members[instance_id].alive:
                 raise ValueError(f"instance {instance_id!r} is already running")
-            self._members[instance_id] = _Member(spec, handle, handle.ready.remote())
+            self._members[instance_id] = _Member(spec, handle, handle.ready.remote(),
+                                                 handle.__ray_call__.remote(process_info))
             if kind != "reserved":  # reserved engines run on the reserved cluster, billed as a whole
                 self.ledger.start(instance_id, kind, at_s=self.now())
             self._record("join", instance_id)
@@ -128,7 +138,7 @@ class Fleet:
             if member is None or not member.alive:
                 return
             self.preemptions["sudden"] += 1
-            self._terminate(instance_id, "death")
+            self._terminate(instance_id, "death", reason="killed", samples_resumed=member.samples)
 
     def _reclaim(self, instance_id: str) -> None:
         with self._lock:
@@ -244,24 +254,33 @@ class Fleet:
 
     def _observe(self, timeout_s: float = 30.0) -> None:
         try:
-            states = {s.instance_id: s.state
-                      for s in ray.get(self.controller.instances.remote(), timeout=timeout_s)}
+            statuses = {s.instance_id: s for s in ray.get(self.controller.instances.remote(), timeout=timeout_s)}
         except ray.exceptions.GetTimeoutError:  # controller busy: try again next round
             return
+        except ray.exceptions.RayActorError:  # the controller died: the driver finds out on its next call
+            return
         with self._lock:
-            for iid, m in self._members.items():
-                state = states.get(iid)
-                if state == "active" and "active" not in m.seen and m.alive and not m.noticed:
-                    self._record("active", iid)
-                if state is not None:
-                    m.seen.add(state)
-                    if m.deadline is not None and m.alive:
-                        self._deliver_notice(iid, m)
-                elif m.alive and m.seen and not m.noticed:
-                    # the controller dropped a live instance (missed heartbeats): end it
-                    log.warning("the controller dropped instance %s; ending it", iid)
-                    self._terminate(iid, "gone", reason="lost")
+            for iid, m in list(self._members.items()):
+                status = statuses.get(iid)
+                if status is None:
+                    if m.alive and m.seen and not m.noticed:
+                        self._lost(iid, m)
+                    continue
+                if status.state == "active" and "active" not in m.seen and m.alive and not m.noticed:
+                    self._record("active", iid, **_ready_or_empty(m.process))
+                m.seen.add(status.state)
+                m.samples = status.samples
+                if m.deadline is not None and m.alive:
+                    self._deliver_notice(iid, m)
             self._refresh_peers()
+
+    def _lost(self, instance_id: str, member: _Member) -> None:
+        """The controller dropped a live instance (its process or node died, or it stopped
+        answering): end it, and start a new reserved engine in a lost one's place."""
+        log.warning("the controller dropped instance %s; ending it", instance_id)
+        self._terminate(instance_id, "death", reason="lost", samples_resumed=member.samples)
+        if member.spec.kind == "reserved" and not self._stop.is_set():
+            self.join(instance_id, "reserved")
 
     def _refresh_peers(self) -> None:
         for m in self._members.values():
@@ -291,3 +310,20 @@ class Fleet:
             for iid, m in self._members.items():
                 if m.alive:
                     self._terminate(iid, "gone", reason="shutdown")
+
+
+def process_info(_actor: Any = None) -> dict:
+    """{"pid", "node"} of the calling process (run inside an actor with __ray_call__), so
+    the run's events say which process each instance, the controller and each trainer
+    rank was: what to look for in Ray's logs when one dies."""
+    return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+
+
+def _ready_or_empty(ref: Any) -> dict:
+    done, _ = ray.wait([ref], timeout=0)
+    if not done:
+        return {}
+    try:
+        return ray.get(done[0])
+    except Exception:  # it died meanwhile: its death is recorded next
+        return {}

@@ -44,6 +44,8 @@ class RunOptions:
     """show the progress bar and print the summary at the end"""
     microbatch_timeout_s: float = 600.0
     """the trainer gives up waiting for its next micro-batch after this long"""
+    max_restarts: int = 3
+    """relaunches from the last checkpoint when the controller or a trainer rank dies or a step fails"""
 
     def __post_init__(self) -> None:
         require(bool(self.name) and "/" not in self.name, "run.name", "a non-empty name without '/'",
@@ -52,6 +54,7 @@ class RunOptions:
         require(self.checkpoint_every >= 1, "run.checkpoint_every", ">= 1", self.checkpoint_every)
         require(self.microbatch_timeout_s > 0, "run.microbatch_timeout_s", "> 0",
                  self.microbatch_timeout_s)
+        require(0 <= self.max_restarts <= 1000, "run.max_restarts", "in [0, 1000]", self.max_restarts)
 
 
 @dataclass(kw_only=True, slots=True)

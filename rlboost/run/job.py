@@ -22,8 +22,9 @@ from rlboost.run.checkpoints import checkpoint_state, last_checkpoint_step, open
 from rlboost.run.directory import RunDirectory
 from rlboost.run.launch import Cluster, TracePlan, gpu_needs, plan_trace, ray_settings
 from rlboost.run.metrics import Phases, step_record
-from rlboost.run.outcome import RunResult, failure_summary, halted
+from rlboost.run.outcome import RecoverableFailure, RunResult, failure_summary, halted, recoverable
 from rlboost.run.report import write_report
+from rlboost.run.supervisor import Supervisor
 from rlboost.run.terminal import DRIVER_LOG, StepProgress, StopSignal, driver_output, say
 from rlboost.trainer.feed import TaskFeed, task_feed
 from rlboost.trainer.loop import train_streaming
@@ -55,8 +56,8 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
     try:
         launch = prepare_launch(config, run, first)
         try:
-            with driver_output(run.path / DRIVER_LOG, enabled=quiet) as terminal:
-                done = run_steps(config, run, launch, terminal)
+            with driver_output(run.path / DRIVER_LOG, enabled=quiet) as terminal, StopSignal(terminal) as stop:
+                done = supervise(config, run, launch, terminal, stop)
         finally:
             if run.metrics():  # what the run did so far: plots and summary, even when it failed
                 write_report(run, echo=config.run.progress)
@@ -67,11 +68,29 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
     return RunResult(run, done, stopped=done < config.run.steps)
 
 
+def supervise(config: RunConfig, run: RunDirectory, launch: Launch, terminal: TextIO, stop: StopSignal) -> int:
+    """Train the run's steps; when the controller or a trainer rank dies or a step fails,
+    go back to the last checkpoint and launch again (at most run.max_restarts times).
+    Returns the last step done."""
+    supervisor = Supervisor(run, config.run.max_restarts, seed=config.run.seed)
+    while True:
+        try:
+            return run_steps(config, run, launch, terminal, stop)
+        except RecoverableFailure as failure:
+            if stop.requested:  # the user is stopping the run: no relaunch
+                raise
+            restart = supervisor.restart(failure, launch.ledger)
+            print(restart.line, file=terminal, flush=True)
+            launch = prepare_launch(config, run, restart.first, carried=restart.ledger, billed_from=restart.at_s)
+
+
 @dataclass(frozen=True, slots=True)
 class Launch:
     """What one launch of a run starts from: its first step, the checkpoint state it resumes
     (empty for a new run), the starting and reference weights, the prompts, the trace plan
-    and the cost ledger carried over from earlier launches."""
+    and the cost ledger carried over from earlier launches; billed_from: when the reserved
+    cluster's billing resumes (a restart: the failure, since the reserved machines are held
+    through the relaunch), None for when the launch starts it."""
 
     first: int
     state: dict
@@ -81,10 +100,13 @@ class Launch:
     feed: TaskFeed
     plan: TracePlan
     ledger: CostLedger
+    billed_from: float | None = None
 
 
-def prepare_launch(config: RunConfig, run: RunDirectory, first: int) -> Launch:
-    """Everything before any process starts; a bad model, tokenizer or dataset is ConfigError."""
+def prepare_launch(config: RunConfig, run: RunDirectory, first: int, carried: dict | None = None,
+                   billed_from: float | None = None) -> Launch:
+    """Everything before any process starts; a bad model, tokenizer or dataset is ConfigError.
+    carried: the cost totals of the launches before this one (default: the checkpoint's)."""
     state = checkpoint_state(run, first)
     try:
         start = prepare_checkpoint(config.model, config.task).resolve()  # built and cached once
@@ -93,19 +115,20 @@ def prepare_launch(config: RunConfig, run: RunDirectory, first: int) -> Launch:
         raise ConfigError(str(exc)) from exc
     weights, optimizer_state = resume_weights(run, start, first)
     ledger = CostLedger(config.cost)
-    ledger.carry(state.get("ledger", {}))  # costs of the launches before this resume
+    ledger.carry(state.get("ledger", {}) if carried is None else carried)  # costs of earlier launches
     return Launch(first, state, start, weights, optimizer_state, feed,
-                  plan_trace(config, config.run.steps - first + 1, step_s=1.0), ledger)
+                  plan_trace(config, config.run.steps - first + 1, step_s=1.0), ledger, billed_from)
 
 
-def run_steps(config: RunConfig, run: RunDirectory, launch: Launch, terminal: TextIO) -> int:
+def run_steps(config: RunConfig, run: RunDirectory, launch: Launch, terminal: TextIO, stop: StopSignal) -> int:
     """Start the run's processes and train its steps; returns the last step done."""
     step = done = launch.first - 1
-    with StopSignal(terminal) as stop, RaySession(ray_settings(config, launch.plan, worker_dir=str(run.path))):
+    with RaySession(ray_settings(config, launch.plan, worker_dir=str(run.path))):
         cluster = progress = None
+        failed = True  # until the steps are done: close what is left without waiting on it
         try:
             cluster = Cluster(config, run, launch.ledger, weights=launch.weights, reference=launch.start,
-                              optimizer_state=launch.optimizer_state)
+                              optimizer_state=launch.optimizer_state, billed_from=launch.billed_from)
             progress = StepProgress(launch.first, config.run.steps, config.run.progress, file=terminal)
             cluster.begin(version=launch.first)
             if launch.state.get("trace"):  # resumed: the trace goes on from where the checkpoint left it
@@ -123,19 +146,30 @@ def run_steps(config: RunConfig, run: RunDirectory, launch: Launch, terminal: Te
                 done = step
                 if stop.requested:
                     break
+            failed = False
         except KeyboardInterrupt:
             raise halted(RunInterrupted, "interrupted", run, max(step, done + 1), last_checkpoint_step(run)) from None
         except Exception as exc:
-            summary = failure_summary(exc)
-            if summary is None:
+            failure = launch_failure(exc, cluster, run, max(step, done + 1))
+            if failure is exc:
                 raise  # a bug: its traceback says where
-            raise halted(RunFailed, summary, run, max(step, done + 1), last_checkpoint_step(run)) from exc
+            raise failure from exc
         finally:
             if progress is not None:
                 progress.close()
             if cluster is not None:
-                cluster.close()
+                cluster.close(failed=failed)
     return done
+
+
+def launch_failure(exc: Exception, cluster: Cluster | None, run: RunDirectory, step: int) -> Exception:
+    """The RunFailed that an exception of a started launch stands for: RecoverableFailure when
+    the driver may restart the run for it; `exc` itself when it is a bug."""
+    headline = recoverable(exc, cluster.dead_processes() if cluster is not None else [], step)
+    if headline is not None:
+        return halted(RecoverableFailure, headline, run, step, last_checkpoint_step(run))
+    summary = failure_summary(exc)
+    return exc if summary is None else halted(RunFailed, summary, run, step, last_checkpoint_step(run))
 
 
 def train_step(cluster: Cluster, feed: TaskFeed, step: int, config: RunConfig) -> dict:

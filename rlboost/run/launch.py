@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.cluster.config import parse_injection
 from rlboost.cluster.cost import CostLedger
-from rlboost.cluster.fleet import Fleet
+from rlboost.cluster.fleet import Fleet, process_info
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.placement import GpuNeeds
 from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
@@ -28,6 +29,7 @@ from rlboost.trainer.rank import RankSpec
 from rlboost.transfer import run_secret
 
 READY_TIMEOUT_S = 600.0
+DEATH_CHECK_S = 3.0  # a dead actor answers at once; a live one busy in a collective may not
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,7 @@ class Cluster:
     """The run's actors and the calls one step makes on them."""
 
     def __init__(self, config: RunConfig, run: RunDirectory, ledger: CostLedger, *, weights: Path,
-                 reference: Path, optimizer_state: str | None):
+                 reference: Path, optimizer_state: str | None, billed_from: float | None = None):
         # one secret for every weight server and puller of the run, carried to them by Ray;
         # never written to config.json (which drops bytes) or logged
         secret = config.transfer.secret or run_secret()
@@ -88,22 +90,28 @@ class Cluster:
             kind, step = parse_injection(item)
             self.injections.setdefault(step, []).append(kind)
         try:
-            self._launch(weights, reference, optimizer_state)
+            self._launch(weights, reference, optimizer_state, billed_from)
         except BaseException:
-            self.close()
+            self.close(failed=True)
             raise
 
-    def _launch(self, weights: Path, reference: Path, optimizer_state: str | None) -> None:
+    def _launch(self, weights: Path, reference: Path, optimizer_state: str | None,
+                billed_from: float | None) -> None:
         config, run = self.config, self.run
-        self.controller = start_controller(config)
         t, r = config.trainer, config.rollout
         self.trainer = TrainerGroup.launch(rank_specs(config, weights, reference),
                                            actor_options("reserved", cpus=t.rank_cpus, gpus=t.rank_gpus))
         publisher = ray.get(self.trainer.ranks[0].address.remote(), timeout=READY_TIMEOUT_S)
+        # beside trainer rank 0, on a reserved node: a preemptible node's death must not take it
+        node = ray.get(self.trainer.ranks[0].__ray_call__.remote(  # a lambda travels by value
+            lambda _rank: ray.get_runtime_context().get_node_id()), timeout=READY_TIMEOUT_S)
+        self.controller = start_controller(config, node)
         self.fleet = Fleet(self.controller, instance_template(config, weights, publisher),
                            lambda kind: actor_options(kind, cpus=r.instance_cpus, gpus=r.instance_gpus),
                            self.ledger, run.append_event, run.elapsed)
-        self.ledger.start("reserved-cluster", "reserved", at_s=run.elapsed())
+        # a restart keeps the reserved cluster billed through its relaunch: its machines are held
+        billed = run.elapsed() if billed_from is None else billed_from
+        self.ledger.start("reserved-cluster", "reserved", at_s=billed)
         for i in range(config.cluster.reserved_instances):  # engines start while the trainer loads
             self.fleet.join(f"reserved-{i}", "reserved")
         for i in range(config.cluster.initial_preemptible):
@@ -112,9 +120,15 @@ class Cluster:
         init = None
         if t.rendezvous == "file":  # a folder every rank sees: the run directory on one machine
             folder = Path(t.rendezvous_dir).expanduser() if t.rendezvous_dir else run.path
+            if not t.rendezvous_dir:  # left by a driver that was killed; a shared folder holds other runs' too
+                for stale in run.path.glob(".rendezvous-*"):
+                    stale.unlink(missing_ok=True)
             self.rendezvous = folder.resolve() / f".rendezvous-{time.time_ns()}"
             init = f"file://{self.rendezvous}"
         self.trainer.setup(init, optimizer_state)
+        where = [a.__ray_call__.remote(process_info) for a in (self.controller, *self.trainer.ranks)]
+        controller, *ranks = ray.get(where, timeout=READY_TIMEOUT_S)
+        run.append_event("processes", controller=controller, trainer_ranks=ranks)
 
     def begin(self, version: int) -> None:
         """Serve the first version and wait until the reserved engines hold it."""
@@ -187,33 +201,60 @@ class Cluster:
         if self.replay is not None and self.replay.error is not None:
             raise RuntimeError(f"the trace replay failed: {self.replay.error!r}") from self.replay.error
 
-    def close(self) -> None:
+    def dead_processes(self) -> list[str]:
+        """The run's own processes that have died ("the controller", "trainer rank 1"),
+        found by a call every live actor answers at once: a dead one answers with its death."""
+        named = [("the controller", self.controller)] if self.controller is not None else []
+        if self.trainer is not None:
+            named += [(f"trainer rank {r}", rank) for r, rank in enumerate(self.trainer.ranks)]
+        if not named:
+            return []
+        try:
+            pings = {actor.__ray_ready__.remote(): name for name, actor in named}
+            answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=DEATH_CHECK_S)
+        except Exception:  # Ray itself is failing: no process can be named
+            return []
+        dead = []
+        for ref in answered:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                dead.append(pings[ref])
+        return sorted(dead)
+
+    def close(self, failed: bool = False) -> None:
         """Stop the trace, the instances, the controller and the trainer (in that order);
-        whatever was started, even by a launch that failed half way."""
+        whatever was started, even by a launch that failed half way. failed: a process may
+        be dead or stuck in a collective, so the live ones get seconds, not minutes, to
+        leave cleanly before they are killed; the reserved cluster is still billed."""
+        wait_s = 2.0 if failed else 30.0
         if self.replay is not None:
             self.replay.stop()
         if self.fleet is not None:
             self.fleet.close()
         if self.controller is not None:
             try:
-                ray.get(self.controller.close.remote(), timeout=30)
+                ray.get(self.controller.close.remote(), timeout=wait_s)
             except Exception:  # shutting down anyway
                 pass
             ray.kill(self.controller)
         if self.trainer is not None:
-            self.trainer.close()
+            self.trainer.close(timeout_s=2 * wait_s)
         if self.rendezvous is not None:  # the ranks have left their process group
             self.rendezvous.unlink(missing_ok=True)
-        if "reserved-cluster" in self.ledger.running():
+        if "reserved-cluster" in self.ledger.running() and not failed:
+            # after a failure its machines stay held (and billed) until the run is launched again
             self.ledger.stop("reserved-cluster", at_s=self.run.elapsed())
 
 
-def start_controller(config: RunConfig) -> Any:
+def start_controller(config: RunConfig, node_id: str | None = None) -> Any:
+    """The controller actor, on node_id when given."""
     ctl = config.controller
     if ctl.microbatch_min_samples is None:
         ctl = dataclasses.replace(
             ctl, microbatch_min_samples=config.trainer.microbatch_groups * config.task.group_size)
-    return RolloutController.options(num_cpus=0).remote(ctl)
+    where = {} if node_id is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+    return RolloutController.options(num_cpus=0, max_restarts=0, **where).remote(ctl)
 
 
 def rank_specs(config: RunConfig, weights: Path, reference: Path) -> list[RankSpec]:

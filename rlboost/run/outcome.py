@@ -1,6 +1,7 @@
 """How a training run ends, in words a user can act on: which failures of a started run are
-expected (a step that cannot complete, a process of the run that died) and the one or two
-lines `rlboost train` prints for each way a run ends, with its exit code.
+expected (a step that cannot complete, a process of the run that died), which of them the
+driver recovers from by restarting at the last checkpoint, and the one or two lines
+`rlboost train` prints for each way a run ends, with its exit code.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rlboost.errors import RlboostError, RunHalted, RunInterrupted
+from rlboost.errors import RlboostError, RunFailed, RunHalted, RunInterrupted, StepFailed
 from rlboost.run.directory import RunDirectory
 
 EXIT_OK = 0
@@ -18,6 +19,7 @@ EXIT_RUN_FAILED = 3     # a started run stopped on a failure
 EXIT_INTERRUPTED = 130  # stopped by the user (Ctrl-C), as shells report SIGINT
 
 _MAX_CHARS = 400
+_OWN_PROCESSES = {"RolloutController": "the controller", "TrainerRank": "a trainer rank"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,47 @@ class RunResult:
     run: RunDirectory
     last_step: int
     stopped: bool
+
+
+class RecoverableFailure(RunFailed):
+    """A launch of the run stopped on a failure the driver recovers from by restarting the
+    run at its last checkpoint: a process of the run (the controller, a trainer rank) died,
+    or a step failed. The message says what, in which step."""
+
+
+class RestartsExhausted(RunFailed):
+    """A recoverable failure came once more than run.max_restarts allows: the run stops,
+    and `rlboost train` says so in one line."""
+
+    def __init__(self, failure: RecoverableFailure, restarts: int, max_restarts: int):
+        super().__init__(str(failure), step=failure.step, run_dir=failure.run_dir,
+                         resume_from=failure.resume_from)
+        self.restarts, self.max_restarts = restarts, max_restarts
+
+
+def recoverable(exc: BaseException, died: list[str], step: int) -> str | None:
+    """What stopped a launch, as a headline naming the step ("trainer rank 1 died in step
+    4", "step 4 failed: StepFailed: ..."), when the driver may restart the run for it;
+    None otherwise. died: the run's own processes found dead after exc (a dead trainer
+    rank often shows first as a collective that failed on a live one)."""
+    import ray.exceptions as rex
+
+    if not died and isinstance(exc, rex.RayActorError):  # found dead before its handle could be asked
+        match = re.search(r"class_name:\s*(\w+)", str(exc))
+        died = [_OWN_PROCESSES[match.group(1)]] if match and match.group(1) in _OWN_PROCESSES else []
+    if died:
+        return f"{' and '.join(died)} died in step {step}"
+    if isinstance(_unwrap(exc), StepFailed):
+        return f"step {step} failed: {failure_summary(exc)}"
+    return None
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    import ray.exceptions as rex
+
+    while isinstance(exc, rex.RayTaskError) and isinstance(exc.cause, BaseException):
+        exc = exc.cause
+    return exc
 
 
 def failure_summary(exc: BaseException) -> str | None:
@@ -57,8 +100,20 @@ def halted(kind: type[RunHalted], message: str, run: RunDirectory, step: int,
     return kind(message, step=step, run_dir=str(run.path), resume_from=resume_from)
 
 
+def restart_line(failure: RecoverableFailure, restart: int, max_restarts: int) -> str:
+    """What the driver prints when it restarts the run after a recoverable failure."""
+    where = (f"continuing from the checkpoint of step {failure.resume_from}" if failure.resume_from is not None
+             else "continuing from step 1 (no checkpoint yet)")
+    return f"restart {restart}/{max_restarts}: {failure}; {where}"
+
+
 def ending_lines(exc: RunHalted) -> list[str]:
-    """What `rlboost train` prints when a started run ends early (at most two lines)."""
+    """What `rlboost train` prints when a started run ends early (at most two lines; one
+    when its restarts are used up)."""
+    if isinstance(exc, RestartsExhausted):
+        tries = f"after {exc.restarts} restart{'s' if exc.restarts > 1 else ''}" if exc.restarts else "no restart"
+        return [f"rlboost train: {exc} ({tries}, run.max_restarts={exc.max_restarts}); "
+                f"{resume_hint(exc.run_dir, exc.resume_from)}"]
     if isinstance(exc, RunInterrupted):
         first = f"rlboost train: interrupted in step {exc.step}"
     else:

@@ -26,6 +26,13 @@ class RunSummary:
     reserved engines were measured at during their local windows (the rest of each step
     unchanged); 0 when the run holds too little to estimate it. bench/cost_efficiency.py
     measures both runs instead.
+
+    sudden counts instances that ended without notice: killed by a preemption, or lost
+    (their process or node died). restarts are the driver's relaunches from the last
+    checkpoint after the controller or a trainer rank died or a step failed (restart_causes
+    says what, in which step); the run's time from each checkpoint to the failure after it
+    (restart_lost_s, summed) was redone, and it is billed: the instances were up meanwhile
+    (and the reserved cluster stays billed while the run is launched again).
     """
 
     steps: int
@@ -45,6 +52,9 @@ class RunSummary:
     samples_duplicated: int
     migrations: int
     resumes: int
+    restarts: int = 0
+    restart_causes: tuple[str, ...] = ()
+    restart_lost_s: float = 0.0
 
     @property
     def samples_lost(self) -> int:
@@ -78,7 +88,14 @@ class RunSummary:
             ("samples lost", f"{self.samples_lost}"),
             ("samples duplicated", f"{self.samples_duplicated}"),
             ("migrations (live / resumed after a loss)", f"{self.migrations} / {self.resumes}"),
+            ("restarts from a checkpoint", self._restarts()),
         ]
+
+    def _restarts(self) -> str:
+        if not self.restarts:
+            return "0"
+        return (f"{self.restarts} ({'; '.join(self.restart_causes)}); {self.restart_lost_s:,.1f} s of run time "
+                f"lost and redone, billed")
 
     def markdown(self, title: str) -> str:
         lines = [f"# {title}", "", "| | |", "|---|---|"]
@@ -91,6 +108,7 @@ def summarize(run: RunDirectory) -> RunSummary:
     if not metrics:
         raise ValueError(f"{run.path} has no metrics yet")
     first, last = metrics[0], metrics[-1]
+    restarts = [e for e in events if e.get("kind") == "restart"]
     tokens = sum(int(m.get("total_tokens", 0)) for m in metrics)
     rollout_s = sum(float(m.get("rollout_time_s", 0.0)) for m in metrics)
     return RunSummary(
@@ -99,7 +117,7 @@ def summarize(run: RunDirectory) -> RunSummary:
         last_reward=float(last.get("reward_mean", float("nan"))),
         tokens=tokens, tokens_per_s=tokens / rollout_s if rollout_s > 0 else 0.0,
         wall_s=sum(float(m.get("step_wall_s", 0.0)) for m in metrics),
-        usd=float(last.get("cost_usd", 0.0)), reserved_only_usd=reserved_only_estimate(metrics),
+        usd=float(last.get("cost_usd", 0.0)), reserved_only_usd=reserved_only_estimate(metrics, events),
         notices=sum(1 for e in events if e["kind"] == "notice"),
         sudden=sum(1 for e in events if e["kind"] == "death"),
         samples_expected=sum(int(m.get("samples", 0)) for m in metrics),
@@ -107,18 +125,26 @@ def summarize(run: RunDirectory) -> RunSummary:
         samples_duplicated=sum(int(m.get("samples_trained", 0)) - int(m.get("samples_unique", 0))
                                for m in metrics),
         migrations=sum(int(m.get("migrations", 0)) for m in metrics),
-        resumes=sum(int(m.get("resumes", 0)) for m in metrics))
+        resumes=sum(int(m.get("resumes", 0)) for m in metrics),
+        restarts=len(restarts), restart_causes=tuple(str(e.get("cause", "?")) for e in restarts),
+        restart_lost_s=sum(float(e.get("lost_s", 0.0)) for e in restarts))
 
 
-def reserved_only_estimate(metrics: list[dict]) -> float:
+def reserved_only_estimate(metrics: list[dict], events: list[dict] = ()) -> float:
     """Dollars the reserved instances alone would need for the run's tokens: each step's
     rollout and trainer wait replaced by its tokens at the reserved engines' measured rate
-    (reserved tokens per second of local window), billed at the run's reserved $/s."""
+    (reserved tokens per second of local window), billed at the run's reserved $/s.
+
+    The rate is measured over the steps in which every reserved engine was up: from a
+    reserved engine's death to the step its replacement is active, the window runs with
+    fewer engines (or none), which would make the reserved cluster look slower than it is."""
     last = metrics[-1]
     reserved_usd, elapsed = float(last.get("reserved_usd", 0.0)), float(last.get("elapsed_s", 0.0))
-    reserved_tokens = sum(n for m in metrics for iid, n in m.get("tokens_per_instance", {}).items()
+    down = _reserved_down_steps(events, int(last.get("step", 0)))
+    whole = [m for m in metrics if m.get("step") not in down]
+    reserved_tokens = sum(n for m in whole for iid, n in m.get("tokens_per_instance", {}).items()
                           if iid.startswith("reserved-"))
-    window_s = sum(float(m.get("window_s", 0.0)) for m in metrics)
+    window_s = sum(float(m.get("window_s", 0.0)) for m in whole)
     if reserved_usd <= 0 or elapsed <= 0 or reserved_tokens <= 0 or window_s <= 0:
         return 0.0
     rate = reserved_tokens / window_s
@@ -146,3 +172,25 @@ def write_report(run: RunDirectory, *, echo: bool = True) -> RunSummary:
         Console().print(table)
         Console().print(f"run directory: {run.path}  (plots in {run.plots_dir})")
     return summary
+
+
+def _reserved_down_steps(events: list[dict], last_step: int) -> set[int]:
+    """Steps (up to last_step) during which a reserved engine was dead or its replacement
+    not yet active."""
+    down: set[int] = set()
+    since: dict[str, int] = {}  # reserved engine -> step of its death
+    for e in events:
+        iid, step = e.get("instance"), int(e.get("step", 0))
+        if e.get("kind") == "launch":  # a new launch starts every engine afresh
+            for since_step in since.values():
+                down.update(range(since_step, step))
+            since.clear()
+        if e.get("pool") != "reserved" and not str(iid).startswith("reserved-"):
+            continue
+        if e.get("kind") == "death":
+            since.setdefault(iid, step)
+        elif e.get("kind") == "active" and iid in since:
+            down.update(range(since.pop(iid), step + 1))
+    for step in since.values():  # never replaced: down to the end of the run
+        down.update(range(step, last_step + 1))
+    return down
