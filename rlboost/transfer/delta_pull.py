@@ -137,6 +137,7 @@ class DeltaPullHandle:
                 self._fallback = f"{type(exc).__name__}: {exc}"
             if self._result is None:
                 self._result = self._wait(self._full.start())
+                self._result.stats = self.stats()  # the deltas tried count too
         except BaseException as exc:  # handed to wait()
             self._error = TransferClosed("pull cancelled") if self._cancelled else exc
         finally:

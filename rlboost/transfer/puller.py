@@ -8,6 +8,7 @@ there when the publisher serves them (transfer/delta_pull.py), the full version 
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 
@@ -41,6 +42,8 @@ class WeightPuller(Closing):
         self._retiring: set[int] = set()
         self._failed: dict[int, tuple[torch.Tensor, object | None, bytes, bytes]] = {}
         self._handles: weakref.WeakSet[PullHandle] = weakref.WeakSet()
+        # Relay bookkeeping is shared with delta pulls, which run on threads of their own.
+        self._lock = threading.RLock()
         self._closed = False
         self._relay_store = self._relay_server = None
         self._hooks = PullHooks(register_relay=self._register_relay, retire=self.retire,
@@ -103,11 +106,13 @@ class WeightPuller(Closing):
         manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.tags)
         if manifest.total_bytes != nm.total_bytes:
             raise ProtocolError("tensor table and chunk table disagree on the payload size")
-        buffer, region, seed = self._destination(manifest, into)
+        with self._lock:
+            buffer, region, seed = self._destination(manifest, into)
         handle = PullHandle(self._hooks, native, plan, manifest, buffer, region, seed, progress)
         if self._delta_base(manifest, into, seed):
             handle = DeltaPullHandle(self._delta_hooks, handle, into, native, c)
-        self._handles.add(handle)
+        with self._lock:
+            self._handles.add(handle)
         return handle
 
     def pull(self, version: int | None = None, into: Into = None, timeout: float | None = None,
@@ -140,20 +145,23 @@ class WeightPuller(Closing):
     # ---- relay -------------------------------------------------------------------
     @property
     def relayed_versions(self) -> list[int]:
-        self._sweep()
-        return sorted(v for v in self._relayed if not is_delta_key(v))
+        with self._lock:
+            self._sweep()
+            return sorted(v for v in self._relayed if not is_delta_key(v))
 
     @property
     def relayed_deltas(self) -> list[int]:
         """Target versions of the deltas this puller re-serves."""
-        return sorted(v & ~_C.DELTA["key_bit"] for v in self._relayed if is_delta_key(v))
+        with self._lock:
+            return sorted(v & ~_C.DELTA["key_bit"] for v in self._relayed if is_delta_key(v))
 
     def retire(self, version: int) -> None:
         """Stops relaying `version` (waits for reads in flight) and releases its buffer."""
-        if self._relay_store is not None and version in self._relayed:
-            self._relay_store.retire(version, self.config.request_timeout_s)
-            del self._relayed[version]
-            self._retiring.discard(version)
+        with self._lock:
+            if self._relay_store is not None and version in self._relayed:
+                self._relay_store.retire(version, self.config.request_timeout_s)
+                del self._relayed[version]
+                self._retiring.discard(version)
 
     def stats(self) -> dict:
         """Relay server counters, plus ``reads_in_flight`` (version -> reads holding it)
@@ -161,7 +169,8 @@ class WeightPuller(Closing):
         when relay is off."""
         if self._relay_server is None:
             return {}
-        self._sweep()
+        with self._lock:
+            self._sweep()
         out = self._relay_server.stats()
         out["reads_in_flight"] = self._relay_store.pins()
         out["retiring_versions"] = sorted(self._retiring)
@@ -204,7 +213,8 @@ class WeightPuller(Closing):
         """Serves the handle's buffer as a partial version: (store, registration id)."""
         if self._relay_store is None:
             return None, 0
-        return self._relay_store, self._serve(handle.native_manifest, handle.buffer, handle._region, False)
+        with self._lock:
+            return self._relay_store, self._serve(handle.native_manifest, handle.buffer, handle._region, False)
 
     def _serve(self, nm, buffer: torch.Tensor, region: object | None, complete: bool) -> int:
         """Serves a buffer as version nm.version (a delta's key, or a full version whose
@@ -227,21 +237,24 @@ class WeightPuller(Closing):
 
     def _claim(self, buffer: torch.Tensor, version: int | None = None) -> None:
         """Stops relaying `version` and whatever `buffer` holds (waiting for reads in flight)."""
-        for v, (buf, _) in list(self._relayed.items()):
-            if v == version or descriptors.same_memory(buf, buffer):
-                self.retire(v)
+        with self._lock:
+            for v, (buf, _) in list(self._relayed.items()):
+                if v == version or descriptors.same_memory(buf, buffer):
+                    self.retire(v)
 
     def _serve_complete(self, nm, buffer: torch.Tensor, region: object | None) -> None:
         """Relays a version this puller rebuilt from deltas (every chunk held)."""
         if self._relay_store is not None:
-            self._serve(nm, buffer, region, True)
+            with self._lock:
+                self._serve(nm, buffer, region, True)
 
     def _start_payload(self, native, plan, manifest: Manifest) -> PullHandle:
         """Starts pulling a delta payload into fresh memory (relayed while it arrives)."""
         region = _C.Region.create(manifest.total_bytes)
         handle = PullHandle(self._payload_hooks, native, plan, manifest, descriptors.region_tensor(region),
                             region, b"", None)
-        self._handles.add(handle)
+        with self._lock:
+            self._handles.add(handle)
         return handle.start()
 
     def _remember_failed(self, handle: PullHandle, held: bytes) -> None:
