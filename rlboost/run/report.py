@@ -26,6 +26,9 @@ class RunSummary:
     reserved engines were measured at during their local windows (the rest of each step
     unchanged); 0 when the run holds too little to estimate it. bench/cost_efficiency.py
     measures both runs instead.
+
+    usd includes egress_usd: the weight bytes instances pulled from the trainer
+    (egress_bytes), at their pool's cost.egress_usd_per_gb.
     """
 
     steps: int
@@ -45,6 +48,10 @@ class RunSummary:
     samples_duplicated: int
     migrations: int
     resumes: int
+    egress_bytes: int = 0
+    egress_usd: float = 0.0
+    delta_pulls: int = 0
+    weight_pulls: int = 0
 
     @property
     def samples_lost(self) -> int:
@@ -69,6 +76,9 @@ class RunSummary:
             ("rollout tokens/s", f"{self.tokens_per_s:,.1f}"),
             ("wall time of the steps", f"{self.wall_s:,.1f} s"),
             ("tokens per dollar", f"{self.tokens_per_usd:,.0f}"),
+            ("weight egress (pulled from the trainer, in tokens per dollar)",
+             f"{self.egress_bytes / 1e9:,.3f} GB, ${self.egress_usd:,.2f}; {self.delta_pulls} of "
+             f"{self.weight_pulls} pulls took a delta"),
             ("tokens per dollar, reserved only (estimate: the same tokens at the reserved "
              "engines' measured rate)", f"{self.reserved_only_tokens_per_usd:,.0f} "
                                         f"({gain:+.0%} with preemptible instances)"
@@ -107,7 +117,11 @@ def summarize(run: RunDirectory) -> RunSummary:
         samples_duplicated=sum(int(m.get("samples_trained", 0)) - int(m.get("samples_unique", 0))
                                for m in metrics),
         migrations=sum(int(m.get("migrations", 0)) for m in metrics),
-        resumes=sum(int(m.get("resumes", 0)) for m in metrics))
+        resumes=sum(int(m.get("resumes", 0)) for m in metrics),
+        egress_bytes=sum(int(m.get("weight_egress_bytes", 0)) for m in metrics),
+        egress_usd=float(last.get("egress_usd", 0.0)),
+        delta_pulls=sum(int(m.get("weight_delta_pulls", 0)) for m in metrics),
+        weight_pulls=sum(int(m.get("pulls", 0)) for m in metrics))
 
 
 def reserved_only_estimate(metrics: list[dict]) -> float:
