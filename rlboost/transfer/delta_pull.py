@@ -27,6 +27,9 @@ from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.pulled import PulledWeights, PullHandle
 
 
+_AWAIT_SLICE_S = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class DeltaHooks:
     """What a delta pull asks of the puller that prepared it."""
@@ -208,8 +211,10 @@ class DeltaPullHandle:
             except VersionMismatch:  # not served yet
                 pass
             left = deadline - time.monotonic()
-            if left <= 0 or not self._native.await_version(key, left):
+            if left <= 0:
                 return None
+            # In slices, so that cancel() is heard within one.
+            self._native.await_version(key, min(left, _AWAIT_SLICE_S))
         raise TransferClosed("pull cancelled")
 
     def _wait(self, handle: PullHandle) -> PulledWeights:
