@@ -7,4 +7,5 @@ void BindErrors(pybind11::module_& m);
 void BindTransfer(pybind11::module_& m);   // csrc/bindings/transfer.cpp
 void BindChecksums(pybind11::module_& m);  // csrc/bindings/checksums.cpp
 void BindMigration(pybind11::module_& m);  // csrc/bindings/migration.cpp
+void BindDelta(pybind11::module_& m);      // csrc/bindings/delta.cpp
 }  // namespace rlboost

@@ -22,4 +22,5 @@ PYBIND11_MODULE(_C, m) {
   rlboost::BindTransfer(m);
   rlboost::BindChecksums(m);
   rlboost::BindMigration(m);
+  rlboost::BindDelta(m);
 }

@@ -15,6 +15,7 @@
 #ifdef RLBOOST_HAS_UCX
 #include "transport/ucx/ucx_transport.h"
 #endif
+#include "weights/delta_publish.h"
 #include "weights/puller.h"
 #include "weights/server.h"
 
@@ -112,6 +113,15 @@ void BindRecords(py::module_& m) {
         return py::bytes(out);
       }, "16 bytes per chunk, in chunk order.")
       .def_property_readonly("meta", [](const Manifest& mf) { return py::bytes(mf.meta); })
+      .def_property_readonly("tags_digest", &TagsDigest, "Hex SHA-256 of the tags: what deltas name versions by.")
+      .def("mismatched_chunks", [](const Manifest& mf, uintptr_t address, uint64_t nbytes, py::bytes secret,
+                                   int threads) {
+            if (nbytes < mf.total_bytes) ThrowIfError(Status(Code::kInvalidArgument, "buffer smaller than the payload"));
+            std::string sec = secret;
+            py::gil_scoped_release release;
+            return MismatchedChunks(mf, reinterpret_cast<const uint8_t*>(address), sec, threads);
+          }, py::kw_only(), py::arg("address"), py::arg("nbytes"), py::arg("secret"), py::arg("threads") = 2,
+          "Chunks of the bytes at address that do not match their tags (empty: exactly this version).")
       .def("encode", [](const Manifest& mf) { return py::bytes(EncodeManifest(mf)); })
       .def_static("decode", [](py::bytes data) {
         std::string s = data;
@@ -145,18 +155,45 @@ void BindStoreAndServer(py::module_& m) {
             return out;
           }, py::arg("version"), py::arg("chunk_bytes"), py::arg("meta"), py::arg("threads") = 2)
       .def("discard_staged", &VersionStore::DiscardStaged, py::arg("version"))
-      .def("add_partial", [](VersionStore& s, const Manifest& mf, std::shared_ptr<Region> r) {
+      .def("add_partial", [](VersionStore& s, const Manifest& mf, std::shared_ptr<Region> r, bool complete) {
             uint64_t registration = 0;
-            ThrowIfError(s.AddPartial(mf, std::move(r), &registration));
+            ThrowIfError(s.AddPartial(mf, std::move(r), &registration, complete));
             return registration;
-          }, py::arg("manifest"), py::arg("region"),
-          "Serves a version as a pull fills it in; returns the registration id for start().")
-      .def("add_partial_borrowed", [](VersionStore& s, const Manifest& mf, uintptr_t addr, uint64_t n) {
+          }, py::arg("manifest"), py::arg("region"), py::arg("complete") = false,
+          "Serves a version as a pull fills it in (complete: already whole); returns the "
+          "registration id for start().")
+      .def("add_partial_borrowed", [](VersionStore& s, const Manifest& mf, uintptr_t addr, uint64_t n,
+                                      bool complete) {
             uint64_t registration = 0;
-            ThrowIfError(s.AddPartial(mf, Region::Borrow(reinterpret_cast<uint8_t*>(addr), n), &registration));
+            ThrowIfError(s.AddPartial(mf, Region::Borrow(reinterpret_cast<uint8_t*>(addr), n), &registration,
+                                      complete));
             return registration;
-          }, py::arg("manifest"), py::arg("address"), py::arg("nbytes"),
+          }, py::arg("manifest"), py::arg("address"), py::arg("nbytes"), py::arg("complete") = false,
           "Like add_partial over memory the caller owns and keeps alive until retire() returns.")
+      .def("commit_delta", [](VersionStore& s, int64_t base, int64_t target, uint32_t chunk_bytes,
+                              double max_fraction, uint32_t block_bytes, int threads) {
+            DeltaPublishOptions o;
+            o.chunk_bytes = chunk_bytes;
+            o.max_fraction = max_fraction;
+            o.block_bytes = block_bytes;
+            o.threads = threads;
+            DeltaPublished out;
+            Status st;
+            {
+              py::gil_scoped_release release;
+              st = PublishDelta(s, base, target, o, &out);
+            }
+            ThrowIfError(st);
+            return py::dict(py::arg("manifest") = out.manifest, py::arg("declined") = out.declined,
+                            py::arg("target_bytes") = out.target_bytes,
+                            py::arg("encode_s") = out.encode_s, py::arg("total_s") = out.total_s,
+                            py::arg("changed_words") = out.counts.changed_words,
+                            py::arg("raw_blocks") = out.counts.raw_blocks);
+          }, py::kw_only(), py::arg("base"), py::arg("target"), py::arg("chunk_bytes"), py::arg("max_fraction"),
+          py::arg("block_bytes") = kDefaultDeltaBlockBytes, py::arg("threads") = 2,
+          "Encodes delta(base -> target) of two committed versions and serves it under delta_key(target) "
+          "(a marker saying it was declined when larger than max_fraction of the target); returns its "
+          "manifest and timings.")
       .def("retire", [](VersionStore& s, int64_t v, double timeout_s) {
             ThrowIfError(s.Retire(v, Deadline::After(timeout_s)));
           }, py::arg("version"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
@@ -281,6 +318,17 @@ void BindPuller(py::module_& m) {
             return plan;
           }, py::arg("version"), py::arg("timeout_s"), py::arg("source_timeout_s"),
           py::call_guard<py::gil_scoped_release>())
+      .def("await_version", [](Puller& p, int64_t version, double timeout_s) {
+            bool found = false;
+            Status st;
+            {
+              py::gil_scoped_release release;
+              st = p.Await(version, timeout_s, &found);
+            }
+            ThrowIfError(st);
+            return found;
+          }, py::arg("version"), py::arg("timeout_s"),
+          "Waits until any source holds some of `version`; False when none does within timeout_s.")
       .def("start", [](Puller& p, PullPlan& plan, uintptr_t address, uint64_t nbytes,
                        std::shared_ptr<VersionStore> relay, uint64_t registration, py::bytes held,
                        py::object keepalive) {

@@ -4,6 +4,8 @@
 #include "weights/puller.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <thread>
 
@@ -146,6 +148,40 @@ Status Puller::AssemblePlan(std::vector<Probe>& probes, PullPlan* out) {
     out->sources.push_back(std::move(p));
   }
   return Status::Ok();
+}
+
+Status Puller::Await(int64_t version, double timeout_s, bool* found) {
+  if (sources_.empty()) return Status(Code::kInvalidArgument, "no sources to pull from");
+  const Deadline d = Deadline::After(timeout_s);
+  Interrupt done;
+  std::atomic<bool> any{false};
+  std::vector<Status> errors(sources_.size());
+  ForEachParallel(sources_.size(), [&](size_t i) {
+    // Not from the pool: a poll the first answer interrupts cannot be given back.
+    std::unique_ptr<SourceSession> s;
+    Status st = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.secret, nullptr, 0, &done,
+                                    d.Min(Deadline::After(opts_.connect_timeout_s)), &s);
+    if (st.ok() && self_server_id_ != 0 && s->peer().server_id == self_server_id_) return;
+    while (st.ok() && !any && !d.Expired()) {
+      const double left_ms = std::chrono::duration<double, std::milli>(d.at() - Deadline::Clock::now()).count();
+      const uint32_t wait_ms = static_cast<uint32_t>(std::clamp<double>(left_ms, 1.0, kMaxHaveWaitMs));
+      HeldState held;
+      st = s->FetchHave(version, 0, wait_ms, &held, Deadline::After(wait_ms / 1000.0 + opts_.request_timeout_s));
+      if (st.ok()) {
+        any = true;
+        done.Fire();
+      } else if (st.code() == Code::kUnknownVersion) {
+        st = Status::Ok();  // the wait ran out before the version appeared there
+      }
+    }
+    if (!any) errors[i] = st;
+  });
+  *found = any;
+  if (any) return Status::Ok();
+  for (const Status& st : errors) {
+    if (st.ok()) return Status::Ok();  // polled until the deadline: the version did not appear
+  }
+  return errors.front();
 }
 
 Status Puller::Start(PullPlan&& plan, uint8_t* dst, RelayTarget relay,

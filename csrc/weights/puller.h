@@ -33,6 +33,12 @@ class Puller {
   // not (a frozen process, a socket nobody reads) is skipped, so it cannot hold up the
   // others; only when none answers does this fail.
   Status Resolve(int64_t version, double timeout_s, double source_timeout_s, PullPlan* out);
+  // Waits, at most timeout_s, until any source holds some of `version` (a version its
+  // publisher is still computing, such as a delta); *found says whether one does. Each
+  // source is long-polled on a connection of its own, and the first that has the version
+  // ends the others' polls. Unreachable sources are skipped; only when every source fails
+  // is that an error.
+  Status Await(int64_t version, double timeout_s, bool* found);
   // Starts moving bytes into dst (at least manifest.total_bytes long).
   Status Start(PullPlan&& plan, uint8_t* dst, RelayTarget relay, const std::vector<uint8_t>& held_seed,
                std::unique_ptr<PullJob>* out);

@@ -1,5 +1,7 @@
 list(APPEND RLBOOST_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/chunk_tag.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/delta_codec.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/delta_publish.cpp
   ${CMAKE_CURRENT_LIST_DIR}/manifest.cpp
   ${CMAKE_CURRENT_LIST_DIR}/region.cpp
   ${CMAKE_CURRENT_LIST_DIR}/rate_limiter.cpp

@@ -91,7 +91,7 @@ void VersionStore::RevokeExcessLocked() {
 std::shared_ptr<VersionStore::Entry> VersionStore::FindLocked(int64_t version) const {
   if (version < 0) {
     for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
-      if (it->second->complete()) return it->second;
+      if (it->second->complete() && !IsDeltaKey(it->first)) return it->second;
     }
     return nullptr;
   }
@@ -116,13 +116,16 @@ void VersionStore::PruneLocked() {
   // spare for the next Stage() (fresh memory costs a page fault per 4 KiB on first write).
   // A relay's regions belong to its pulls, which never stage: nothing is kept for them.
   // A region still read counts as the spare: at most versions_kept + 1 stay held.
+  // Deltas (small, of every size) are never the spare.
   std::vector<std::shared_ptr<Entry>> kept;
-  bool spare_kept = std::any_of(draining_.begin(), draining_.end(), [](const auto& e) { return e->pins > 0; });
+  auto full = [](const std::shared_ptr<Entry>& e) { return !IsDeltaKey(e->manifest.version); };
+  bool spare_kept = std::any_of(draining_.begin(), draining_.end(),
+                                [&](const auto& e) { return e->pins > 0 && full(e); });
   for (auto it = draining_.rbegin(); it != draining_.rend(); ++it) {
     const auto& e = *it;
     if (e->pins > 0) {
       kept.push_back(e);
-    } else if (e->region->owned() && !e->partial && !spare_kept) {
+    } else if (e->region->owned() && !e->partial && full(e) && !spare_kept) {
       kept.push_back(e);
       spare_kept = true;
     }
@@ -175,12 +178,43 @@ Status VersionStore::Commit(int64_t version, uint32_t chunk_bytes, std::string m
   staged_.erase(version);
   live_[version] = e;
   sync_->cv.notify_all();
+  RetireExcessLocked();
+  *out = e->manifest;
+  return Status::Ok();
+}
+
+void VersionStore::RetireExcessLocked() {
   std::vector<int64_t> committed;
   for (auto& kv : live_) {
-    if (!kv.second->partial) committed.push_back(kv.first);
+    if (!kv.second->partial && !IsDeltaKey(kv.first)) committed.push_back(kv.first);
   }
   for (size_t i = 0; i + versions_kept_ < committed.size(); ++i) RetireLocked(live_.find(committed[i]));
-  *out = e->manifest;
+  // A delta goes with its target: nobody pulls a delta into a version no longer served.
+  std::vector<int64_t> orphans;
+  for (auto& kv : live_) {
+    if (!kv.second->partial && IsDeltaKey(kv.first) && live_.count(DeltaTarget(kv.first)) == 0) {
+      orphans.push_back(kv.first);
+    }
+  }
+  for (int64_t key : orphans) RetireLocked(live_.find(key));
+}
+
+Status VersionStore::ReadCommitted(int64_t version, PayloadLease* out) {
+  std::lock_guard<std::mutex> lock(sync_->mu);
+  std::shared_ptr<Entry> e;
+  auto it = live_.find(version);
+  if (it != live_.end()) e = it->second;
+  for (auto& d : draining_) {
+    // Retired entries keep their bytes until their region is taken for a new version.
+    if (e == nullptr && d->manifest.version == version) e = d;
+  }
+  if (e == nullptr || e->partial || !e->complete()) {
+    return Status(Code::kUnknownVersion, "version " + std::to_string(version) + " is not held here");
+  }
+  out->data = e->region->data();
+  out->size = e->manifest.total_bytes;
+  out->manifest = e->manifest;
+  out->pin = Pin(e);
   return Status::Ok();
 }
 
@@ -190,16 +224,20 @@ void VersionStore::DiscardStaged(int64_t version) {
 }
 
 Status VersionStore::AddPartial(const Manifest& m, std::shared_ptr<Region> region,
-                                uint64_t* registration) {
+                                uint64_t* registration, bool complete) {
   if (region->size() < m.total_bytes) return Status(Code::kInvalidArgument, "region smaller than the manifest");
   auto e = std::make_shared<Entry>();
   e->manifest = m;
   e->encoded = EncodeManifest(m);
   e->region = std::move(region);
   e->partial = true;
-  e->held.num_chunks = m.num_chunks();
-  e->held.bitmap.assign((m.num_chunks() + 7) / 8, 0);
-  e->held.pending.assign((m.num_chunks() + 7) / 8, 0);
+  if (complete) {
+    e->held = AllHeld(m.num_chunks());
+  } else {
+    e->held.num_chunks = m.num_chunks();
+    e->held.bitmap.assign((m.num_chunks() + 7) / 8, 0);
+    e->held.pending.assign((m.num_chunks() + 7) / 8, 0);
+  }
   std::lock_guard<std::mutex> lock(sync_->mu);
   if (live_.count(m.version)) {
     return Status(Code::kInvalidArgument, "version " + std::to_string(m.version) + " is already served");

@@ -26,6 +26,21 @@ namespace rlboost {
 // The longest a Have() waits, whatever a client asks: a long poll holds a server thread.
 constexpr uint32_t kMaxHaveWaitMs = 60000;
 
+// A delta payload (weights/delta_publish.h) is held and served beside the full versions,
+// under a key of its own: its target version with bit 62 set (full versions stay below).
+constexpr int64_t kDeltaKeyBit = int64_t{1} << 62;
+inline bool IsDeltaKey(int64_t key) { return key >= 0 && (key & kDeltaKeyBit) != 0; }
+inline int64_t DeltaKey(int64_t target) { return target | kDeltaKeyBit; }
+inline int64_t DeltaTarget(int64_t key) { return key & ~kDeltaKeyBit; }
+
+// The bytes of one complete version, pinned (never reused or released) while `pin` lives.
+struct PayloadLease {
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  Manifest manifest;
+  std::shared_ptr<void> pin;
+};
+
 struct HeldState {
   uint32_t num_chunks = 0;
   uint32_t held_count = 0;
@@ -36,7 +51,8 @@ struct HeldState {
 
 class VersionStore : public ServingBackend {
  public:
-  // Committed versions beyond `versions_kept` retire automatically (oldest first).
+  // Committed versions beyond `versions_kept` retire automatically (oldest first), and
+  // with each its delta (the delta whose target it is).
   // secret: keys the chunk tags of what this store commits (weights/chunk_tag.h).
   VersionStore(int versions_kept, std::string secret);
   ~VersionStore() override;
@@ -53,7 +69,9 @@ class VersionStore : public ServingBackend {
   // Serves chunks of a version as MarkHeld reports them; retired only explicitly.
   // `registration` names this entry, so a pull that outlives it (the version was
   // retired and registered again over other memory) cannot mark the new one.
-  Status AddPartial(const Manifest& m, std::shared_ptr<Region> region, uint64_t* registration);
+  // complete: every chunk is held already (a version a relay built itself, from a delta).
+  Status AddPartial(const Manifest& m, std::shared_ptr<Region> region, uint64_t* registration,
+                    bool complete = false);
   void MarkHeld(int64_t version, uint64_t registration, uint32_t index);
   // Announces (or withdraws) a chunk the relay's pull is fetching, so peers deciding
   // what to ask the trainer for can leave it to this relay.
@@ -69,7 +87,10 @@ class VersionStore : public ServingBackend {
   std::map<int64_t, int> Pins() const;
   // Bytes of every region held: served, retired but still read, staged, and the spare.
   uint64_t HeldBytes() const;
-  // Newest version with every chunk held, or -1.
+  // Pins a complete version this store committed (served, or retired but not yet reused),
+  // for reading its bytes; kUnknownVersion when there is none.
+  Status ReadCommitted(int64_t version, PayloadLease* out);
+  // Newest full version with every chunk held, or -1.
   int64_t Latest() const;
   std::vector<int64_t> Versions() const;
   Status EncodedManifest(int64_t version, std::string* out) const;  // -1 = latest
@@ -97,6 +118,7 @@ class VersionStore : public ServingBackend {
   void RetireLocked(std::map<int64_t, std::shared_ptr<Entry>>::iterator it);
   std::shared_ptr<Region> TakeIdleRegionLocked(uint64_t nbytes);
   void PruneLocked();
+  void RetireExcessLocked();
   std::shared_ptr<Entry> FindLocked(int64_t version) const;
 
   int versions_kept_;

@@ -1,4 +1,5 @@
-"""Cost ledger: instance-seconds of reserved and preemptible capacity, dollars, tokens per dollar.
+"""Cost ledger: instance-seconds of reserved and preemptible capacity, bytes of weights that
+cross into each instance pool, dollars, tokens per dollar.
 
 Callers pass times explicitly (any one clock), so the same ledger serves live runs,
 compressed trace replays (time_scale) and the simulator.
@@ -7,20 +8,24 @@ compressed trace replays (time_scale) and the simulator.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 KINDS = ("reserved", "preemptible")
+GB = 1e9  # clouds bill egress per 10^9 bytes
 
 
 @dataclass(kw_only=True, slots=True)
 class CostConfig:
-    """Prices per hour and how ledger seconds map to billed seconds.
+    """Prices per hour and per GB moved, and how ledger seconds map to billed seconds.
 
     reserved_usd_per_hour buys the whole reserved cluster (trainer ranks and the reserved
     rollout engines that share its devices); preemptible_usd_per_hour buys one preemptible
     instance. Defaults are the RLBoost artifact's cost model (Terra-Flux/PolyRL
     REPRODUCE.md) for one 8x H100 node: $83.79/h on demand, $21.28/h spot. time_scale is billed seconds per
-    ledger second: 60 when one trace hour is replayed as one minute.
+    ledger second: 60 when one trace hour is replayed as one minute. egress_usd_per_gb prices
+    the weight bytes instances of each pool pull from the trainer's publishers (bytes among
+    peers of one pool stay in its zone): e.g. ``{"preemptible": 0.09}`` for spot capacity in
+    another region; a pool left out costs 0.
     """
 
     reserved_usd_per_hour: float = 83.79
@@ -29,6 +34,8 @@ class CostConfig:
     """price of one preemptible instance, $/h"""
     time_scale: float = 1.0
     """billed seconds per second of the run (60: a trace hour replayed as a minute)"""
+    egress_usd_per_gb: dict[str, float] = field(default_factory=lambda: {"reserved": 0.0, "preemptible": 0.0})
+    """$ per GB of weights each pool's instances pull from the trainer (0: same zone; clouds list 0.01-0.12)"""
 
     def __post_init__(self) -> None:
         for name in ("reserved_usd_per_hour", "preemptible_usd_per_hour"):
@@ -36,6 +43,11 @@ class CostConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.time_scale > 0.0:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        prices = self.egress_usd_per_gb
+        if not isinstance(prices, dict) or set(prices) - set(KINDS) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0.0 for v in prices.values()):
+            raise ValueError(f"egress_usd_per_gb must map pools {KINDS} to prices >= 0, got {prices!r}")
+        self.egress_usd_per_gb = {kind: float(prices.get(kind, 0.0)) for kind in KINDS}
 
     def usd_per_hour(self, kind: str) -> float:
         return self.reserved_usd_per_hour if kind == "reserved" else self.preemptible_usd_per_hour
@@ -43,17 +55,20 @@ class CostConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CostSummary:
-    """Totals at one moment (billed seconds, dollars, tokens)."""
+    """Totals at one moment (billed seconds, dollars, tokens, weight bytes pulled from the
+    trainer and what they cost; total_usd includes them)."""
 
     reserved_s: float
     preemptible_s: float
     reserved_usd: float
     preemptible_usd: float
     tokens: int
+    egress_bytes: int = 0
+    egress_usd: float = 0.0
 
     @property
     def total_usd(self) -> float:
-        return self.reserved_usd + self.preemptible_usd
+        return self.reserved_usd + self.preemptible_usd + self.egress_usd
 
     @property
     def tokens_per_dollar(self) -> float:
@@ -77,6 +92,7 @@ class CostLedger:
         self._lock = threading.Lock()
         self._running: dict[str, tuple[str, float]] = {}  # id -> (kind, since)
         self._closed_s = {kind: 0.0 for kind in KINDS}     # ledger seconds of stopped spans
+        self._egress = {kind: 0 for kind in KINDS}          # bytes pulled from the trainer, per pool
         self._tokens = 0
 
     def start(self, instance_id: str, kind: str, *, at_s: float) -> None:
@@ -106,24 +122,38 @@ class CostLedger:
         with self._lock:
             self._tokens += n
 
+    def add_egress(self, kind: str, nbytes: int) -> None:
+        """Count nbytes of weights an instance of pool `kind` pulled from the trainer."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        with self._lock:
+            self._egress[kind] += int(nbytes)
+
     def carry(self, totals: dict) -> None:
         """Add the totals() of a run's earlier launches (a resumed run keeps its costs)."""
         seconds, tokens = totals.get("seconds", {}), int(totals.get("tokens", 0))
-        if set(seconds) - set(KINDS) or any(float(v) < 0 for v in seconds.values()) or tokens < 0:
-            raise ValueError(f"totals must hold seconds per kind in {KINDS} and tokens, all >= 0, got {totals!r}")
+        egress = totals.get("egress_bytes", {})  # absent in checkpoints from before it was counted
+        if (set(seconds) - set(KINDS) or set(egress) - set(KINDS) or tokens < 0
+                or any(float(v) < 0 for v in [*seconds.values(), *egress.values()])):
+            raise ValueError(f"totals must hold seconds and egress bytes per kind in {KINDS} and tokens, all >= 0, "
+                             f"got {totals!r}")
         with self._lock:
             for kind, value in seconds.items():
                 self._closed_s[kind] += float(value)
+            for kind, value in egress.items():
+                self._egress[kind] += int(value)
             self._tokens += tokens
 
     def totals(self, *, at_s: float) -> dict:
-        """Ledger seconds per kind (running instances counted up to at_s) and tokens, as a
-        JSON-ready dict that carry() takes back."""
+        """Ledger seconds per kind (running instances counted up to at_s), egress bytes per
+        kind and tokens, as a JSON-ready dict that carry() takes back."""
         with self._lock:
             seconds = dict(self._closed_s)
             for kind, since in self._running.values():
                 seconds[kind] += max(0.0, at_s - since)
-            return {"seconds": seconds, "tokens": self._tokens}
+            return {"seconds": seconds, "egress_bytes": dict(self._egress), "tokens": self._tokens}
 
     def running(self) -> dict[str, str]:
         """Instance id -> kind of every instance billing now."""
@@ -137,9 +167,11 @@ class CostLedger:
         scale = self.config.time_scale
         billed = {kind: s * scale for kind, s in seconds.items()}
         usd = {kind: billed[kind] / 3600.0 * self.config.usd_per_hour(kind) for kind in KINDS}
+        egress = totals["egress_bytes"]
+        egress_usd = sum(egress[kind] / GB * self.config.egress_usd_per_gb[kind] for kind in KINDS)
         return CostSummary(reserved_s=billed["reserved"], preemptible_s=billed["preemptible"],
                            reserved_usd=usd["reserved"], preemptible_usd=usd["preemptible"],
-                           tokens=tokens)
+                           tokens=tokens, egress_bytes=sum(egress.values()), egress_usd=egress_usd)
 
     def tokens_per_dollar(self, *, at_s: float) -> float:
         return self.summary(at_s=at_s).tokens_per_dollar

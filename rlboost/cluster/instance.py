@@ -35,6 +35,7 @@ from rlboost.transfer.puller import WeightPuller
 from rlboost.validate import check_format_version
 
 SPEC_FORMAT_VERSION = 1
+PULL_RECORD_FORMAT_VERSION = 2
 log = logging.getLogger(__name__)
 
 
@@ -82,8 +83,13 @@ class PullRecord:
     """One weight version pulled and loaded by an instance.
 
     >>> PullRecord(instance_id="spot-0", version=3, pull_s=0.2, load_s=0.01, nbytes=409856,
-    ...            peer_bytes=0).version
+    ...            peer_bytes=0, kind="preemptible", bytes=2048, egress_bytes=2048, route="delta").version
     3
+
+    nbytes is the version's size; bytes what the pull fetched (a delta, or the full
+    version plus any delta tried first), of which peer_bytes came from peers' relays and
+    egress_bytes from the trainer's publishers (the bytes that leave the trainer's
+    region, which cost.egress_usd_per_gb prices for the instance's pool, `kind`).
     """
 
     instance_id: str
@@ -92,7 +98,11 @@ class PullRecord:
     load_s: float
     nbytes: int
     peer_bytes: int
-    format_version: int = SPEC_FORMAT_VERSION
+    kind: str = "preemptible"
+    bytes: int = 0
+    egress_bytes: int = 0
+    route: str = "full"
+    format_version: int = PULL_RECORD_FORMAT_VERSION
 
 
 class RolloutInstance:
@@ -263,8 +273,10 @@ class RolloutInstance:
             t2 = time.perf_counter()
             self._held = pulled
             self._loaded = version
-            own = set(self.spec.sources)
-            peer_bytes = sum(s["bytes"] for s in pulled.stats.get("sources", []) if s["address"] not in own)
+            own, sources = set(self.spec.sources), pulled.stats.get("sources", [])
+            trainer = sum(s["bytes"] for s in sources if s["address"] in own)
+            fetched = sum(s["bytes"] for s in sources)
             self._pulls.append(PullRecord(instance_id=self.spec.instance_id, version=version, pull_s=t1 - t0,
                                           load_s=t2 - t1, nbytes=pulled.manifest.total_bytes,
-                                          peer_bytes=peer_bytes))
+                                          peer_bytes=fetched - trainer, kind=self.spec.kind, bytes=fetched,
+                                          egress_bytes=trainer, route=pulled.stats.get("route", "full")))

@@ -1,5 +1,6 @@
 """One line of metrics.jsonl per step: the controller's step metrics, the trainer's
-outcome, time per phase, weight pulls and costs.
+outcome, time per phase, weight pulls (bytes per instance, deltas or full versions) and
+costs (the bytes pulled from the trainer are charged to the ledger here, once per step).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class Phases:
 def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: Phases,
                 pulls: list[PullRecord], publish: dict, instances_up: int, ledger: CostLedger,
                 elapsed_s: float, example: dict) -> dict:
-    """One line of metrics.jsonl."""
+    """One line of metrics.jsonl; charges the step's pulls to the ledger first."""
+    charge_pulls(ledger, pulls)
     rec = {k: v for k, v in dataclasses.asdict(rollout).items() if k != "format_version"}
     rec["tokens_per_instance"] = dict(rollout.tokens_per_instance)
     phase = dict(phases.seconds)
@@ -53,7 +55,9 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
         "weight_pull_s": max((p.pull_s for p in pulls), default=0.0),
         "weight_load_s": max((p.load_s for p in pulls), default=0.0),
         "weight_peer_bytes": sum(p.peer_bytes for p in pulls), "pulls": len(pulls),
-        "publish_bytes": publish.get("bytes", 0), "samples_trained": outcome.samples,
+        **_pull_bytes(pulls), "egress_usd": cost.egress_usd,
+        "publish_bytes": publish.get("bytes", 0), "publish_delta": publish.get("delta", {}),
+        "samples_trained": outcome.samples,
         "samples_unique": outcome.unique_samples, "sample_versions": sorted(outcome.versions),
         "microbatches": outcome.microbatches,
         "response_tokens": outcome.denominator, **outcome.train,
@@ -63,6 +67,23 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
     rec.update({f"phase_{k}_s": v for k, v in phase.items()})
     rec.update(example)
     return rec
+
+
+def _pull_bytes(pulls: list[PullRecord]) -> dict:
+    """Bytes the step's pulls moved: in all, per instance, from the trainer (egress), and
+    how many took a delta instead of the full version (of weight_version_bytes)."""
+    return {"weight_bytes": sum(p.bytes for p in pulls),
+            "weight_bytes_per_instance": {p.instance_id: p.bytes for p in pulls},
+            "weight_egress_bytes": sum(p.egress_bytes for p in pulls),
+            "weight_delta_pulls": sum(p.route == "delta" for p in pulls),
+            "weight_version_bytes": max((p.nbytes for p in pulls), default=0)}
+
+
+def charge_pulls(ledger: CostLedger, pulls: list[PullRecord]) -> None:
+    """Adds the bytes each pull fetched from the trainer to its pool's egress (each pull
+    record belongs to exactly one step: the step of its version)."""
+    for p in pulls:
+        ledger.add_egress(p.kind, p.egress_bytes)
 
 
 def _std(values: list[float]) -> float:

@@ -33,6 +33,9 @@ class RunSummary:
     says what, in which step); the run's time from each checkpoint to the failure after it
     (restart_lost_s, summed) was redone, and it is billed: the instances were up meanwhile
     (and the reserved cluster stays billed while the run is launched again).
+
+    usd includes egress_usd: the weight bytes instances pulled from the trainer
+    (egress_bytes), at their pool's cost.egress_usd_per_gb.
     """
 
     steps: int
@@ -55,6 +58,10 @@ class RunSummary:
     restarts: int = 0
     restart_causes: tuple[str, ...] = ()
     restart_lost_s: float = 0.0
+    egress_bytes: int = 0
+    egress_usd: float = 0.0
+    delta_pulls: int = 0
+    weight_pulls: int = 0
 
     @property
     def samples_lost(self) -> int:
@@ -79,6 +86,9 @@ class RunSummary:
             ("rollout tokens/s", f"{self.tokens_per_s:,.1f}"),
             ("wall time of the steps", f"{self.wall_s:,.1f} s"),
             ("tokens per dollar", f"{self.tokens_per_usd:,.0f}"),
+            ("weight egress (pulled from the trainer, in tokens per dollar)",
+             f"{self.egress_bytes / 1e9:,.3f} GB, ${self.egress_usd:,.2f}; {self.delta_pulls} of "
+             f"{self.weight_pulls} pulls took a delta"),
             ("tokens per dollar, reserved only (estimate: the same tokens at the reserved "
              "engines' measured rate)", f"{self.reserved_only_tokens_per_usd:,.0f} "
                                         f"({gain:+.0%} with preemptible instances)"
@@ -127,7 +137,11 @@ def summarize(run: RunDirectory) -> RunSummary:
         migrations=sum(int(m.get("migrations", 0)) for m in metrics),
         resumes=sum(int(m.get("resumes", 0)) for m in metrics),
         restarts=len(restarts), restart_causes=tuple(str(e.get("cause", "?")) for e in restarts),
-        restart_lost_s=sum(float(e.get("lost_s", 0.0)) for e in restarts))
+        restart_lost_s=sum(float(e.get("lost_s", 0.0)) for e in restarts),
+        egress_bytes=sum(int(m.get("weight_egress_bytes", 0)) for m in metrics),
+        egress_usd=float(last.get("egress_usd", 0.0)),
+        delta_pulls=sum(int(m.get("weight_delta_pulls", 0)) for m in metrics),
+        weight_pulls=sum(int(m.get("pulls", 0)) for m in metrics))
 
 
 def reserved_only_estimate(metrics: list[dict], events: list[dict] = ()) -> float:

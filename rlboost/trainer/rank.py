@@ -160,7 +160,9 @@ class TrainerRank:
                 self.publisher.discard(version)
             raise
         nbytes = self.publisher.commit(version).total_bytes if self.publisher is not None else 0
-        return {"publish_s": time.perf_counter() - t0, "bytes": nbytes}
+        # The delta into `version` is encoded from here on, off this path; report the latest done.
+        deltas = self.publisher.delta_stats()[-1:] if self.publisher is not None else []
+        return {"publish_s": time.perf_counter() - t0, "bytes": nbytes, "delta": deltas[0] if deltas else {}}
 
     def save_checkpoint(self, directory: str, tokenizer_dir: str | None = None) -> None:
         """Model (HF-style safetensors via save_pretrained), the full optimizer state and

@@ -11,7 +11,10 @@ or UCX, and re-serves what it holds to later newcomers::
             weights = puller.pull()          # Mapping[str, Tensor], zero-copy views
 
 Every chunk is checked against a tag in the publisher's manifest that no process without
-the secret can forge (IntegrityError otherwise).
+the secret can forge (IntegrityError otherwise). A version laid out like the previous one
+is also served as a lossless delta against it; ``puller.pull(v + 1, into=weights)`` takes
+that delta when it pays and checks the rebuilt bytes against version v + 1's own tags,
+falling back to the full version on any doubt (transfer/delta.py, transfer/delta_pull.py).
 """
 
 from rlboost.transfer.config import ServerConfig, TransferConfig, new_secret, run_secret

@@ -187,6 +187,18 @@ class TransferConfig:
     """a kept connection unused this long is closed"""
     relay_poll_s: float = 0.5
     """longest wait of one long poll for news of a peer still pulling"""
+    delta: bool = True
+    """publish each version also as a lossless delta against the one before; pullers that hold that one take it"""
+    delta_threads: int = 2
+    """threads encoding a delta (publisher, off the step's critical path) or applying one (puller)"""
+    delta_chunk_bytes: int = 1 << 20
+    """bytes per chunk of a delta (smaller than chunk_bytes, so a small delta still stripes over sources)"""
+    delta_max_fraction: float = 0.5
+    """a delta larger than this fraction of its version is not served (pullers then take the full one at once)"""
+    delta_wait_s: float = 10.0
+    """a puller waits this long for a delta its publisher announced, then pulls the full version"""
+    delta_max_chain: int = 4
+    """most deltas a puller applies in a row to catch up; further behind, it pulls the full version"""
     publisher: ServerConfig = field(default_factory=ServerConfig)
     relay_server: ServerConfig = field(default_factory=ServerConfig)
     handoff: ServerConfig = field(default_factory=lambda: ServerConfig(versions_kept=64))
@@ -219,6 +231,12 @@ class TransferConfig:
         require(0 < self.connection_idle_s <= 86400, "connection_idle_s", "in (0, 86400]", self.connection_idle_s)
         require(0.001 <= self.relay_poll_s <= _MAX_RELAY_POLL_S, "relay_poll_s", f"in [0.001, {_MAX_RELAY_POLL_S}]",
               self.relay_poll_s)
+        require(isinstance(self.delta, bool), "delta", "True or False", self.delta)
+        check_range("delta_threads", self.delta_threads, 1, 64)
+        check_range("delta_chunk_bytes", self.delta_chunk_bytes, _MIN_CHUNK, _MAX_CHUNK)
+        require(0 < self.delta_max_fraction <= 1, "delta_max_fraction", "in (0, 1]", self.delta_max_fraction)
+        require(0 <= self.delta_wait_s <= _MAX_TIMEOUT_S, "delta_wait_s", f"in [0, {_MAX_TIMEOUT_S}]", self.delta_wait_s)
+        check_range("delta_max_chain", self.delta_max_chain, 1, 1024)
         for role in ("publisher", "relay_server", "handoff"):
             require(isinstance(getattr(self, role), ServerConfig), role, "a ServerConfig", getattr(self, role))
 

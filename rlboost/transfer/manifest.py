@@ -2,7 +2,9 @@
 
 Tensors sit in one flat payload at aligned offsets, so a version moves as plain byte
 chunks and is viewed as tensors without copying. Serialized as JSON (never pickle) and
-validated field by field when it arrives from another process.
+validated field by field when it arrives from another process. A version may announce
+that a delta from an earlier one follows (delta_base); a delta payload's table is one
+uint8 tensor plus what it turns into what (DeltaSpec).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ MAX_TABLE_BYTES = 64 << 20  # the native manifest's metadata bound
 MAX_TOTAL_BYTES = 1 << 50  # the most chunks times the largest chunk the native core accepts
 MAX_ALIGNMENT = 1 << 30
 MAX_DIMS = 64
+MAX_VERSION = (1 << 62) - 1  # keys from 2^62 up name delta payloads (rlboost/transfer/delta.py)
 
 # Bytes per element of every dtype a manifest may carry (torch names).
 DTYPE_SIZES = {
@@ -46,6 +49,22 @@ class TensorSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DeltaSpec:
+    """What a delta payload turns into what: base and target versions, the target's size,
+    and the hex SHA-256 of each one's chunk tags (which bind the very bytes).
+
+    Example: ``DeltaSpec(base=3, target=4, target_bytes=4096, base_tags="ab" * 32, target_tags="cd" * 32)``.
+    """
+
+    base: int
+    target: int
+    target_bytes: int
+    base_tags: str
+    target_tags: str
+    declined: bool = False  # the delta would have saved too little: its payload is a marker
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     """The layout of one weight version, plus its chunk tags once published.
 
@@ -61,6 +80,8 @@ class Manifest:
     alignment: int = 4096
     chunk_bytes: int = 0  # set when published
     chunk_tags: bytes = b""  # 16 bytes per chunk (the native core's integrity tags), set when published
+    delta_base: int | None = None  # the publisher also serves this version as a delta from that one
+    delta: DeltaSpec | None = None  # set on a delta payload's table
     format_version: int = FORMAT_VERSION
 
     @classmethod
@@ -74,8 +95,8 @@ class Manifest:
         cls, version: int, layout: Iterable[tuple[str, str, tuple[int, ...]]], alignment: int = 4096
     ) -> "Manifest":
         """Lays out (name, dtype, shape) triples, each at the next aligned offset."""
-        if version < 0:
-            raise ValueError(f"version: must be >= 0, got {version}")
+        if not 0 <= version <= MAX_VERSION:
+            raise ValueError(f"version: must be in [0, {MAX_VERSION}], got {version}")
         specs, offset, seen = [], 0, set()
         for name, dtype, shape in layout:
             if name in seen:
@@ -103,6 +124,11 @@ class Manifest:
     def with_chunks(self, version: int, chunk_bytes: int, tags: bytes) -> "Manifest":
         return replace(self, version=version, chunk_bytes=chunk_bytes, chunk_tags=bytes(tags))
 
+    def same_layout(self, other: "Manifest") -> bool:
+        """Whether the two tables place the same tensors at the same offsets (a delta
+        between their versions is possible)."""
+        return (self.tensors, self.total_bytes, self.alignment) == (other.tensors, other.total_bytes, other.alignment)
+
     def to_bytes(self) -> bytes:
         """The tensor table as UTF-8 JSON (the chunk table travels in the native manifest)."""
         doc = {
@@ -111,6 +137,8 @@ class Manifest:
             "total_bytes": self.total_bytes,
             "tensors": [[s.name, s.dtype, list(s.shape), s.offset, s.nbytes] for s in self.tensors],
         }
+        if self.delta_base is not None:
+            doc["delta_base"] = self.delta_base
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -126,9 +154,13 @@ class Manifest:
             table = doc["tensors"]
             if type(table) is not list or len(table) > MAX_TENSORS:
                 raise ProtocolError(f"manifest tensors must be a list of at most {MAX_TENSORS} entries")
+            delta_base = _int_field(doc, "delta_base") if "delta_base" in doc else None
+            if delta_base is not None and not 0 <= delta_base < version:
+                raise ProtocolError(f"manifest delta_base {delta_base} is not an earlier version than {version}")
             m = cls(version=version, tensors=tuple(_parse_spec(t) for t in table),
                     total_bytes=fields["total_bytes"], alignment=fields["alignment"],
-                    chunk_bytes=chunk_bytes, chunk_tags=bytes(tags))
+                    chunk_bytes=chunk_bytes, chunk_tags=bytes(tags), delta_base=delta_base,
+                    delta=_parse_delta(doc["delta"]) if "delta" in doc else None)
         except ProtocolError:
             raise
         # RecursionError: deeply nested JSON; OverflowError: numbers like 1e400 reaching int().
@@ -176,6 +208,22 @@ def _int_field(doc: dict, key: str) -> int:
     if type(value) is not int:
         raise ProtocolError(f"manifest field {key!r} must be an integer, got {type(value).__name__}")
     return value
+
+
+def _parse_delta(d: dict) -> DeltaSpec:
+    if type(d) is not dict:
+        raise ProtocolError("manifest delta section must be an object")
+    base, target, target_bytes = (_int_field(d, k) for k in ("base", "target", "target_bytes"))
+    digests = [d.get(k) for k in ("base_tags", "target_tags")]
+    if not all(type(x) is str and len(x) == 64 and all(c in "0123456789abcdef" for c in x) for x in digests):
+        raise ProtocolError("manifest delta digests must be 64 lowercase hex characters")
+    if not 0 <= base < target <= MAX_VERSION or not 0 <= target_bytes <= MAX_TOTAL_BYTES:
+        raise ProtocolError(f"manifest delta {base} -> {target} of {target_bytes} bytes is out of range")
+    declined = d.get("declined", False)
+    if type(declined) is not bool:
+        raise ProtocolError("manifest delta field 'declined' must be true or false")
+    return DeltaSpec(base=base, target=target, target_bytes=target_bytes, base_tags=digests[0],
+                     target_tags=digests[1], declined=declined)
 
 
 def _parse_spec(t: list) -> TensorSpec:

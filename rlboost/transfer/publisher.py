@@ -1,11 +1,14 @@
 """WeightPublisher: the trainer side. Each version is copied once into a shared-memory
 staging region and served from there by a native weight server; publishing returns as
-soon as the copy and the chunk tags (the integrity check pullers verify) are done.
+soon as the copy and the chunk tags (the integrity check pullers verify) are done. A
+version laid out like the one before is then also served as a delta against it, encoded
+on a thread of its own (transfer/delta.py) while the trainer goes on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
@@ -14,6 +17,7 @@ from rlboost.errors import TransferClosed
 from rlboost.transfer import descriptors
 from rlboost.transfer.closing import Closing
 from rlboost.transfer.config import ServerConfig, TransferConfig, advertised_host, format_address
+from rlboost.transfer.delta import DeltaEncoder, delta_key, is_delta_key
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.server import start_server
 
@@ -26,15 +30,21 @@ class WeightPublisher(Closing):
     Staging views stay valid until the version is retired (``versions_kept`` newer ones).
     """
 
-    def __init__(self, config: TransferConfig | None = None, server: ServerConfig | None = None):
+    def __init__(self, config: TransferConfig | None = None, server: ServerConfig | None = None, *,
+                 deltas: bool | None = None):
         """`server`: this publisher's role limits (default: ``config.publisher``, the
-        trainer's; a sample sender passes ``config.handoff``)."""
+        trainer's; a sample sender passes ``config.handoff``). `deltas`: serve each version
+        also as a delta against the previous one (default: ``config.delta`` for the
+        trainer's role, off for others, whose payloads are unrelated to each other)."""
         self.config = config = config if config is not None else TransferConfig()
         self.server_config = server if server is not None else config.publisher
         secret = config.require_secret()
         self._store = _C.VersionStore(versions_kept=self.server_config.versions_kept, secret=secret)
         self._server = start_server(self._store, config, self.server_config, secret)
         self._staged: dict[int, tuple[Manifest, object]] = {}
+        self._last: Manifest | None = None  # the latest committed version, the next delta's base
+        use_deltas = (config.delta and server is None) if deltas is None else deltas
+        self._deltas = DeltaEncoder(self._store, config) if use_deltas else None
         self._closed = False
 
     @property
@@ -44,7 +54,7 @@ class WeightPublisher(Closing):
 
     @property
     def versions(self) -> list[int]:
-        return list(self._store.versions())
+        return [v for v in self._store.versions() if not is_delta_key(v)]
 
     @property
     def latest(self) -> int | None:
@@ -66,12 +76,34 @@ class WeightPublisher(Closing):
         if version not in self._staged:
             raise ValueError(f"version {version} was not staged")
         manifest, _ = self._staged[version]
+        base = self._delta_base(manifest)
+        manifest = replace(manifest, delta_base=base)  # tells pullers that holding `base` pays off
         try:
             native = self._store.commit(version, self.config.chunk_bytes, manifest.to_bytes(),
                                         self.config.commit_threads)
         finally:
             self.discard(version)
-        return manifest.with_chunks(version, native.chunk_bytes, native.tags)
+        self._last = manifest = manifest.with_chunks(version, native.chunk_bytes, native.tags)
+        if base is not None:
+            self._deltas.submit(base, version)
+        return manifest
+
+    def _delta_base(self, manifest: Manifest) -> int | None:
+        """The version a delta into `manifest` starts from: the latest one, when it is still
+        served and laid out the same."""
+        last = self._last
+        if self._deltas is None or last is None or not last.same_layout(manifest):
+            return None
+        return last.version if last.version < manifest.version and last.version in self.versions else None
+
+    def wait_for_deltas(self, timeout: float | None = None) -> bool:
+        """Waits until every delta asked for so far is served (or failed); False on timeout."""
+        return self._deltas is None or self._deltas.wait_idle(timeout)
+
+    def delta_stats(self) -> list[dict]:
+        """The latest deltas, oldest first: base, target, bytes, target_bytes, encode_s
+        (encoding alone, native threads), total_s (with tagging), or an error."""
+        return self._deltas.stats() if self._deltas is not None else []
 
     def publish(self, version: int, named_tensors: Mapping[str, torch.Tensor]) -> Manifest:
         """Copies tensors (any device) into staging and serves them as `version`."""
@@ -90,8 +122,10 @@ class WeightPublisher(Closing):
             self._store.discard_staged(version)
 
     def retire(self, version: int, timeout: float | None = None) -> None:
-        """Stops serving `version`, waiting until no read of it is in flight."""
-        self._store.retire(version, self.config.request_timeout_s if timeout is None else timeout)
+        """Stops serving `version` (and the delta into it), waiting until no read of it is in flight."""
+        timeout = self.config.request_timeout_s if timeout is None else timeout
+        self._store.retire(version, timeout)
+        self._store.retire(delta_key(version), timeout)
 
     def stats(self) -> dict:
         """Server counters (bytes_sent, chunks_sent, auth_failures, protocol_errors, ...),
@@ -108,6 +142,8 @@ class WeightPublisher(Closing):
         """Stops serving and joins every server thread. Idempotent."""
         if not self._closed:
             self._closed = True
+            if self._deltas is not None:
+                self._deltas.close()
             self._server.close()
             self._staged.clear()
 

@@ -160,10 +160,12 @@ class PullHandle:
 
     def stats(self) -> dict:
         """chunk_requests, chunks_fetched, refetched, per source bytes/chunks/
-        integrity_failures/errors, and skipped_sources (left out when the version was
-        resolved)."""
+        integrity_failures/errors, skipped_sources (left out when the version was
+        resolved), bytes (fetched in all) and route ("full": no delta was used)."""
         out = self._job.stats() if self._job is not None else {}
         out["skipped_sources"] = list(self.skipped_sources)
+        out["route"], out["fallback"] = "full", None
+        out["bytes"] = sum(s["bytes"] for s in out.get("sources", []))
         return out
 
     def __enter__(self) -> "PullHandle":

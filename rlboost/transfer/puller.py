@@ -2,10 +2,13 @@
 publisher and peers' relays), pulls a version into a buffer, and re-serves what it holds
 through its own relay server, even while the pull is still running. Its authenticated
 connections stay open between pulls (``keep_connections``), so small pulls are cheap.
+A pull into the previous result (``into=pulled``) takes the deltas from the version held
+there when the publisher serves them (transfer/delta_pull.py), the full version otherwise.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 
@@ -16,6 +19,8 @@ from rlboost.errors import ProtocolError, TransferClosed
 from rlboost.transfer import descriptors
 from rlboost.transfer.closing import Closing
 from rlboost.transfer.config import TransferConfig, advertised_host, format_address, parse_address
+from rlboost.transfer.delta import is_delta_key
+from rlboost.transfer.delta_pull import DeltaHooks, DeltaPullHandle
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.progress import ProgressCallback
 from rlboost.transfer.pulled import PulledWeights, PullHandle, PullHooks
@@ -37,10 +42,17 @@ class WeightPuller(Closing):
         self._retiring: set[int] = set()
         self._failed: dict[int, tuple[torch.Tensor, object | None, bytes, bytes]] = {}
         self._handles: weakref.WeakSet[PullHandle] = weakref.WeakSet()
+        # Relay bookkeeping is shared with delta pulls, which run on threads of their own.
+        self._lock = threading.RLock()
         self._closed = False
         self._relay_store = self._relay_server = None
         self._hooks = PullHooks(register_relay=self._register_relay, retire=self.retire,
                                 failed=self._remember_failed, succeeded=self._forget_failed)
+        # A delta that fails is not resumed: the full version is pulled instead.
+        self._payload_hooks = PullHooks(register_relay=self._register_relay, retire=self.retire,
+                                        failed=lambda handle, held: None, succeeded=lambda version: None)
+        self._delta_hooks = DeltaHooks(payload=self._start_payload, claim=self._claim,
+                                       complete=self._serve_complete, secret=self._secret)
         c = self.config
         # Per source: one connection per stream, the control one and a long-poll one.
         self._pool = (_C.ConnectionPool(max_idle_per_source=c.streams + 2, max_idle_s=c.connection_idle_s)
@@ -68,13 +80,14 @@ class WeightPuller(Closing):
     # ---- pulling -----------------------------------------------------------------
     def prepare(self, version: int | None = None, into: Into = None,
                 progress: ProgressCallback | bool | None = None,
-                sources: str | Sequence[str] | None = None) -> PullHandle:
+                sources: str | Sequence[str] | None = None) -> PullHandle | DeltaPullHandle:
         """Resolves `version` (None: the newest any source holds) and sizes the destination.
 
         Sources that do not answer within ``resolve_timeout_s`` (or fail) are left out and
         listed in the handle's ``skipped_sources``; TransferTimeout when none answers.
 
-        `into`: a contiguous CPU tensor (or a previous PulledWeights) to receive into; None
+        `into`: a contiguous CPU tensor (or a previous PulledWeights, whose version then
+        serves as the base of deltas when ``config.delta`` and the publisher serves them) to receive into; None
         allocates shared memory. While relay is on, the buffer is re-served to peers until
         this version is retired (``retire(version)``): do not modify it before then. When
         `into` is a PulledWeights whose buffer this puller allocated and peers are still
@@ -93,9 +106,13 @@ class WeightPuller(Closing):
         manifest = Manifest.from_bytes(nm.meta, nm.version, nm.chunk_bytes, nm.tags)
         if manifest.total_bytes != nm.total_bytes:
             raise ProtocolError("tensor table and chunk table disagree on the payload size")
-        buffer, region, seed = self._destination(manifest, into)
+        with self._lock:
+            buffer, region, seed = self._destination(manifest, into)
         handle = PullHandle(self._hooks, native, plan, manifest, buffer, region, seed, progress)
-        self._handles.add(handle)
+        if self._delta_base(manifest, into, seed):
+            handle = DeltaPullHandle(self._delta_hooks, handle, into, native, c)
+        with self._lock:
+            self._handles.add(handle)
         return handle
 
     def pull(self, version: int | None = None, into: Into = None, timeout: float | None = None,
@@ -109,6 +126,15 @@ class WeightPuller(Closing):
             handle.cancel()
             raise
 
+    def _delta_base(self, manifest: Manifest, into: Into, seed: bytes) -> bool:
+        """Whether `into` holds a version that deltas can bring up to `manifest`: an earlier
+        one of the same layout, within delta_max_chain, when the publisher announced a
+        delta. Not when the destination holds part of an earlier attempt at this version."""
+        c = self.config
+        return (c.delta and isinstance(into, PulledWeights) and manifest.delta_base is not None and not seed
+                and into.version < manifest.version <= into.version + c.delta_max_chain
+                and into.manifest.same_layout(manifest) and len(into.manifest.chunk_tags) > 0)
+
     def latest_version(self) -> int:
         """The newest version any source holds complete."""
         self._check_open()
@@ -119,15 +145,23 @@ class WeightPuller(Closing):
     # ---- relay -------------------------------------------------------------------
     @property
     def relayed_versions(self) -> list[int]:
-        self._sweep()
-        return sorted(self._relayed)
+        with self._lock:
+            self._sweep()
+            return sorted(v for v in self._relayed if not is_delta_key(v))
+
+    @property
+    def relayed_deltas(self) -> list[int]:
+        """Target versions of the deltas this puller re-serves."""
+        with self._lock:
+            return sorted(v & ~_C.DELTA["key_bit"] for v in self._relayed if is_delta_key(v))
 
     def retire(self, version: int) -> None:
         """Stops relaying `version` (waits for reads in flight) and releases its buffer."""
-        if self._relay_store is not None and version in self._relayed:
-            self._relay_store.retire(version, self.config.request_timeout_s)
-            del self._relayed[version]
-            self._retiring.discard(version)
+        with self._lock:
+            if self._relay_store is not None and version in self._relayed:
+                self._relay_store.retire(version, self.config.request_timeout_s)
+                del self._relayed[version]
+                self._retiring.discard(version)
 
     def stats(self) -> dict:
         """Relay server counters, plus ``reads_in_flight`` (version -> reads holding it)
@@ -135,7 +169,8 @@ class WeightPuller(Closing):
         when relay is off."""
         if self._relay_server is None:
             return {}
-        self._sweep()
+        with self._lock:
+            self._sweep()
         out = self._relay_server.stats()
         out["reads_in_flight"] = self._relay_store.pins()
         out["retiring_versions"] = sorted(self._retiring)
@@ -178,23 +213,49 @@ class WeightPuller(Closing):
         """Serves the handle's buffer as a partial version: (store, registration id)."""
         if self._relay_store is None:
             return None, 0
-        for v, (buf, _) in list(self._relayed.items()):
-            if v == handle.version or descriptors.same_memory(buf, handle.buffer):
-                self.retire(v)
-        # Versions beyond versions_kept go at once unless peers are reading them; those
-        # are served until their reads end rather than waited for.
-        kept = [v for v in sorted(self._relayed) if v not in self._retiring]
+        with self._lock:
+            return self._relay_store, self._serve(handle.native_manifest, handle.buffer, handle._region, False)
+
+    def _serve(self, nm, buffer: torch.Tensor, region: object | None, complete: bool) -> int:
+        """Serves a buffer as version nm.version (a delta's key, or a full version whose
+        buffer is taken back from whatever it held); returns the registration id."""
+        self._claim(buffer, nm.version)
+        # Versions (and, apart, deltas) beyond versions_kept go at once unless peers are
+        # reading them; those are served until their reads end rather than waited for.
+        delta = is_delta_key(nm.version)
+        kept = [v for v in sorted(self._relayed) if v not in self._retiring and is_delta_key(v) == delta]
         for v in kept[: max(0, len(kept) - self.config.relay_server.versions_kept + 1)]:
             if not self._retire_if_idle(v):
                 self._retiring.add(v)
-        nm = handle.native_manifest
-        if handle._region is not None:
-            registration = self._relay_store.add_partial(nm, handle._region)
+        if region is not None:
+            registration = self._relay_store.add_partial(nm, region, complete)
         else:
-            addr, nbytes = descriptors.describe(handle.buffer)
-            registration = self._relay_store.add_partial_borrowed(nm, addr, nbytes)
-        self._relayed[handle.version] = (handle.buffer, handle._region)
-        return self._relay_store, registration
+            addr, nbytes = descriptors.describe(buffer)
+            registration = self._relay_store.add_partial_borrowed(nm, addr, nbytes, complete)
+        self._relayed[nm.version] = (buffer, region)
+        return registration
+
+    def _claim(self, buffer: torch.Tensor, version: int | None = None) -> None:
+        """Stops relaying `version` and whatever `buffer` holds (waiting for reads in flight)."""
+        with self._lock:
+            for v, (buf, _) in list(self._relayed.items()):
+                if v == version or descriptors.same_memory(buf, buffer):
+                    self.retire(v)
+
+    def _serve_complete(self, nm, buffer: torch.Tensor, region: object | None) -> None:
+        """Relays a version this puller rebuilt from deltas (every chunk held)."""
+        if self._relay_store is not None:
+            with self._lock:
+                self._serve(nm, buffer, region, True)
+
+    def _start_payload(self, native, plan, manifest: Manifest) -> PullHandle:
+        """Starts pulling a delta payload into fresh memory (relayed while it arrives)."""
+        region = _C.Region.create(manifest.total_bytes)
+        handle = PullHandle(self._payload_hooks, native, plan, manifest, descriptors.region_tensor(region),
+                            region, b"", None)
+        with self._lock:
+            self._handles.add(handle)
+        return handle.start()
 
     def _remember_failed(self, handle: PullHandle, held: bytes) -> None:
         self._failed[handle.version] = (handle.buffer, handle._region, held, handle.manifest.chunk_tags)

@@ -90,3 +90,42 @@ def test_misuse_is_rejected():
 def test_config_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
         CostConfig(**kwargs)
+
+
+def test_egress_is_priced_per_pool_and_counts_in_tokens_per_dollar():
+    prices = CostConfig(reserved_usd_per_hour=0.0, preemptible_usd_per_hour=3600.0,  # $1 per second
+                        egress_usd_per_gb={"preemptible": 0.09})
+    ledger = CostLedger(prices)
+    ledger.start("spot-0", "preemptible", at_s=0.0)
+    ledger.add_tokens(1000)
+    ledger.add_egress("preemptible", 20_000_000_000)  # 20 GB from the trainer's region
+    ledger.add_egress("reserved", 50_000_000_000)     # same zone: free by default
+    s = ledger.summary(at_s=10.0)
+    assert s.egress_bytes == 70_000_000_000 and s.egress_usd == pytest.approx(1.8)
+    assert s.total_usd == pytest.approx(10.0 + 1.8)
+    assert s.tokens_per_dollar == pytest.approx(1000 / 11.8)
+
+
+def test_egress_carries_across_a_resume_and_old_totals_still_load():
+    prices = CostConfig(egress_usd_per_gb={"reserved": 0.01, "preemptible": 0.05})
+    first = CostLedger(prices)
+    first.add_egress("preemptible", 10**9)
+    resumed = CostLedger(prices)
+    resumed.carry(first.totals(at_s=0.0))
+    resumed.carry({"seconds": {"reserved": 1.0}, "tokens": 5})  # a checkpoint from before egress was counted
+    resumed.add_egress("reserved", 10**9)
+    assert resumed.summary(at_s=0.0).egress_usd == pytest.approx(0.06)
+
+
+@pytest.mark.parametrize("prices", [{"spot": 0.1}, {"preemptible": -0.1}, {"preemptible": "0.1"}, [0.1]])
+def test_egress_prices_must_name_pools_and_be_non_negative(prices):
+    with pytest.raises(ValueError, match="egress_usd_per_gb"):
+        CostConfig(egress_usd_per_gb=prices)
+
+
+def test_egress_of_an_unknown_pool_or_negative_bytes_is_refused():
+    ledger = CostLedger()
+    with pytest.raises(ValueError, match="kind"):
+        ledger.add_egress("spot", 1)
+    with pytest.raises(ValueError, match="nbytes"):
+        ledger.add_egress("preemptible", -1)

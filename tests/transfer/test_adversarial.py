@@ -172,8 +172,10 @@ def test_256_stalled_or_trickling_peers_leave_an_honest_puller_its_pulls():
 def test_a_peer_hoarding_shared_memory_leases_cannot_pin_old_versions():
     nbytes, kept = 2 << 20, 2
     # Served versions plus one retired version still leased (a pull of it may be running)
-    # or kept for the next publish, however many leases the hoarder holds.
-    bound = (kept + 1) * nbytes
+    # or kept for the next publish, however many leases the hoarder holds; and for each
+    # served version the one-byte marker of its declined delta (these random payloads
+    # share nothing).
+    bound = (kept + 1) * nbytes + kept
     config = make_config(publisher=ServerConfig(versions_kept=kept), transport="shm", relay=False)
     with WeightPublisher(config) as pub:
         hoarder = LeaseHoarderForTests(pub.address, SECRET)
