@@ -23,6 +23,7 @@ from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
 from rlboost.run.directory import RunDirectory
+from rlboost.trainer.emulated import EmulatedTrainerSpec, emulates_trainer, launch_emulated
 from rlboost.trainer.loop import TrainerGroup
 from rlboost.trainer.rank import RankSpec
 
@@ -92,8 +93,13 @@ class Cluster:
         config, run = self.config, self.run
         self.controller = start_controller(config)
         t, r = config.trainer, config.rollout
-        self.trainer = TrainerGroup.launch(rank_specs(config, weights, reference),
-                                           actor_options("reserved", cpus=t.rank_cpus, gpus=t.rank_gpus))
+        options = actor_options("reserved", cpus=t.rank_cpus, gpus=t.rank_gpus)
+        if emulates_trainer(r):  # engines emulating a named model: the trainer takes its time too
+            self.trainer = launch_emulated(EmulatedTrainerSpec(emulated=r.emulated, gpus=t.world_size,
+                                                               checkpoint=str(weights), transfer=config.transfer),
+                                           config.cost, options)
+        else:
+            self.trainer = TrainerGroup.launch(rank_specs(config, weights, reference), options)
         publisher = ray.get(self.trainer.ranks[0].address.remote(), timeout=READY_TIMEOUT_S)
         self.fleet = Fleet(self.controller, instance_template(config, weights, publisher),
                            lambda kind: actor_options(kind, cpus=r.instance_cpus, gpus=r.instance_gpus),
