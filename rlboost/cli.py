@@ -1,4 +1,4 @@
-"""The `rlboost` command line: train, config, report, info.
+"""The `rlboost` command line: train, simulate, config, report, info.
 
 Every expected failure prints one or two lines saying what is wrong and what to do, and
 exits with a documented code (2 bad input, 3 the run failed, 130 interrupted); a traceback
@@ -72,6 +72,17 @@ def _run_config(args: argparse.Namespace):
     return apply_overrides(config, [*args.set, *env.extra_overrides()])
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from rlboost import env
+    from rlboost.run.simulate import calibrate_paper, simulate
+
+    if args.calibrate:
+        calibrate_paper()
+        return EXIT_OK
+    print(simulate(args.scenario, [*args.set, *env.extra_overrides()], steps=args.steps, progress=not args.quiet))
+    return EXIT_OK
+
+
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -105,6 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint"
                          if name == "train" else "show the config of a run directory")
         cmd.set_defaults(func=func)
+    sim = sub.add_parser("simulate", parents=[common], help="a named scenario through the discrete-event simulator",
+                         description="Simulate a scenario (paper, paper-trace, paper-trace-reference, saturation) "
+                         "with the controller's own policies and the timing model; writes a run directory.")
+    sim.add_argument("--scenario", default="paper", help="paper (default), paper-trace, paper-trace-reference "
+                     "or saturation")
+    sim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    sim.add_argument("--steps", type=int, default=None, help="steps to simulate (default: the scenario's)")
+    sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    sim.add_argument("--calibrate", action="store_true", help="print the timing model's calibrated efficiency")
+    sim.set_defaults(func=_simulate)
     report = sub.add_parser("report", parents=[common], help="redraw a run's plots and print its summary")
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.set_defaults(func=_report)

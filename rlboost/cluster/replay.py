@@ -14,6 +14,7 @@ from typing import Callable
 
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.traces import (
+    SAMPLES,
     AvailabilityTrace,
     InstanceEvent,
     PreemptionPolicy,
@@ -31,8 +32,8 @@ def named_trace(name: str, *, max_count: int, seed: int = 0) -> AvailabilityTrac
     with .compressed_to()."""
     if name == "none" or max_count == 0:
         return None
-    if name == "sample":
-        trace = sample_trace()
+    if name in SAMPLES:  # the bundled samples: sample, skypilot-sample, spotserve-sample, bamboo-sample
+        trace = sample_trace(name)
     elif name == "synthetic":
         trace = synthetic_trace(SyntheticTraceConfig(capacity=max_count, seed=seed))
     else:

@@ -1,221 +1,41 @@
 """Spot-instance availability traces and the preemption events a cluster driver replays.
 
-Reads SkyPilot spot-traces JSON, `time,count` CSV and SpotServe event CSV into one step
-function of instance count over time; generates seeded synthetic traces whose
-preemptions come in clusters; turns count changes into join / notice / kill events.
+Traces in public formats are read by trace_readers into one step function of instance
+count over time (availability.AvailabilityTrace); this module generates seeded synthetic
+traces whose preemptions come in clusters, and turns count changes into join / notice /
+kill events.
 """
 
 from __future__ import annotations
 
-import bisect
-import csv
 import heapq
-import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
+from rlboost.cluster.availability import AvailabilityTrace
+from rlboost.cluster.trace_readers import (
+    READERS,
+    SAMPLE_TRACE,
+    SAMPLES,
+    load_trace,
+    read_bamboo_csv,
+    read_count_csv,
+    read_skypilot_json,
+    read_spotserve_csv,
+    read_spotserve_segment,
+    sample_trace,
+)
 from rlboost.validate import check_format_version
+
+__all__ = ["EVENT_KINDS", "READERS", "SAMPLES", "SAMPLE_TRACE", "AvailabilityTrace", "InstanceEvent",
+           "PreemptionPolicy", "SyntheticTraceConfig", "load_trace", "preemption_events", "read_bamboo_csv",
+           "read_count_csv", "read_skypilot_json", "read_spotserve_csv", "read_spotserve_segment",
+           "sample_trace", "synthetic_trace"]
 
 EVENT_FORMAT_VERSION = 1
 EVENT_KINDS = ("join", "notice", "kill")
 VICTIM_ORDERS = ("oldest", "newest", "random")
 SUDDEN_PATTERNS = ("spread", "random")
-SAMPLE_TRACE = Path(__file__).with_name("data") / "spot_sample.csv"
-
-
-@dataclass(frozen=True, slots=True)
-class AvailabilityTrace:
-    """How many preemptible instances exist over [0, duration_s).
-
-    counts[i] holds from times_s[i] until the next time (right-continuous steps);
-    times_s[0] is 0 and times strictly increase.
-
-    >>> AvailabilityTrace((0.0, 60.0), (2, 1), 120.0).count_at(90.0)
-    1
-    """
-
-    times_s: tuple[float, ...]
-    counts: tuple[int, ...]
-    duration_s: float
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.times_s or len(self.times_s) != len(self.counts):
-            raise ValueError("times_s and counts must be non-empty and of one length")
-        if self.times_s[0] != 0.0:
-            raise ValueError(f"times_s must start at 0, got {self.times_s[0]}")
-        if any(b <= a for a, b in zip(self.times_s, self.times_s[1:])):
-            raise ValueError("times_s must strictly increase")
-        if any(c < 0 for c in self.counts):
-            raise ValueError("counts must be >= 0")
-        if not self.duration_s >= self.times_s[-1]:
-            raise ValueError(f"duration_s {self.duration_s} ends before the last change "
-                             f"at {self.times_s[-1]}")
-
-    @classmethod
-    def from_steps(cls, steps: list[tuple[float, int]], duration_s: float | None = None,
-                   name: str = "") -> AvailabilityTrace:
-        """Build from (time, count) pairs in time order; count 0 before the first time,
-        repeated counts merged, a later pair at an equal time wins."""
-        times, counts = [0.0], [0]
-        for t, c in steps:
-            if t < times[-1]:
-                raise ValueError(f"step times must not decrease: {t} after {times[-1]}")
-            if t == times[-1]:
-                counts[-1] = int(c)
-            else:
-                times.append(float(t))
-                counts.append(int(c))
-        end = times[-1] if duration_s is None else float(duration_s)
-        merged_t, merged_c = [times[0]], [counts[0]]
-        for t, c in zip(times[1:], counts[1:]):
-            if c != merged_c[-1]:
-                merged_t.append(t)
-                merged_c.append(c)
-        return cls(tuple(merged_t), tuple(merged_c), end, name)
-
-    @classmethod
-    def from_ticks(cls, counts: list[int], gap_s: float, name: str = "") -> AvailabilityTrace:
-        """One count per tick of gap_s seconds (the SkyPilot layout)."""
-        if not gap_s > 0:
-            raise ValueError(f"gap_s must be > 0, got {gap_s}")
-        return cls.from_steps([(i * gap_s, c) for i, c in enumerate(counts)],
-                              duration_s=len(counts) * gap_s, name=name)
-
-    def count_at(self, t: float) -> int:
-        return self.counts[max(0, bisect.bisect_right(self.times_s, t) - 1)]
-
-    @property
-    def max_count(self) -> int:
-        return max(self.counts)
-
-    def changes(self) -> list[tuple[float, int, int]]:
-        """(time, count before, count after) for every change of count."""
-        return [(t, a, b) for t, a, b in zip(self.times_s[1:], self.counts, self.counts[1:])]
-
-    def instance_seconds(self) -> float:
-        """Integral of the count over the trace (instance-seconds available)."""
-        ends = self.times_s[1:] + (self.duration_s,)
-        return sum(c * (e - t) for t, e, c in zip(self.times_s, ends, self.counts))
-
-    def scaled(self, factor: float) -> AvailabilityTrace:
-        """Every time multiplied by factor (1/60 turns hours into minutes)."""
-        if not factor > 0:
-            raise ValueError(f"factor must be > 0, got {factor}")
-        return AvailabilityTrace(tuple(t * factor for t in self.times_s), self.counts,
-                                 self.duration_s * factor, self.name)
-
-    def compressed_to(self, duration_s: float) -> AvailabilityTrace:
-        """The trace scaled to last duration_s seconds (a CPU demo of a day-long trace)."""
-        if not duration_s > 0 or self.duration_s <= 0:
-            raise ValueError(f"cannot compress a {self.duration_s} s trace to {duration_s} s")
-        return self.scaled(duration_s / self.duration_s)
-
-    def window(self, start_s: float, end_s: float) -> AvailabilityTrace:
-        """The part in [start_s, end_s), shifted to start at 0."""
-        if not 0 <= start_s < end_s <= self.duration_s:
-            raise ValueError(f"window [{start_s}, {end_s}) is not inside [0, {self.duration_s}]")
-        steps = [(0.0, self.count_at(start_s))]
-        steps += [(t - start_s, c) for t, c in zip(self.times_s, self.counts) if start_s < t < end_s]
-        return AvailabilityTrace.from_steps(steps, end_s - start_s, self.name)
-
-    def capped(self, max_count: int) -> AvailabilityTrace:
-        """Counts limited to max_count (a cluster smaller than the traced one)."""
-        return AvailabilityTrace.from_steps(
-            [(t, min(c, max_count)) for t, c in zip(self.times_s, self.counts)],
-            self.duration_s, self.name)
-
-
-# ---- readers ---------------------------------------------------------------------------
-
-def read_skypilot_json(path: str | Path) -> AvailabilityTrace:
-    """`{"metadata": {"gap_seconds": 300}, "data": [counts...]}` (skypilot-org/spot-traces)."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-        gap, data = float(doc["metadata"]["gap_seconds"]), doc["data"]
-        counts = [int(c) for c in data]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: not a SkyPilot spot trace ({type(exc).__name__}: {exc})") from None
-    if not counts:
-        raise ValueError(f"{path}: empty data")
-    return AvailabilityTrace.from_ticks(counts, gap, name=path.stem)
-
-
-def _csv_rows(path: Path):
-    with path.open(newline="") as f:
-        for line_no, row in enumerate(csv.reader(f), 1):
-            if row and not row[0].lstrip().startswith("#") and any(x.strip() for x in row):
-                yield line_no, [x.strip() for x in row]
-
-
-def read_count_csv(path: str | Path, duration_s: float | None = None) -> AvailabilityTrace:
-    """`time,count` rows (seconds; optional header; `#` comments). The count is 0 before
-    the first row; the last row's time ends the trace unless duration_s says otherwise."""
-    path = Path(path)
-    steps = []
-    for line_no, row in _csv_rows(path):
-        if not steps and row[:2] == ["time", "count"]:
-            continue
-        try:
-            t, c = float(row[0]), int(row[1])
-            if len(row) != 2 or t < 0 or c < 0:
-                raise ValueError
-        except (ValueError, IndexError):
-            raise ValueError(f"{path} line {line_no}: expected 'time,count' with "
-                             f"non-negative numbers, got {row}") from None
-        steps.append((t, c))
-    if not steps:
-        raise ValueError(f"{path}: no rows")
-    try:
-        return AvailabilityTrace.from_steps(steps, duration_s, name=path.stem)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-
-
-def read_spotserve_csv(path: str | Path, duration_s: float | None = None) -> AvailabilityTrace:
-    """`timestamp_ms,add|remove,nodeN` events (Hsword/SpotServe trace_full); count = nodes up."""
-    path = Path(path)
-    alive: set[str] = set()
-    steps = []
-    for line_no, row in _csv_rows(path):
-        if len(row) != 3 or row[1] not in ("add", "remove") or not row[0].isdigit():
-            raise ValueError(f"{path} line {line_no}: expected 'timestamp_ms,add|remove,node', "
-                             f"got {row}")
-        t, action, node = int(row[0]) / 1000.0, row[1], row[2]
-        if (action == "add") == (node in alive):
-            raise ValueError(f"{path} line {line_no}: {action} of node {node!r} that is "
-                             f"{'already' if node in alive else 'not'} up")
-        (alive.add if action == "add" else alive.remove)(node)
-        steps.append((t, len(alive)))
-    if not steps:
-        raise ValueError(f"{path}: no events")
-    try:
-        return AvailabilityTrace.from_steps(steps, duration_s, name=path.stem)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-
-
-def load_trace(path: str | Path, fmt: str = "auto") -> AvailabilityTrace:
-    """Read any supported format: "skypilot", "counts", "spotserve" or "auto" (by content)."""
-    path = Path(path)
-    if fmt == "auto":
-        if path.suffix == ".json":
-            fmt = "skypilot"
-        else:
-            first = next((row for _, row in _csv_rows(path)), [])
-            fmt = "spotserve" if len(first) == 3 and first[1] in ("add", "remove") else "counts"
-    readers = {"skypilot": read_skypilot_json, "counts": read_count_csv,
-               "spotserve": read_spotserve_csv}
-    if fmt not in readers:
-        raise ValueError(f"fmt must be 'auto' or one of {tuple(readers)}, got {fmt!r}")
-    return readers[fmt](path)
-
-
-def sample_trace() -> AvailabilityTrace:
-    """The bundled 4-hour sample (rlboost/cluster/data/spot_sample.csv, see README there)."""
-    return read_count_csv(SAMPLE_TRACE)
 
 
 # ---- synthetic traces ------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlboost.controller.continuation import CONTINUATIONS
 from rlboost.controller.offload import POLICIES, AdaptiveWindowConfig, ReferenceWindowConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
@@ -56,6 +57,8 @@ class ControllerConfig:
     """most samples in one micro-batch (None: no cap)"""
     migrate_with_kv: bool = False
     """move samples with their KV pages engine to engine where both sides can"""
+    continuation: str = "token"
+    """where a moved sample resumes: token (its last token) or trim_group (the published reference)"""
     reserved_tokens_per_s: float = 4000.0
     """prior decode rate of a reserved engine until it is measured"""
     preemptible_tokens_per_s: float = 1000.0
@@ -71,6 +74,7 @@ class ControllerConfig:
                      "preemptible_tokens_per_s", "sample_tokens_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        require(self.continuation in CONTINUATIONS, "continuation", f"one of {CONTINUATIONS}", self.continuation)
         for name in ("microbatch_min_samples", "microbatch_max_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -9,6 +9,7 @@ Pure policy: it returns decisions; the driver carries them out.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -187,27 +188,59 @@ class Router:
                 for v in open_}
         placed: dict[str, list[int]] = {}
         waiting: deque[int] = deque()
-        while self._queue and any(load[v.instance_id][0] < v.capacity for v in open_):
+        heap: list | None = None  # open instances by key, while queued samples need the same work
+        heap_need = None
+        plain = all(v.time_left_s is None and v.max_model_len is None for v in open_)
+        free = sum(1 for v in open_ if load[v.instance_id][0] < v.capacity)
+        while self._queue and free:
             sid = self._queue.popleft()
             need = remaining(sid)
-            best, best_key = None, None
-            for v in open_:
-                n, work = load[v.instance_id]
-                if (n >= v.capacity or not self.can_run(sid, v, length)
-                        or not self.fits(sid, v, n + 1, budget, position)):
-                    continue
-                key = ((work + need) / v.rates.full_rate(v.capacity), n, v.instance_id)
-                if best_key is None or key < best_key:
-                    best, best_key = v, key
+            if plain and sid not in self._refused:
+                # the same choice as the scan below, by a heap: only the chosen key changes
+                if heap is None or need != heap_need:
+                    heap, heap_need = self._keyed(open_, load, need), need
+                best = self._pop_best(heap, load)
+            else:
+                heap, best = None, self._scan(sid, open_, load, need, length, budget, position)
             if best is None:
                 waiting.append(sid)
                 continue
             load[best.instance_id][0] += 1
             load[best.instance_id][1] += need
+            if load[best.instance_id][0] >= best.capacity:
+                free -= 1
+            elif heap is not None:
+                n, work = load[best.instance_id]
+                heapq.heappush(heap, ((work + need) / best.rates.full_rate(best.capacity), n, best.instance_id, best))
             self.assign(sid, best.instance_id)
             placed.setdefault(best.instance_id, []).append(sid)
         self._queue.extendleft(reversed(waiting))
         return [Assign(iid, tuple(sids)) for iid, sids in sorted(placed.items())]
+
+    @staticmethod
+    def _keyed(open_: list[InstanceView], load: dict, need: float) -> list:
+        heap = [((load[v.instance_id][1] + need) / v.rates.full_rate(v.capacity), load[v.instance_id][0],
+                 v.instance_id, v) for v in open_ if load[v.instance_id][0] < v.capacity]
+        heapq.heapify(heap)
+        return heap
+
+    @staticmethod
+    def _pop_best(heap: list, load: dict) -> InstanceView | None:
+        return heapq.heappop(heap)[3] if heap else None
+
+    def _scan(self, sid: int, open_: list[InstanceView], load: dict, need: float, length, budget,
+              position) -> InstanceView | None:
+        """The open instance where the sample would finish its instance's work soonest."""
+        best, best_key = None, None
+        for v in open_:
+            n, work = load[v.instance_id]
+            if (n >= v.capacity or not self.can_run(sid, v, length)
+                    or not self.fits(sid, v, n + 1, budget, position)):
+                continue
+            key = ((work + need) / v.rates.full_rate(v.capacity), n, v.instance_id)
+            if best_key is None or key < best_key:
+                best, best_key = v, key
+        return best
 
     def steal(self, instances: list[InstanceView], remaining: Callable[[int], float],
               position: Callable[[int], int], length: Callable[[int], int] | None = None,

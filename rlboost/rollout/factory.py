@@ -4,6 +4,7 @@ model being trained, with no weights of its own yet (version 0): an instance pul
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable
 
 from rlboost.models import ModelConfig, empty_model
@@ -35,10 +36,15 @@ def _emulated(config: RolloutConfig, model_dir: str, kind: str) -> RolloutEngine
     from rlboost.rollout.emulated import EmulatedEngine
     from rlboost.rollout.emulated.fitting import fitted_to
 
-    emulated = fitted_to(config.emulated, model_dir)
+    emulated, speed = fitted_to(config.emulated, model_dir), 1.0
     if kind == "preemptible":
-        emulated = emulated.scaled(emulated.preemptible_speed)
-    return EmulatedEngine(emulated)
+        if emulated.model:  # the roofline runs at a speed; fixed rates are scaled in the config
+            speed = emulated.preemptible_speed
+        else:
+            emulated = emulated.scaled(emulated.preemptible_speed)
+        # a preemptible instance starts (VM, engine) before it can pull its first weights
+        time.sleep(emulated.startup_s / emulated.time_scale)
+    return EmulatedEngine(emulated, speed=speed, kind=kind)
 
 
 _BUILDERS: dict[str, Callable[[RolloutConfig, str, str], RolloutEngine]] = {

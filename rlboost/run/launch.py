@@ -24,6 +24,7 @@ from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
 from rlboost.run.directory import RunDirectory
+from rlboost.trainer.emulated import EmulatedTrainerSpec, emulates_trainer, launch_emulated
 from rlboost.trainer.loop import TrainerGroup
 from rlboost.trainer.rank import RankSpec
 from rlboost.transfer import run_secret
@@ -99,8 +100,13 @@ class Cluster:
                 billed_from: float | None) -> None:
         config, run = self.config, self.run
         t, r = config.trainer, config.rollout
-        self.trainer = TrainerGroup.launch(rank_specs(config, weights, reference),
-                                           actor_options("reserved", cpus=t.rank_cpus, gpus=t.rank_gpus))
+        options = actor_options("reserved", cpus=t.rank_cpus, gpus=t.rank_gpus)
+        if emulates_trainer(r):  # engines emulating a named model: the trainer takes its time too
+            self.trainer = launch_emulated(EmulatedTrainerSpec(emulated=r.emulated, gpus=t.world_size,
+                                                               checkpoint=str(weights), transfer=config.transfer),
+                                           config.cost, options)
+        else:
+            self.trainer = TrainerGroup.launch(rank_specs(config, weights, reference), options)
         publisher = ray.get(self.trainer.ranks[0].address.remote(), timeout=READY_TIMEOUT_S)
         # beside trainer rank 0, on a reserved node: a preemptible node's death must not take it
         node = ray.get(self.trainer.ranks[0].__ray_call__.remote(  # a lambda travels by value

@@ -47,10 +47,14 @@ class TrainerGroup:
         for rank, part in zip(self.ranks, split_rows(batch, len(self.ranks))):
             self._pending.append(rank.accumulate.remote(part))
 
-    def finish_step(self, denominator: float) -> dict:
-        """Wait for the step's micro-batches, then step the optimizer on every rank."""
+    def wait(self) -> None:
+        """Wait until every rank has trained on the micro-batches handed to it."""
         pending, self._pending = self._pending, []
         ray.get(pending)
+
+    def finish_step(self, denominator: float) -> dict:
+        """Wait for the step's micro-batches, then step the optimizer on every rank."""
+        self.wait()
         per_rank = ray.get([r.finish_step.remote(float(denominator)) for r in self.ranks])
         tokens = sum(r["tokens"] for r in per_rank)
         return {"loss": sum(r["loss_sum"] for r in per_rank) / denominator,
@@ -136,6 +140,9 @@ def train_streaming(trainer: TrainerGroup, next_microbatch: Callable[[float], An
     out, seen = StepOutcome(), set()
     idle_since = time.perf_counter()
     while True:
+        # ask for the next micro-batch only once the ranks are free: the controller counts the
+        # wait as the trainer's idle time, which sizes the next step's local window
+        trainer.wait()
         t0 = time.perf_counter()
         mb = next_microbatch(poll_s)
         out.wait_s += time.perf_counter() - t0

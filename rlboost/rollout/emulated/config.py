@@ -5,7 +5,11 @@ it stands for), kept apart from the engine so configs import it without the engi
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+
+from rlboost.rollout.emulated.lengths import LengthConfig
+from rlboost.timing import ACCELERATORS, EFFICIENCY, MODELS, accelerator, model_shape
 
 
 @dataclass(kw_only=True, slots=True)
@@ -23,6 +27,15 @@ class EmulatedEngineConfig:
     instance runs at preemptible_speed times every rate (e.g. 0.5: an older GPU type than
     the reserved engines'); vocab_size, eos_token_id and max_model_len are fitted to the
     model when an instance is built (see fitted_to).
+
+    With `model` set (a name in rlboost.timing.MODELS) the fixed rates give way to the
+    timing model: a decode step of the engine's batch takes the roofline time of `gpus`
+    `accelerator`s at `efficiency` (it grows with the batch's cached tokens), prefill too.
+    Each emulated token then stands for token_block real ones (the controller, the
+    trainer and the transfer see 1/token_block of the tokens, at the same timings), and
+    every duration is divided by time_scale, so a run's minute is time_scale minutes of
+    the modelled cluster. `lengths` draws response lengths (lognormal: the long tail of
+    reasoning traces) instead of stop_probability.
 
     >>> EmulatedEngineConfig(decode_tokens_per_s=8000.0).per_sample_tokens_per_s
     125.0
@@ -48,6 +61,26 @@ class EmulatedEngineConfig:
     """longest prompt + output admitted (None: the model's maximum)"""
     preemptible_speed: float = 1.0
     """preemptible instances run at this times every rate (reserved ones at 1)"""
+    model: str = ""
+    """a model of rlboost.timing (e.g. qwen3-8b): its roofline sets decode and prefill time (empty: the rates above)"""
+    accelerator: str = "h100-sxm"
+    """the GPU type of rlboost.timing each engine stands for (with model)"""
+    gpus: int = 1
+    """GPUs one engine spans, tensor parallel (with model)"""
+    efficiency: float = EFFICIENCY
+    """share of peak bandwidth and FLOP/s the roofline reaches (the timing model's calibrated value)"""
+    token_block: int = 1
+    """real tokens each emulated token stands for (with model; lengths and limits are in emulated tokens)"""
+    time_scale: float = 1.0
+    """modelled seconds per second of the run: every rate is multiplied by it"""
+    startup_s: float = 0.0
+    """modelled seconds a preemptible instance takes to start before it pulls weights (divided by time_scale)"""
+    memory_fraction: float = 0.0
+    """share of each GPU's memory an engine holds for weights and KV cache (0: no KV limit; SGLang's default ~0.85)"""
+    reserved_memory_fraction: float | None = None
+    """the same for reserved engines, which share their GPUs with the trainer (None: memory_fraction)"""
+    lengths: LengthConfig = field(default_factory=LengthConfig)
+    """how long responses are: geometric (stop_probability per token) or lognormal (a long tail)"""
 
     def __post_init__(self) -> None:
         for name in ("decode_tokens_per_s", "prefill_tokens_per_s", "rate_window_s"):
@@ -68,6 +101,28 @@ class EmulatedEngineConfig:
             raise ValueError(f"preemptible_speed must be in (0, 1000], got {self.preemptible_speed}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
+        if self.model and self.model not in MODELS:
+            raise ValueError(f"model must be empty or one of {sorted(MODELS)}, got {self.model!r}")
+        if self.accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator must be one of {sorted(ACCELERATORS)}, got {self.accelerator!r}")
+        if not 1 <= self.gpus <= 64:
+            raise ValueError(f"gpus must be in [1, 64], got {self.gpus}")
+        if not 0.0 < self.efficiency <= 1.0:
+            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
+        if not 1 <= self.token_block <= 4096:
+            raise ValueError(f"token_block must be in [1, 4096], got {self.token_block}")
+        if not 0.0 < self.time_scale <= 1e6:
+            raise ValueError(f"time_scale must be in (0, 1e6], got {self.time_scale}")
+        if not self.startup_s >= 0.0:
+            raise ValueError(f"startup_s must be >= 0, got {self.startup_s}")
+        for name in ("memory_fraction", "reserved_memory_fraction"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        for kind in ("reserved", "preemptible"):
+            if self.kv_capacity(kind) <= 0:
+                raise ValueError(f"{kind} engines' memory share cannot hold the {self.model} weights on "
+                                 f"{self.gpus} {self.accelerator}: raise memory_fraction")
 
     @property
     def per_sample_tokens_per_s(self) -> float:
@@ -76,6 +131,18 @@ class EmulatedEngineConfig:
         if self.sample_tokens_per_s is not None:
             return self.sample_tokens_per_s
         return self.decode_tokens_per_s / self.max_running
+
+    def kv_capacity(self, kind: str = "preemptible") -> float:
+        """Emulated tokens of KV cache an engine of this kind holds (inf: no limit): its memory
+        share of every GPU, less the model's weights, over the model's KV bytes per token."""
+        fraction = self.memory_fraction
+        if kind == "reserved" and self.reserved_memory_fraction is not None:
+            fraction = self.reserved_memory_fraction
+        if not self.model or fraction <= 0:
+            return math.inf
+        shape, gpu = model_shape(self.model), accelerator(self.accelerator)
+        free = self.gpus * gpu.memory_bytes * fraction - shape.weight_bytes
+        return free / shape.kv_bytes_per_token / self.token_block
 
     def scaled(self, factor: float) -> EmulatedEngineConfig:
         """Every rate times factor (a slower or faster GPU type)."""

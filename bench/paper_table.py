@@ -1,0 +1,201 @@
+"""The RLBoost paper's table at the artifact's proportions: reserved only; rlboost with 1, 2, 3
+and 4 preemptible instances; rlboost on a spot trace; the published mechanisms on the same trace.
+
+Every row is the paper_qwen3_8b recipe (Qwen3-8B GRPO, 128 prompts x 8 samples, responses up
+to 14,336 tokens; one reserved 8x H100 node; each preemptible instance a quarter of an 8x H100
+spot node) run twice on the same config and the same prompts:
+- emulated: `rlboost.run.job.train` with engines and a trainer that take the timing model's
+  time, under the real controller, Ray actors, weight pulls, migrations and preemptions;
+- simulated: the discrete-event simulator driving the controller's own policies.
+Figures are the modelled cluster's (run seconds x time_scale, emulated tokens x token_block),
+over steps after --skip (start-up, first pulls, the window's first adjustment). The trace
+rows are also simulated over --seeds seeds (prompts and preemption victims), paired, for the
+margin of rlboost over the reference mode and its noise. Instance shape and prices are inputs.
+
+    python bench/paper_table.py                       # emulated and simulated (about 30 minutes)
+    python bench/paper_table.py --fidelity simulated  # simulated only (a few minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+ROWS = ("reserved only", "rlboost, 1 instance", "rlboost, 2 instances", "rlboost, 3 instances",
+        "rlboost, 4 instances", "rlboost, spot trace", "reference, spot trace")
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fidelity", choices=("both", "emulated", "simulated"), default="both")
+    p.add_argument("--steps", type=int, default=10, help="steps of each run (emulated and its paired simulation)")
+    p.add_argument("--skip", type=int, default=2, help="first steps not counted (>= 1)")
+    p.add_argument("--seeds", type=int, default=5, help="simulated seeds of the trace comparison")
+    p.add_argument("--trace-steps", type=int, default=40, help="steps of each seeded trace simulation")
+    p.add_argument("--trace", default="skypilot-sample", help="the spot trace of the trace rows")
+    p.add_argument("--on-demand-node-usd-h", type=float, default=83.79, help="one 8x H100 on-demand node, $/h")
+    p.add_argument("--spot-node-usd-h", type=float, default=21.28, help="one 8x H100 spot node, $/h")
+    p.add_argument("--instance-share", type=float, default=0.25, help="share of a spot node one instance is")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides for every run")
+    p.add_argument("--out", default=None, help="results markdown (default bench/results/paper_<host>_<date>.md)")
+    return p.parse_args()
+
+
+def row_config(row: str, args: argparse.Namespace):
+    from rlboost.config.overrides import apply_overrides
+    from rlboost.recipes.paper_qwen3_8b import on_spot_trace, paper_qwen3_8b, with_reference_mechanisms
+    from rlboost.run.simulate import with_instances
+
+    config = apply_overrides(paper_qwen3_8b(), [
+        f"cost.reserved_usd_per_hour={args.on_demand_node_usd_h}",
+        f"cost.preemptible_usd_per_hour={args.spot_node_usd_h * args.instance_share}",
+        f"run.steps={args.steps}", f"run.checkpoint_every={args.steps}", "run.progress=false", *args.set])
+    if row == "reserved only":
+        return with_instances(config, 0)
+    if row.startswith("rlboost, ") and row[9].isdigit():
+        return with_instances(config, int(row[9]))
+    traced = on_spot_trace(config, args.trace)
+    return with_reference_mechanisms(traced) if row.startswith("reference") else traced
+
+
+def figures(tokens: float, seconds: float, usd: float) -> dict:
+    return {"tokens_per_s": tokens / seconds, "usd_per_hour": usd / seconds * 3600.0, "tokens_per_usd": tokens / usd}
+
+
+def emulated(config, skip: int) -> dict:
+    """One training run through the job's own code path, measured like the simulation."""
+    from rlboost.run.job import train
+
+    metrics = train(config).run.metrics()
+    scale, block = config.cost.time_scale, config.rollout.emulated.token_block
+    rest = metrics[skip:]
+    tokens = sum(int(m["total_tokens"]) for m in rest) * block
+    seconds = sum(float(m["step_wall_s"]) for m in rest) * scale
+    usd = float(metrics[-1]["cost_usd"]) - float(metrics[skip - 1]["cost_usd"])
+    return figures(tokens, seconds, usd) | {"preemptions": sum(int(m["preemptions"]) for m in rest)}
+
+
+def simulated(config, skip: int, steps: int | None = None) -> dict:
+    from rlboost.run.simulate import sim_spec, task_groups
+    from rlboost.sim.metrics import summarize
+    from rlboost.sim.simulator import Simulator
+
+    s = summarize(Simulator(sim_spec(config, steps=steps), groups=task_groups(config)).run(), skip=skip)
+    return figures(s.tokens, s.seconds, s.usd) | {"preemptions": s.preemptions}
+
+
+def seeded_trace(args: argparse.Namespace) -> dict:
+    """rlboost and the reference mode on the trace over several seeds (prompts and victims), paired."""
+    out = {"rlboost": [], "reference": []}
+    for seed in range(args.seeds):
+        for name, row in (("rlboost", "rlboost, spot trace"), ("reference", "reference, spot trace")):
+            c = row_config(row, args)
+            c = dataclasses.replace(c, task=dataclasses.replace(c.task, seed=seed),
+                                    cluster=dataclasses.replace(c.cluster, seed=seed))
+            out[name].append(simulated(c, args.skip, steps=args.trace_steps))
+    ratios = [a["tokens_per_usd"] / b["tokens_per_usd"] for a, b in zip(out["rlboost"], out["reference"])]
+    mean = statistics.mean(ratios)
+    sd = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+    return {"ratios": ratios, "mean": mean, "sd": sd, "ci95": 1.96 * sd / len(ratios) ** 0.5,
+            "rlboost_tokens_per_usd": statistics.mean(r["tokens_per_usd"] for r in out["rlboost"]),
+            "reference_tokens_per_usd": statistics.mean(r["tokens_per_usd"] for r in out["reference"])}
+
+
+def cells(fig: dict | None, base: dict | None) -> str:
+    if fig is None or base is None:
+        return f"{'-':>8}{'-':>8}{'-':>8}{'-':>10}{'-':>8}"
+    return (f"{fig['tokens_per_s']:>8.0f}{fig['tokens_per_s'] / base['tokens_per_s']:>7.2f}x"
+            f"{fig['usd_per_hour']:>8.2f}{fig['tokens_per_usd']:>10.0f}"
+            f"{(fig['tokens_per_usd'] / base['tokens_per_usd'] - 1) * 100:>+7.1f}%")
+
+
+def render(args, results: dict, trace: dict | None, wall: float) -> str:
+    emu0, sim0 = results[ROWS[0]].get("emulated"), results[ROWS[0]].get("simulated")
+    head = (f"{'':24}| {'emulated':^42}| {'simulated':^42}| {'sim-emu':>7}\n"
+            f"{'row':24}|{'tok/s':>8}{'speedup':>8}{'$/h':>8}{'tok/$':>10}{'gain':>8} |"
+            f"{'tok/s':>8}{'speedup':>8}{'$/h':>8}{'tok/$':>10}{'gain':>8} |{'':>7}")
+    lines = [head]
+    for row in ROWS:
+        r = results[row]
+        e, s = r.get("emulated"), r.get("simulated")
+        diff = f"{(s['tokens_per_s'] / e['tokens_per_s'] - 1) * 100:+6.1f}%" if e and s else f"{'-':>7}"
+        lines.append(f"{row:24}|{cells(e, emu0)} |{cells(s, sim0)} |{diff}")
+    text = "\n".join(lines)
+    if trace is not None:
+        text += (f"\n\nspot trace ({args.trace}), simulated over {args.seeds} seeds x {args.trace_steps} steps: "
+                 f"rlboost / reference tokens per $ = {trace['mean']:.3f}x (sd {trace['sd']:.3f}, 95% CI "
+                 f"+-{trace['ci95']:.3f}; per seed {', '.join(f'{x:.3f}' for x in trace['ratios'])})")
+    return text + f"\n({wall / 60:.1f} min)"
+
+
+def main() -> int:
+    args = parse()
+    if not 1 <= args.skip < args.steps:
+        raise SystemExit(f"--skip must be in [1, --steps), got {args.skip}")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RLBOOST_RUN_ROOT", tempfile.mkdtemp(prefix="rlboost-paper-"))
+    from rlboost.recipes.paper_qwen3_8b import TIME_SCALE, TOKEN_BLOCK
+
+    t0 = time.perf_counter()
+    results: dict = {row: {} for row in ROWS}
+    for row in ROWS:
+        config = row_config(row, args)
+        if args.fidelity in ("both", "simulated"):
+            results[row]["simulated"] = simulated(config, args.skip)
+        if args.fidelity in ("both", "emulated"):
+            print(f"emulating {row} ({args.steps} steps)...", file=sys.stderr, flush=True)
+            results[row]["emulated"] = emulated(config, args.skip)
+    trace = seeded_trace(args) if args.fidelity in ("both", "simulated") and args.seeds > 1 else None
+    wall = time.perf_counter() - t0
+    shape = (f"inputs: reserved = one 8x H100 node on demand, ${args.on_demand_node_usd_h}/h (trainer on 8 GPUs, "
+             f"rolling out as 4 TP-2 engines in the local window); preemptible instance = one TP-2 engine, "
+             f"{args.instance_share:g} of an 8x H100 spot node (${args.spot_node_usd_h}/h), "
+             f"${args.spot_node_usd_h * args.instance_share:.2f}/h. Qwen3-8B, 128 prompts x 8 samples, responses "
+             f"log-normal (median 3,000 tokens) up to 14,336. time_scale {TIME_SCALE:g}, token_block {TOKEN_BLOCK}; "
+             f"steps {args.skip + 1}..{args.steps} counted. {platform.machine()}, {os.cpu_count()} cores.")
+    table = render(args, results, trace, wall) + (f"\nceiling at 4 instances (each adding a fourth of the reserved "
+                                                  f"node's rollout, fully used): {(4 + 4) / 4:.2f}x "
+                                                  f"throughput, {fluid_gain(args, 4):.3f}x tokens per $")
+    print(shape)
+    print(table)
+    write_results(args, shape, table)
+    best = results["rlboost, 4 instances"].get("simulated") or results["rlboost, 4 instances"].get("emulated")
+    base = results[ROWS[0]].get("simulated") or results[ROWS[0]].get("emulated")
+    peers = {row: {lvl: {k: round(v, 1) for k, v in fig.items()} for lvl, fig in r.items()} for row, r in results.items()}
+    if trace is not None:
+        peers["trace_rlboost_over_reference"] = {"mean": round(trace["mean"], 4), "sd": round(trace["sd"], 4),
+                                                 "seeds": args.seeds}
+    print(json.dumps({"metric": "tokens_per_dollar_gain_4_instances",
+                      "value": round(best["tokens_per_usd"] / base["tokens_per_usd"], 4), "unit": "x",
+                      "speedup": round(best["tokens_per_s"] / base["tokens_per_s"], 4),
+                      "ceiling": round(fluid_gain(args, 4), 4),
+                      "peers": peers}))
+    return 0
+
+
+def fluid_gain(args: argparse.Namespace, n: int) -> float:
+    """Tokens per dollar if n instances, each a fourth of the reserved node's rollout capacity,
+    added their whole capacity to a step (no tail, no idle): (4 + n) / 4 the throughput."""
+    usd = args.on_demand_node_usd_h + n * args.spot_node_usd_h * args.instance_share
+    return (4 + n) / 4 * args.on_demand_node_usd_h / usd
+
+
+def write_results(args: argparse.Namespace, shape: str, table: str) -> None:
+    out = Path(args.out) if args.out else (Path(__file__).parent / "results" /
+                                           f"paper_{platform.machine()}-{os.cpu_count()}c_{date.today()}.md")
+    cmd = "python bench/paper_table.py " + " ".join(sys.argv[1:])
+    out.write_text(f"# Paper table, {platform.machine()}, {date.today()}\n\nCommand: `{cmd.strip()}`\n\n"
+                   f"{shape}\n\n```\n{table}\n```\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""paper_qwen3_8b: the RLBoost artifact's setup at its real proportions, emulated.
+
+Qwen3-8B GRPO, 128 prompts x 8 samples with responses up to 14,336 tokens (a long-tailed
+log-normal), on one reserved 8x H100 node (the trainer's 8 GPUs, rolling out as four TP-2
+engines during the local window) and up to four preemptible instances, each a quarter of
+an 8x H100 spot node (one TP-2 engine, billed a quarter of $21.28/h). Engines and the
+trainer take rlboost.timing's time; each emulated token stands for TOKEN_BLOCK real ones,
+and one factor, TIME_SCALE, divides every duration (decode, prefill, training, start-up,
+notices, the trace, controller constants, weight pulls through the egress cap and a
+scaled payload), so a run's minute is TIME_SCALE minutes of the modelled cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.cost import CostConfig
+from rlboost.config.run import RunConfig, RunOptions
+from rlboost.controller.config import ControllerConfig, WindowConfig
+from rlboost.controller.offload import AdaptiveWindowConfig, ReferenceWindowConfig
+from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.router import RouterConfig
+from rlboost.rollout.config import RolloutConfig
+from rlboost.rollout.emulated.config import EmulatedEngineConfig
+from rlboost.rollout.emulated.lengths import LengthConfig
+from rlboost.tasks.config import TaskConfig
+from rlboost.timing import AWS_NOTICE_S, gpu_timing, startup_s
+from rlboost.trainer.config import TrainerConfig
+from rlboost.trainer.starting_weights import ModelSource
+from rlboost.transfer.config import TransferConfig
+
+TIME_SCALE = 25.0       # modelled seconds per second of the run
+TOKEN_BLOCK = 64        # real tokens per emulated token
+PROMPT_TOKENS = 5       # the arithmetic prompts' length in emulated tokens (320 real tokens)
+MAX_RESPONSE = 14_336   # the artifact's response cap, real tokens
+ENGINE_GPUS = 2         # TP-2 engines: four on the reserved node, one per preemptible instance
+NODE_GPUS = 8
+CAPACITY = 256          # samples one engine decodes at once
+ON_DEMAND_NODE_USD_H = 83.79
+SPOT_NODE_USD_H = 21.28
+EGRESS_BYTES_PER_S = 1_500_000_000
+# GPU memory an engine holds: SGLang's default static share on an 80 GB GPU on a dedicated
+# preemptible instance; the artifact's colocated rollout on the trainer's GPUs uses 0.6
+# (PolyRL run_async_grpo_pipeline.sh, gpu_memory_utilization).
+SGLANG_MEMORY_FRACTION = 0.85
+COLOCATED_MEMORY_FRACTION = 0.6  # the transfer cap; the published payload is scaled to match
+# A simulated controller's round at hundreds of instances: 5 modelled seconds (the real loop's
+# poll interval, 0.05 s of the run, is 1.25 s; a round there costs O(instances)).
+CONTROLLER_ROUND_S = 0.2
+# The published rule's per-instance-count windows for an 8B model (PolyRL balance.rs), seconds.
+REFERENCE_8B_OPTIMA = ((1, 190.0), (2, 160.0), (3, 105.0), (4, 70.0))
+
+
+def _run_s(cluster_s: float) -> float:
+    """A duration of the modelled cluster in the run's seconds."""
+    return cluster_s / TIME_SCALE
+
+
+def _rate(real_tokens_per_s: float) -> float:
+    """A rate of the modelled cluster in emulated tokens per second of the run."""
+    return real_tokens_per_s * TIME_SCALE / TOKEN_BLOCK
+
+
+def paper_engine() -> EmulatedEngineConfig:
+    return EmulatedEngineConfig(model="qwen3-8b", accelerator="h100-sxm", gpus=ENGINE_GPUS, max_running=CAPACITY,
+                                token_block=TOKEN_BLOCK, time_scale=TIME_SCALE, startup_s=startup_s(),
+                                memory_fraction=SGLANG_MEMORY_FRACTION,
+                                reserved_memory_fraction=COLOCATED_MEMORY_FRACTION,
+                                lengths=LengthConfig(kind="lognormal"))
+
+
+def paper_controller() -> ControllerConfig:
+    """The controller at the modelled cluster's time constants, and rate priors from the timing model."""
+    engine = gpu_timing("qwen3-8b", "h100-sxm", ENGINE_GPUS)
+    full = CAPACITY / engine.decode_step_s(CAPACITY, CAPACITY * 2_000.0)  # a full batch mid-step
+    alone = 1.0 / engine.decode_step_s(1, 2_000.0)
+    prefill = 4_096 / engine.prefill_s(4_096)
+    return ControllerConfig(
+        poll_interval_s=0.05, idle_timeout_s=120.0, call_timeout_s=30.0,
+        reserved_tokens_per_s=_rate(full), preemptible_tokens_per_s=_rate(full), sample_tokens_per_s=_rate(alone),
+        registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=6, drain_margin_s=_run_s(10.0)),
+        router=RouterConfig(min_steal_gain_s=_run_s(10.0), prefill_tokens_per_s=_rate(prefill)),
+        window=WindowConfig(
+            policy="adaptive",
+            adaptive=AdaptiveWindowConfig(initial_window_s=_run_s(150.0), idle_target_s=_run_s(2.0)),
+            reference=ReferenceWindowConfig(initial_window_s=_run_s(150.0), floor_s=_run_s(5.0),
+                                            unit_s=_run_s(1.0), seeded_optima=REFERENCE_8B_OPTIMA)))
+
+
+def paper_qwen3_8b() -> RunConfig:
+    return RunConfig(
+        model=ModelSource(source="tiny", warmup_steps=0),
+        task=TaskConfig(name="arithmetic", groups_per_step=128, group_size=8,
+                        max_new_tokens=MAX_RESPONSE // TOKEN_BLOCK),
+        trainer=TrainerConfig(world_size=NODE_GPUS, microbatch_groups=2),
+        controller=paper_controller(),
+        rollout=RolloutConfig(backend="emulated", capacity=CAPACITY, emulated=paper_engine()),
+        transfer=TransferConfig(egress_bytes_per_s=EGRESS_BYTES_PER_S),
+        cluster=ClusterConfig(reserved_instances=NODE_GPUS // ENGINE_GPUS, max_preemptible=4, initial_preemptible=4,
+                              trace="none", notice_s=_run_s(AWS_NOTICE_S), sudden_fraction=0.0),
+        cost=CostConfig(reserved_usd_per_hour=ON_DEMAND_NODE_USD_H,
+                        preemptible_usd_per_hour=SPOT_NODE_USD_H * ENGINE_GPUS / NODE_GPUS, time_scale=TIME_SCALE),
+        run=RunOptions(name="paper_qwen3_8b", steps=10, checkpoint_every=1000, microbatch_timeout_s=600.0),
+    )
+
+
+def with_reference_mechanisms(config: RunConfig) -> RunConfig:
+    """The same run with the published system's mechanisms in place of rlboost's: the window
+    moved by a third of the idle-time gap (with its 8B per-count memory), a migrated group
+    trimmed to its shortest member, weights pushed by the trainer alone (no relays), and no
+    use of preemption notices (it learns of a preemption when the instance's stream breaks,
+    PolyRL handlers.rs; reference-implementation.md section 9, item 11): every preemption
+    reaches it as a sudden death at the same moment."""
+    controller = dataclasses.replace(
+        config.controller, continuation="trim_group",
+        window=dataclasses.replace(config.controller.window, policy="reference"))
+    return dataclasses.replace(config, controller=controller,
+                               transfer=dataclasses.replace(config.transfer, relay=False),
+                               cluster=dataclasses.replace(config.cluster, sudden_fraction=1.0))
+
+
+def on_spot_trace(config: RunConfig, trace: str = "skypilot-sample") -> RunConfig:
+    """The run's preemptible instances following a spot trace (at its own pace: one trace
+    second is one modelled second), with AWS's two-minute notices."""
+    from rlboost.cluster.traces import sample_trace
+
+    duration = sample_trace(trace).duration_s if trace.endswith("-sample") else None
+    cluster = dataclasses.replace(config.cluster, trace=trace, initial_preemptible=0,
+                                  trace_duration_s=_run_s(duration) if duration else None)
+    return dataclasses.replace(config, cluster=cluster)

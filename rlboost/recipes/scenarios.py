@@ -1,0 +1,59 @@
+"""Named simulations (`rlboost simulate --scenario NAME`): a recipe's config, how many steps to
+simulate, and which instance counts the saturation sweep beside it covers.
+
+Every scenario is the paper recipe (rlboost.recipes.paper_qwen3_8b) or a variant of it, so a
+simulated figure can be set beside the emulated run of the same config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from rlboost.config.run import RunConfig
+from rlboost.recipes.paper_qwen3_8b import CONTROLLER_ROUND_S, on_spot_trace, paper_qwen3_8b, with_reference_mechanisms
+
+SATURATION_COUNTS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 200)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A simulation: its config, steps, the simulated controller's round (None: its poll
+    interval) and the instance counts of the saturation sweep (short runs, steps each)."""
+
+    name: str
+    description: str
+    config: Callable[[], RunConfig]
+    steps: int
+    round_s: float | None = None
+    sweep: tuple[int, ...] = ()
+    sweep_steps: int = 12
+
+
+def _static(n: int) -> Callable[[], RunConfig]:
+    def config() -> RunConfig:
+        c = paper_qwen3_8b()
+        return dataclasses.replace(c, cluster=dataclasses.replace(c.cluster, max_preemptible=n,
+                                                                  initial_preemptible=n, trace="none"))
+    return config
+
+
+SCENARIOS = {s.name: s for s in (
+    Scenario("paper", "the artifact's shape: Qwen3-8B on one reserved 8x H100 node and 4 preemptible "
+             "quarter-node instances", _static(4), steps=40, sweep=(0, 1, 2, 3, 4, 6, 8)),
+    Scenario("paper-trace", "the paper recipe's preemptible instances following the SkyPilot-format "
+             "sample trace (up to 4)", lambda: on_spot_trace(paper_qwen3_8b()), steps=40),
+    Scenario("paper-trace-reference", "paper-trace with the published mechanisms (1/3 window rule, group "
+             "trimming, push without relays)", lambda: with_reference_mechanisms(on_spot_trace(paper_qwen3_8b())),
+             steps=40),
+    Scenario("saturation", "200 preemptible instances for 1000 steps, and where adding instances stops "
+             "paying (the trainer bounds the step)", _static(200), steps=1000, round_s=CONTROLLER_ROUND_S,
+             sweep=SATURATION_COUNTS),
+)}
+
+
+def get_scenario(name: str) -> Scenario:
+    if name not in SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r}; known: {', '.join(sorted(SCENARIOS))}")
+    return SCENARIOS[name]

@@ -1,0 +1,130 @@
+"""`rlboost simulate`: a named scenario through the discrete-event simulator, into a run
+directory like train's (config.json, metrics.jsonl, summary.md, plots/), with a progress bar.
+
+The scenario's prompts come from the run's own task feed, so a simulation rolls out exactly
+the samples (and lengths) an emulated run of the same config does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from rlboost import env
+from rlboost.config.overrides import apply_overrides, to_dict
+from rlboost.config.run import RunConfig
+from rlboost.recipes.paper_qwen3_8b import PROMPT_TOKENS
+from rlboost.recipes.scenarios import Scenario, get_scenario
+from rlboost.run.directory import RunDirectory
+from rlboost.run.terminal import say
+from rlboost.sim.calibrate import calibrate
+from rlboost.sim.metrics import summarize
+from rlboost.sim.report import SaturationPoint, plot_saturation, plot_steps, step_record, summary_markdown
+from rlboost.sim.simulator import Simulator
+from rlboost.sim.spec import SimSpec
+
+SCENARIO_FILE = "scenario.json"
+
+
+def sim_spec(config: RunConfig, *, steps: int | None = None, round_s: float | None = None) -> SimSpec:
+    return SimSpec.of(config, prompt_tokens=PROMPT_TOKENS, steps=steps).replace(round_s=round_s)
+
+
+def task_groups(config: RunConfig) -> Callable[[int], list]:
+    """The run's prompt groups per step (its task feed), as an emulated run draws them."""
+    from rlboost.trainer.feed import task_feed
+    from rlboost.trainer.starting_weights import prepare_checkpoint
+
+    return task_feed(config.task, prepare_checkpoint(config.model, config.task)).groups
+
+
+def with_instances(config: RunConfig, n: int) -> RunConfig:
+    cluster = dataclasses.replace(config.cluster, max_preemptible=n, initial_preemptible=n, trace="none")
+    return dataclasses.replace(config, cluster=cluster)
+
+
+def simulate(name: str, overrides: list[str], *, steps: int | None = None, progress: bool = True,
+             echo: Callable[[str], None] = say) -> Path:
+    """Run the scenario (with --set overrides); returns its run directory."""
+    scenario = get_scenario(name)
+    config = apply_overrides(scenario.config(), overrides)
+    spec = sim_spec(config, steps=steps or scenario.steps, round_s=scenario.round_s)
+    groups = task_groups(config)
+    run = RunDirectory.create(env.run_root(), f"{scenario.name}-simulated")
+    run.write_config(to_dict(config))
+    (run.path / SCENARIO_FILE).write_text(json.dumps({"scenario": scenario.name, "steps": spec.steps,
+                                                      "round_s": spec.round_s, "overrides": overrides}, indent=2))
+    records = _main_run(spec, groups, run, progress)
+    if steps is not None:  # a shorter run asks for a shorter sweep too
+        scenario = dataclasses.replace(scenario, sweep_steps=max(2, min(scenario.sweep_steps, steps)))
+    sweep, sweep_s = _sweep(scenario, config, groups, echo)
+    _report(scenario, spec, run, records, sweep, sweep_s)
+    return run.path
+
+
+def _main_run(spec: SimSpec, groups, run: RunDirectory, progress: bool) -> tuple:
+    from tqdm import tqdm
+
+    bar = tqdm(total=spec.steps, desc="simulate", unit="step", disable=not progress, dynamic_ncols=True)
+    records: list[dict] = []
+
+    def on_step(rec) -> None:
+        record = step_record(rec, spec.time_scale, spec.token_block)
+        records.append(record)
+        run.append_metrics(record)
+        bar.set_postfix_str(f"tok/s={record['tokens_per_s']:.0f} up={record['preemptible_up']} "
+                            f"offload={record['offload_share']:.0%}", refresh=False)
+        bar.update(1)
+
+    t0 = time.perf_counter()
+    try:
+        result = Simulator(spec, groups=groups).run(progress=on_step)
+    finally:
+        bar.close()
+    return records, result, time.perf_counter() - t0
+
+
+def _sweep(scenario: Scenario, config: RunConfig, groups, echo) -> tuple[list[SaturationPoint], float]:
+    """Short runs at each instance count of the scenario's sweep (the saturation curve)."""
+    if not scenario.sweep:
+        return [], 0.0
+    t0 = time.perf_counter()
+    points = []
+    for n in scenario.sweep:
+        spec = sim_spec(with_instances(config, n), steps=scenario.sweep_steps, round_s=scenario.round_s)
+        points.append(SaturationPoint(n, summarize(Simulator(spec, groups=groups).run())))
+    seconds = time.perf_counter() - t0
+    echo(f"saturation sweep: {len(points)} instance counts x {scenario.sweep_steps} steps in {seconds:.1f} s")
+    return points, seconds
+
+
+def _report(scenario: Scenario, spec: SimSpec, run: RunDirectory, main: tuple, sweep: list[SaturationPoint],
+            sweep_s: float) -> None:
+    records, result, seconds = main
+    summary = summarize(result)
+    notes = [f"Scenario `{scenario.name}`: {scenario.description}.",
+             f"Controller round every {(spec.round_s or spec.controller.poll_interval_s) * spec.time_scale:g} "
+             f"modelled seconds; time_scale {spec.time_scale:g}, token_block {spec.token_block}."]
+    if sweep:
+        notes.append(f"Saturation sweep: {len(sweep)} instance counts x {scenario.sweep_steps} steps, "
+                     f"{sweep_s:.1f} s.")
+    run.write_summary(summary_markdown(f"Simulation: {scenario.name}", summary, seconds, spec.steps, sweep, notes))
+    (run.path / "summary.json").write_text(json.dumps({"scenario": scenario.name, "sim_seconds": round(seconds, 2),
+                                                       "sweep_seconds": round(sweep_s, 2), **summary.as_dict(),
+                                                       "saturation": [{"instances": p.instances,
+                                                                       **p.summary.as_dict()} for p in sweep]},
+                                                      indent=2))
+    plot_steps(records, run.plots_dir / "steps.png")
+    if sweep:
+        plot_saturation(sweep, run.plots_dir / "saturation.png")
+
+
+def calibrate_paper(echo: Callable[[str], None] = say, steps: int = 40) -> float:
+    """The timing model's efficiency for the paper recipe's reserved-only baseline (10k tokens/s)."""
+    config = get_scenario("paper").config()
+    efficiency = calibrate(sim_spec(config, steps=steps), groups=task_groups(config))
+    echo(f"efficiency {efficiency} (rlboost.timing.EFFICIENCY is the value to keep)")
+    return efficiency

@@ -1,0 +1,175 @@
+"""SimCollector: a simulated step's samples, counted rather than stored token by token.
+
+It answers the queries the controller's StepDecisions asks of a step's collector (missing,
+progress, position, max_new, max_length, tokens, all_done), so the simulator runs the
+controller's own decisions, and releases complete groups in micro-batches by the same
+rule as controller.collector.Collector (at least min_samples, the rest at the end).
+A sample on an engine reports what that engine has produced by now.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+from rlboost.rollout.emulated.schedule import BatchSchedule
+
+
+@dataclass(frozen=True, slots=True)
+class SimGroup:
+    """One prompt group: its sample ids, prompt length and each sample's final length."""
+
+    group_id: int
+    sample_ids: tuple[int, ...]
+    prompt_len: int
+    lengths: tuple[int, ...]
+    max_new: int
+
+
+@dataclass(frozen=True, slots=True)
+class SimBatch:
+    """Complete groups for the trainer: their response tokens, each sample's prompt + response
+    length, and `last`."""
+
+    groups: tuple[tuple[int, int], ...]  # (group id, response tokens)
+    lengths: tuple[int, ...]
+    last: bool
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(tokens for _, tokens in self.groups)
+
+
+class _Sample:
+    __slots__ = ("group", "length", "progress", "done", "engine")
+
+    def __init__(self, group: SimGroup, length: int):
+        self.group, self.length = group, length
+        self.progress = 0
+        self.done = False
+        self.engine: BatchSchedule | None = None
+
+
+class SimCollector:
+    """Every sample of a step, its collected progress, and the micro-batches of complete groups."""
+
+    def __init__(self, groups: Sequence[SimGroup], *, min_samples: int, max_samples: int | None = None):
+        if not groups:
+            raise ValueError("a step needs at least one prompt group")
+        self.min_samples, self.max_samples = min_samples, max_samples
+        self._groups = {g.group_id: g for g in groups}
+        self._samples = {sid: _Sample(g, n) for g in groups for sid, n in zip(g.sample_ids, g.lengths)}
+        self._left = {g.group_id: len(g.sample_ids) for g in groups}
+        self._missing = dict.fromkeys(self._samples)  # ordered set of unfinished samples
+        self._ready: deque[int] = deque()
+        self._emitted = 0
+        self.completed_at: dict[int, float] = {}
+        self._settled_tokens = 0  # tokens of samples not on an engine
+
+    # -- what StepDecisions asks ---------------------------------------------------------------
+
+    @property
+    def sample_ids(self) -> tuple[int, ...]:
+        return tuple(self._samples)
+
+    def missing(self) -> tuple[int, ...]:
+        return tuple(self._missing)
+
+    def finished(self, sid: int) -> bool:
+        return self._samples[sid].done
+
+    def progress(self, sid: int) -> int:
+        s = self._samples[sid]
+        return s.engine.produced(sid) if s.engine is not None else s.progress
+
+    def position(self, sid: int) -> int:
+        return self._samples[sid].group.prompt_len + self.progress(sid)
+
+    def max_new(self, sid: int) -> int:
+        return self._samples[sid].group.max_new
+
+    def max_length(self, sid: int) -> int:
+        g = self._samples[sid].group
+        return g.prompt_len + g.max_new
+
+    @property
+    def tokens(self) -> int:
+        """Tokens collected so far (those being produced on engines included)."""
+        return self._settled_tokens + sum(s.engine.produced(sid) for sid, s in self._samples.items()
+                                           if s.engine is not None)
+
+    @property
+    def all_done(self) -> bool:
+        return not self._missing
+
+    # -- what the simulator does ---------------------------------------------------------------
+
+    def length(self, sid: int) -> int:
+        return self._samples[sid].length
+
+    def prompt_len(self, sid: int) -> int:
+        return self._samples[sid].group.prompt_len
+
+    def group_of(self, sid: int) -> SimGroup:
+        return self._samples[sid].group
+
+    def place(self, sid: int, engine: BatchSchedule) -> None:
+        """The sample runs on this engine from now on (its progress is the engine's)."""
+        s = self._samples[sid]
+        self._settled_tokens -= s.progress
+        s.engine = engine
+
+    def lift(self, sid: int, progress: int | None = None) -> int:
+        """The sample leaves its engine with what it produced (or `progress`, e.g. a trimmed
+        group's, or the last collected tokens of a lost instance); returns its progress."""
+        s = self._samples[sid]
+        if s.engine is not None:
+            produced = s.engine.produced(sid)
+            s.engine = None
+            s.progress = produced
+            self._settled_tokens += produced
+        if progress is not None and progress != s.progress:
+            self._settled_tokens += progress - s.progress
+            s.progress = progress
+        return s.progress
+
+    def finish(self, sid: int, now: float) -> None:
+        """The sample's last token arrived at `now`."""
+        s = self._samples[sid]
+        self.lift(sid, s.length)
+        if s.done:
+            raise AssertionError(f"sample {sid} finished twice")
+        s.done = True
+        del self._missing[sid]
+        gid = s.group.group_id
+        self._left[gid] -= 1
+        if self._left[gid] == 0:
+            self._ready.append(gid)
+            self.completed_at[gid] = now
+
+    def ready_samples(self) -> int:
+        return sum(len(self._groups[g].sample_ids) for g in self._ready)
+
+    def take_ready(self) -> bool:
+        """Whether take() would return a micro-batch now."""
+        return bool(self._ready) and (self.all_done or self.ready_samples() >= self.min_samples)
+
+    def take(self) -> SimBatch | None:
+        """The next micro-batch, when enough complete groups are ready (or the step's rest is)."""
+        if not self.take_ready():
+            return None
+        groups, lengths = [], []
+        while self._ready:
+            g = self._groups[self._ready[0]]
+            if self.max_samples is not None and lengths and len(lengths) + len(g.sample_ids) > self.max_samples:
+                break
+            self._ready.popleft()
+            groups.append((g.group_id, sum(g.lengths)))
+            lengths += [g.prompt_len + n for n in g.lengths]
+            self._emitted += 1
+        return SimBatch(tuple(groups), tuple(lengths), last=self._emitted == len(self._groups))

@@ -1,0 +1,267 @@
+"""SimController: the rollout controller's round, simulated, over the controller's own parts.
+
+The Registry, the Router, StepDecisions (window, dispatch, steal, check), the window policy,
+the LengthModel and the RateModels are the ones the real RolloutService runs, unchanged;
+only engine calls are replaced by moves on simulated schedules (a sample's tokens are
+counted, never materialized), in the order RolloutService.tick makes them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rlboost.controller.clock import Clock
+from rlboost.controller.continuation import resume_points
+from rlboost.controller.decisions import AskForReserved, CloseWindow, FailStep, ReopenWindow, RolloutDone, StepDecisions
+from rlboost.controller.estimates import LengthModel
+from rlboost.controller.metrics import StepMeter, StepMetrics
+from rlboost.controller.offload import StepObservation, make_policy
+from rlboost.controller.records import InstanceInfo
+from rlboost.controller.registry import GONE, Registry
+from rlboost.controller.router import Router
+from rlboost.controller.step import StepState
+from rlboost.sim.collector import SimCollector
+from rlboost.sim.nodes import SimNode, SimTable
+from rlboost.sim.spec import SimSpec
+
+
+class _CachedViews(StepDecisions):
+    """StepDecisions whose instance views are rebuilt only when the registry or the window has
+    changed since the last round (`stamp`), or while an instance drains (its views change
+    with time): a simulation asks for them every round, and at hundreds of instances building
+    them dominated the round. The views are what StepDecisions builds; nothing else differs."""
+
+    stamp = 0
+    _cache = None
+
+    def _views(self, st: StepState):
+        key = (self.stamp, st.window_open)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        views = super()._views(st)
+        self._cache = None if any(v.time_left_s is not None for v in views) else (key, views)
+        return views
+
+
+class SimController:
+    """Instances, the running step, and one controller round per tick()."""
+
+    def __init__(self, spec: SimSpec, clock: Clock, table: SimTable):
+        cfg = spec.controller
+        self.spec, self.clock, self.table = spec, clock, table
+        self.registry = Registry(cfg.registry, clock)
+        self.router = Router(cfg.router)
+        self.lengths = LengthModel()
+        self.policy = make_policy(cfg.window.policy, cfg.window.selected)
+        self.decisions = _CachedViews(cfg, clock, table=table, registry=self.registry, router=self.router,
+                                      lengths=self.lengths, policy=self.policy)
+        self.pace = None  # set by the simulator: the engines' pace, for re-prefill times
+        self.st: StepState | None = None
+        self.failure: BaseException | None = None
+        self._lost = False  # an instance was lost since the last check of the step
+        self._checked_at = 0.0
+
+    def set_weight_version(self, version: int) -> None:
+        self.registry.set_weight_version(version)
+        self.decisions.stamp += 1
+
+    # -- instances ---------------------------------------------------------------------------
+
+    def register(self, node: SimNode) -> None:
+        info = InstanceInfo(instance_id=node.instance_id, kind=node.kind, capacity=self.spec.rollout.capacity)
+        self.registry.register(info)
+        self.decisions.stamp += 1
+        self.table.register(node, self.clock.now())
+
+    def pulled(self, node: SimNode, version: int) -> None:
+        rec = self.registry.get(node.instance_id)
+        if rec is not None and rec.state != GONE:
+            self.registry.heartbeat(node.instance_id, version)
+            self.decisions.stamp += 1
+
+    def notice(self, instance_id: str, grace_s: float) -> None:
+        rec = self.registry.get(instance_id)
+        if rec is None or rec.state == GONE:
+            return
+        self.registry.notice(instance_id, grace_s)
+        self.decisions.stamp += 1
+        if self.st is not None:
+            self.st.meter.preemptions += 1
+
+    def lose(self, instance_id: str, reason: str) -> None:
+        """The instance died: its samples resume elsewhere from their last collected tokens."""
+        rec = self.registry.get(instance_id)
+        if rec is None or rec.state == GONE:
+            return
+        sids = self.router.samples_on(instance_id)
+        if self.st is not None and sids:  # what was collected by the last round survives
+            self._take_off(self.st, instance_id, sids, advance=False)
+        self.registry.mark_gone(instance_id, reason)
+        self.decisions.stamp += 1
+        self._lost = True
+        self.router.release(instance_id, failed=True)
+        self.router.requeue(sids, failed=True)
+        self.table.remove(instance_id)
+        if self.st is not None:
+            self.st.meter.deaths += 1
+            self.st.meter.resumes += len(sids)
+
+    # -- a step --------------------------------------------------------------------------------
+
+    def start_step(self, step: int, collector: SimCollector) -> float:
+        meter = StepMeter(step=step, weight_version=step, started_at=self.clock.now())
+        self.router.begin_step(collector.sample_ids)
+        self.st = StepState(collector, meter)
+        self.failure = None
+        meter.planned_window_s = self.policy.plan(self.decisions.context(self.st))
+        return meter.planned_window_s
+
+    def tick(self) -> None:
+        """One round: finished samples, drains, the window, placement, the watchdog."""
+        st, now = self.st, self.clock.now()
+        for node in self.table.due(now):
+            self._collect_node(node, now)
+        if st is not None and self.table.next_due() < math.inf:  # some engine is decoding
+            st.last_progress = now
+        for rec in self.registry.drains_due():
+            iid = rec.instance_id
+            if st is not None:
+                self._take_off(st, iid, self.router.samples_on(iid))
+            self.registry.mark_gone(iid, "drained after a preemption notice")
+            self.decisions.stamp += 1
+            self.table.remove(iid)
+        if st is None or st.failure is not None or st.ending:
+            return
+        if st.window_open or self.router.queued:  # closed, with nothing queued, it can only say no
+            self._window(st)
+        self._place(st)
+        # the check can fail a step only on losses, refusals, or silence (idle_timeout_s); its
+        # other answer, rollout done, only once everything is collected
+        quiet = now - self._checked_at >= self.spec.controller.idle_timeout_s / 4
+        if not (st.collector.all_done or self.router.queued or self._lost or quiet):
+            return
+        self._lost, self._checked_at = False, now
+        action = self.decisions.check(st)
+        if isinstance(action, RolloutDone):
+            st.rollout_done(now, action.num_preemptible)
+        elif isinstance(action, FailStep):
+            st.failure = self.failure = action.error
+
+    def _collect_node(self, node: SimNode, now: float, *, advance: bool = True) -> None:
+        """Advance the node's engine to now; collect what finished; measure its rate."""
+        sched, st = node.schedule, self.st
+        running = sched.running
+        for sid in (sched.advance(now) if advance else ()):
+            if st is None:
+                sched.drop(sid)
+                continue
+            col = st.collector
+            col.finish(sid, now)
+            sched.drop(sid)
+            self.router.finish(sid)
+            self.lengths.observe(col.length(sid))
+            st.meter.add_tokens(node.instance_id, node.kind, col.length(sid) - node.bases.pop(sid, 0))
+        if advance:
+            self.table.observe(node, now, running)
+        self.table.touch(node)
+
+    def _window(self, st: StepState) -> None:
+        action = self.decisions.window(st)
+        if isinstance(action, CloseWindow):
+            st.close_window(self.clock.now(), action.num_preemptible)
+            st.handed_over = True  # the trainer waits for it: it takes the reserved instances at once
+            for iid in action.evacuate:
+                self._take_off(st, iid, self.router.samples_on(iid))
+        elif isinstance(action, ReopenWindow):
+            st.reopen_window()
+        elif isinstance(action, AskForReserved):
+            st.reserved_needed = True
+
+    def _place(self, st: StepState) -> None:
+        for a in self.decisions.dispatch(st):
+            self._send(st, a.instance_id, a.sample_ids)
+        if self.router.queued:
+            return
+        for m in self.decisions.steal(st):
+            rec = self.registry.get(m.target)
+            if rec is None or not self.registry.takes_work(rec):
+                continue
+            moved = self._take_off(st, m.source, m.sample_ids, requeue=False)
+            if moved:
+                self._send(st, m.target, moved)
+
+    # -- moving samples ------------------------------------------------------------------------
+
+    def _take_off(self, st: StepState, iid: str, sids, *, requeue: bool = True, advance: bool = True) -> list[int]:
+        """Take samples off an instance with their progress (trimmed as the continuation says);
+        finished ones are collected first; returns the unfinished ones (queued again unless
+        told otherwise). Without advance, what the engine made since the last round is lost."""
+        node = self.table.nodes.get(iid)
+        if node is None or not sids:
+            return []
+        col = st.collector
+        if node.schedule.t < self.clock.now() or not advance:
+            self._collect_node(node, self.clock.now(), advance=advance)
+        moved: dict[int, int] = {}
+        for sid in sids:
+            if col.finished(sid) or sid not in node.schedule:
+                continue
+            moved[sid] = col.lift(sid)
+            node.schedule.drop(sid)
+            st.meter.add_tokens(iid, node.kind, moved[sid] - node.bases.pop(sid, 0))
+        self.table.touch(node)
+        keep = resume_points(moved, lambda s: col.group_of(s).group_id, self.spec.controller.continuation)
+        for sid, n in keep.items():
+            col.lift(sid, n)
+            st.meter.moved(n, 0)
+            self.router.unassign(sid)
+        if requeue:
+            self.router.requeue(list(keep), failed=False)
+        return list(keep)
+
+    def _send(self, st: StepState, iid: str, sids) -> None:
+        node = self.table.nodes.get(iid)
+        rec = self.registry.get(iid)
+        if node is None or not node.alive or rec is None or rec.state == GONE:
+            self.router.requeue(sids, failed=False)
+            return
+        col, sched = st.collector, node.schedule
+        if sched.t < self.clock.now():
+            self._collect_node(node, self.clock.now())
+        for sid in sids:
+            self.router.assign(sid, iid)
+            progress = col.progress(sid)
+            position = col.prompt_len(sid) + progress
+            prefill = self.pace.prefill_time(float(max(1, position)), 0.0, 1.0)
+            sched.admit(sid, prompt_len=col.prompt_len(sid), base=progress, length=col.length(sid), prefill_s=prefill)
+            col.place(sid, sched)
+            node.bases[sid] = progress
+            if progress:
+                st.meter.reprefill_tokens += position
+        self.table.touch(node)
+
+    # -- the trainer's side --------------------------------------------------------------------
+
+    def lend_reserved(self) -> None:
+        st = self.st
+        if st is None or st.window_open:
+            return
+        st.reopen_window()
+        st.handed_over = st.reserved_needed = st.need_announced = False
+
+    def end_step(self) -> StepMetrics:
+        """Finish the step (everything is collected by then) and let the policy learn from it."""
+        st, now = self.st, self.clock.now()
+        st.ending = True
+        col, meter = st.collector, st.meter
+        metrics = meter.freeze(now=now, samples=len(col.sample_ids), total_tokens=col.tokens, duplicates=0, gaps=0)
+        if st.failure is None and col.all_done:
+            self.policy.observe(StepObservation(
+                window_s=metrics.window_s, num_preemptible=metrics.num_preemptible,
+                total_tokens=metrics.total_tokens, step_time_s=metrics.step_time_s,
+                trainer_idle_s=metrics.trainer_idle_s, rollout_idle_s=metrics.rollout_idle_s,
+                train_busy_s=max(0.0, metrics.step_time_s - metrics.window_s - metrics.trainer_idle_s),
+                last_microbatch_tokens=meter.last_microbatch_tokens, deliveries=tuple(meter.deliveries)))
+        self.router.begin_step(())
+        self.st = None
+        return metrics

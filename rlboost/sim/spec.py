@@ -1,0 +1,81 @@
+"""SimSpec: what the simulator runs, in the same component configs and the same units as an
+emulated run (seconds of the run; the modelled cluster's are time_scale times longer), so
+one config is simulated and emulated alike and the two can be compared figure by figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.cost import CostConfig
+from rlboost.controller.config import ControllerConfig
+from rlboost.rollout.config import RolloutConfig
+from rlboost.trainer.emulated import TrainerTiming
+from rlboost.transfer.config import TransferConfig
+from rlboost.validate import require
+
+
+@dataclass(kw_only=True, slots=True)
+class SimSpec:
+    """A run to simulate: the component configs of a RunConfig, and the step shape.
+
+    rollout.emulated must name a model (the simulator has only the timing model's rates);
+    every engine is one rollout.emulated engine with rollout.capacity samples. Weight pulls
+    take payload / transfer.egress_bytes_per_s, shared among concurrent pullers when
+    transfer.relay is off (the trainer pushes to each), one payload time with relays.
+    """
+
+    rollout: RolloutConfig
+    controller: ControllerConfig
+    cluster: ClusterConfig
+    cost: CostConfig
+    transfer: TransferConfig
+    trainer_gpus: int
+    microbatch_groups: int
+    groups_per_step: int
+    group_size: int
+    max_new_tokens: int
+    prompt_tokens: int
+    steps: int
+    seed: int = 0
+    round_s: float | None = None
+    """seconds between the simulated controller's rounds (None: controller.poll_interval_s, as
+    the real loop); a coarser grid trades reaction time for speed at hundreds of instances"""
+
+    def __post_init__(self) -> None:
+        emu = self.rollout.emulated
+        require(bool(emu.model), "rollout.emulated.model", "a model of rlboost.timing (the simulator needs "
+                "the timing model)", emu.model)
+        require(self.steps >= 1, "run.steps", ">= 1", self.steps)
+        require(self.prompt_tokens >= 1, "prompt_tokens", ">= 1", self.prompt_tokens)
+        require(self.trainer_gpus >= 1, "trainer.world_size", ">= 1", self.trainer_gpus)
+        require(self.round_s is None or self.round_s > 0, "round_s", "None or > 0", self.round_s)
+        TrainerTiming.check_scale(emu, self.cost)
+
+    @classmethod
+    def of(cls, config: Any, *, prompt_tokens: int, steps: int | None = None) -> SimSpec:
+        """The spec of a RunConfig (its sections, taken whole)."""
+        task = config.task
+        return cls(rollout=config.rollout, controller=config.controller, cluster=config.cluster, cost=config.cost,
+                   transfer=config.transfer, trainer_gpus=config.trainer.world_size,
+                   microbatch_groups=config.trainer.microbatch_groups, groups_per_step=task.groups_per_step,
+                   group_size=task.group_size, max_new_tokens=task.max_new_tokens, prompt_tokens=prompt_tokens,
+                   steps=steps or config.run.steps, seed=config.run.seed)
+
+    def replace(self, **changes: Any) -> SimSpec:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def time_scale(self) -> float:
+        return self.rollout.emulated.time_scale
+
+    @property
+    def token_block(self) -> int:
+        return self.rollout.emulated.token_block
+
+    @property
+    def microbatch_min_samples(self) -> int:
+        return self.controller.microbatch_min_samples or self.microbatch_groups * self.group_size
