@@ -28,7 +28,7 @@ from rlboost.tasks.config import TaskConfig
 from rlboost.timing import AWS_NOTICE_S, gpu_timing, startup_s
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.starting_weights import ModelSource
-from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.config import ServerConfig, TransferConfig
 
 TIME_SCALE = 25.0       # modelled seconds per second of the run
 TOKEN_BLOCK = 64        # real tokens per emulated token
@@ -96,7 +96,7 @@ def paper_qwen3_8b() -> RunConfig:
         trainer=TrainerConfig(world_size=NODE_GPUS, microbatch_groups=2),
         controller=paper_controller(),
         rollout=RolloutConfig(backend="emulated", capacity=CAPACITY, emulated=paper_engine()),
-        transfer=TransferConfig(egress_bytes_per_s=EGRESS_BYTES_PER_S),
+        transfer=TransferConfig(publisher=ServerConfig(egress_bytes_per_s=EGRESS_BYTES_PER_S)),
         cluster=ClusterConfig(reserved_instances=NODE_GPUS // ENGINE_GPUS, max_preemptible=4, initial_preemptible=4,
                               trace="none", notice_s=_run_s(AWS_NOTICE_S), sudden_fraction=0.0),
         cost=CostConfig(reserved_usd_per_hour=ON_DEMAND_NODE_USD_H,

@@ -124,7 +124,7 @@ class WeightLink:
     (the relay bench measured 1.12 s for 4 newcomers against a 0.89 s single-pull floor)."""
 
     def __init__(self, spec: SimSpec, payload_bytes: int):
-        egress = spec.transfer.egress_bytes_per_s
+        egress = spec.transfer.publisher.egress_bytes_per_s
         self.one_s = payload_bytes / egress if egress else 0.0
         self.relay = spec.transfer.relay
         self._egress_free_at = 0.0

@@ -69,7 +69,7 @@ class Simulator:
         self.ctl = SimController(spec, self.clock, self.table)
         self.ctl.pace = self.nodes.pace
         self.trainer = TrainerTiming(spec.rollout.emulated, spec.trainer_gpus)
-        self.link = WeightLink(spec, self.trainer.payload_bytes(spec.transfer.egress_bytes_per_s))
+        self.link = WeightLink(spec, self.trainer.payload_bytes(spec.transfer.publisher.egress_bytes_per_s))
         self.poll = spec.round_s or spec.controller.poll_interval_s
         self._events: list = []
         self._seq = itertools.count()

@@ -24,7 +24,7 @@ class SimSpec:
 
     rollout.emulated must name a model (the simulator has only the timing model's rates);
     every engine is one rollout.emulated engine with rollout.capacity samples. Weight pulls
-    take payload / transfer.egress_bytes_per_s, shared among concurrent pullers when
+    take payload / transfer.publisher.egress_bytes_per_s, shared among concurrent pullers when
     transfer.relay is off (the trainer pushes to each), one payload time with relays.
     """
 

@@ -20,7 +20,7 @@ import torch
 
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
 from rlboost.timing import LINK_BYTES_PER_S, gpu_timing
-from rlboost.transfer.config import TransferConfig, on_this_node
+from rlboost.transfer.config import ServerConfig, TransferConfig, on_this_node
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.publisher import WeightPublisher
 from rlboost.validate import check_format_version
@@ -60,7 +60,7 @@ class TrainerTiming:
         """Bytes to publish so that a pull at the egress cap takes the run time the model's
         weights take over rlboost.timing.LINK_BYTES_PER_S."""
         if egress_bytes_per_s is None:
-            raise ValueError("transfer.egress_bytes_per_s must be set for an emulated trainer: the published "
+            raise ValueError("transfer.publisher.egress_bytes_per_s must be set for an emulated trainer: the published "
                              "payload is sized so that a pull at that cap takes the modelled time")
         seconds = self.timing.model.weight_bytes / LINK_BYTES_PER_S / self.scale
         return max(MIN_PAYLOAD_BYTES, int(seconds * egress_bytes_per_s) // 4 * 4)
@@ -78,7 +78,7 @@ class EmulatedTrainerSpec:
     """How the emulated trainer starts.
 
     >>> EmulatedTrainerSpec(emulated=EmulatedEngineConfig(model="qwen3-8b"), gpus=8, checkpoint="/ckpt",
-    ...                     transfer=TransferConfig(egress_bytes_per_s=10**9)).gpus
+    ...                     transfer=TransferConfig(publisher=ServerConfig(egress_bytes_per_s=10**9))).gpus
     8
     """
 
@@ -90,7 +90,7 @@ class EmulatedTrainerSpec:
 
     def __post_init__(self) -> None:
         check_format_version(self, SPEC_FORMAT_VERSION)
-        TrainerTiming(self.emulated, self.gpus).payload_bytes(self.transfer.egress_bytes_per_s)  # validates
+        TrainerTiming(self.emulated, self.gpus).payload_bytes(self.transfer.publisher.egress_bytes_per_s)  # validates
 
 
 class EmulatedTrainer:
@@ -100,7 +100,7 @@ class EmulatedTrainer:
         self.spec = spec
         self.timing = TrainerTiming(spec.emulated, spec.gpus)
         self.publisher = WeightPublisher(on_this_node(spec.transfer))
-        self.payload = self.timing.payload_bytes(spec.transfer.egress_bytes_per_s)
+        self.payload = self.timing.payload_bytes(spec.transfer.publisher.egress_bytes_per_s)
         self._sums = {"tokens": 0, "microbatches": 0, "seconds": 0.0}
 
     def address(self) -> str:

@@ -75,5 +75,5 @@ def test_a_spec_the_simulator_cannot_run_is_refused():
     with pytest.raises(ValueError, match="time_scale"):
         _spec(dataclasses.replace(c, cost=dataclasses.replace(c.cost, time_scale=1.0)), steps=2)
     with pytest.raises(ValueError, match="egress_bytes_per_s"):
-        Simulator(_spec(dataclasses.replace(c, transfer=dataclasses.replace(c.transfer, egress_bytes_per_s=None)),
+        Simulator(_spec(dataclasses.replace(c, transfer=dataclasses.replace(c.transfer, publisher=dataclasses.replace(c.transfer.publisher, egress_bytes_per_s=None))),
                         steps=2))

@@ -13,7 +13,7 @@ from rlboost.cluster.cost import CostConfig
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
 from rlboost.timing import LINK_BYTES_PER_S, model_shape
 from rlboost.trainer.emulated import EmulatedTrainer, EmulatedTrainerSpec, TrainerTiming
-from rlboost.transfer.config import TransferConfig
+from rlboost.transfer.config import ServerConfig, TransferConfig
 
 EMU = EmulatedEngineConfig(model="qwen3-8b", gpus=2, token_block=64, time_scale=25.0)
 
@@ -44,7 +44,7 @@ def test_it_publishes_steps_and_checkpoints(tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{}")
     spec = EmulatedTrainerSpec(emulated=dataclasses.replace(EMU, time_scale=1e6), gpus=8, checkpoint=str(model),
-                               transfer=TransferConfig(egress_bytes_per_s=10**9))
+                               transfer=TransferConfig(publisher=ServerConfig(egress_bytes_per_s=10**9)))
     trainer = EmulatedTrainer(spec)
     try:
         assert trainer.setup() == int(8.2e9)
