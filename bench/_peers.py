@@ -20,9 +20,9 @@ import time
 import numpy as np
 
 from _common import (
-    MiB,
     Child,
     Expect,
+    MiB,
     Row,
     Schedule,
     alloc_prefaulted,

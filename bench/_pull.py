@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from _common import MiB, Child, WrongBytes, alloc_prefaulted, digest, open_payload, wait_command
+from _common import Child, MiB, WrongBytes, alloc_prefaulted, digest, open_payload, wait_command
 from _peers import SocketSession
 
 PARAM_BYTES = 32 * MiB  # the payload is cut into tensors of this size, like parameters
@@ -103,6 +103,7 @@ class PullSession:
     def __init__(self, publisher: Publisher, transport: str, dst: np.ndarray,
                  overrides: dict | None = None):
         import torch
+
         from rlboost.transfer import WeightPuller
 
         self.publisher, self.into = publisher, torch.from_numpy(dst)
@@ -146,6 +147,7 @@ def serve_newcomer(conn, nbytes: int, transport: str, overrides: dict | None, se
     """Child: one newcomer. Per round: open a puller (serving what it holds when relaying),
     announce its address, pull on 'go', report when done, close on 'close'."""
     import torch
+
     from rlboost.transfer import WeightPuller
 
     dst = alloc_prefaulted(nbytes)
@@ -249,6 +251,7 @@ def measure_latency(path: str, dst: np.ndarray, nbytes: int, repeats: int, expec
     keep their connections or connect anew, and a raw socket round trip on an open
     connection (the floor), alternating run by run."""
     import torch
+
     from rlboost.transfer import WeightPuller
 
     into = torch.from_numpy(dst)

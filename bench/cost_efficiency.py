@@ -73,9 +73,9 @@ def emulated_overrides(args: argparse.Namespace) -> list[str]:
 
 def run_once(recipe: str, overrides: list[str]) -> list[dict]:
     """One training run through the job's own code path; its metrics, one dict per step."""
-    from rlboost.run.job import train
-    from rlboost.recipes import get_recipe
     from rlboost.config.overrides import apply_overrides
+    from rlboost.recipes import get_recipe
+    from rlboost.run.job import train
 
     run = train(apply_overrides(get_recipe(recipe), overrides))
     return run.metrics()

@@ -17,9 +17,9 @@ import torch
 
 from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.models import build_tiny_checkpoint, load_pretrained
+from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.rollout.embedded.forward import Chunk, PagedForward
 from rlboost.rollout.embedded.kv_cache import PagedKVCache
-from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 from rlboost.rollout.embedded.sampling import DrawSpec, draw_key, sample_tokens
 
 

@@ -18,8 +18,13 @@ import time
 
 from rlboost.controller.clock import run_virtual
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.offload import (AdaptiveWindow, AdaptiveWindowConfig, ReferenceWindowConfig,
-                                        ReferenceWindowRule, ideal_step_time)
+from rlboost.controller.offload import (
+    AdaptiveWindow,
+    AdaptiveWindowConfig,
+    ReferenceWindowConfig,
+    ReferenceWindowRule,
+    ideal_step_time,
+)
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.service import RolloutService
 from rlboost.rollout.emulated.engine import EmulatedEngineConfig

@@ -23,11 +23,11 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from rlboost.errors import RlboostError  # noqa: E402
+
 import _peers  # noqa: E402
 import _pull  # noqa: E402
 import _transfer_report as report  # noqa: E402
-from rlboost.errors import RlboostError  # noqa: E402
-
 from _common import (  # noqa: E402
     GiB,
     MiB,
@@ -39,10 +39,8 @@ from _common import (  # noqa: E402
     alloc_prefaulted,
     digest,
     emit_json,
-    fmt_size,
     hardware_tag,
     parse_size,
-    render_table,
     run_interleaved,
     today,
 )

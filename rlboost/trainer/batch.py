@@ -109,7 +109,9 @@ class MicroBatch:
         return self.num_response_tokens if aggregation == "token_mean" else self.num_sequences
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        move = (lambda t: t.to(device, non_blocking=True))
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
         return MicroBatch(move(self.input_ids), move(self.attention_mask),
                           move(self.response_mask), move(self.old_logprobs),
                           move(self.advantages), move(self.rewards), move(self.group_ids),

@@ -20,7 +20,7 @@ import torch
 
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
 from rlboost.timing import LINK_BYTES_PER_S, gpu_timing
-from rlboost.transfer.config import ServerConfig, TransferConfig, on_this_node
+from rlboost.transfer.config import ServerConfig, TransferConfig, on_this_node  # noqa: F401 (doctest)
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.publisher import WeightPublisher
 from rlboost.validate import check_format_version

@@ -18,14 +18,19 @@ from dataclasses import dataclass
 
 import torch
 
-from rlboost.errors import (IntegrityError, ProtocolError, TransferClosed, TransferError, TransferTimeout,
-                            VersionMismatch)
+from rlboost.errors import (
+    IntegrityError,
+    ProtocolError,
+    TransferClosed,
+    TransferError,
+    TransferTimeout,
+    VersionMismatch,
+)
 from rlboost.transfer import descriptors
 from rlboost.transfer.config import TransferConfig
 from rlboost.transfer.delta import apply_deltas, delta_key, mismatched_chunks, tags_digest
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.pulled import PulledWeights, PullHandle
-
 
 _AWAIT_SLICE_S = 1.0
 
