@@ -10,6 +10,7 @@ bytes, so every figure below is on the versions a real run published.
 
     python bench/delta_weights.py --save                    # lr 1e-6 and 1e-5, 21 steps each (~1 h here)
     python bench/delta_weights.py --lrs 1e-6 --steps 6      # a short look
+    python bench/delta_weights.py --lrs 1e-6:21,1e-5:11 --save  # fewer steps at the larger rate
     python bench/delta_weights.py --reuse --keep --save     # the figures again, on the versions captured before
 """
 
@@ -62,7 +63,8 @@ What each row measures.
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lrs", default="1e-6,1e-5")
+    p.add_argument("--lrs", default="1e-6,1e-5",
+                   help="learning rates, each LR or LR:STEPS (its own step count; default --steps)")
     p.add_argument("--steps", type=int, default=21, help="GRPO steps per run (versions = steps + 1)")
     p.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlboost-delta-bench"))
     p.add_argument("--reuse", action="store_true", help="use versions captured before when there are enough")
@@ -71,9 +73,10 @@ def main() -> int:
     p.add_argument("--sync-rounds", type=int, default=3)
     p.add_argument("--save", action="store_true")
     args = p.parse_args()
-    lrs = [float(x) for x in args.lrs.split(",")]
+    runs = _parse_lrs(args.lrs, args.steps)
+    lrs = list(runs)
     started, load0 = time.time(), os.getloadavg()[0]
-    captured = {lr: _captured(lr, args) for lr in lrs}
+    captured = {lr: _captured(lr, steps, args) for lr, steps in runs.items()}
     sections, figures = [], {}
     for lr, cap in captured.items():
         md, figures[lr] = _sizes(lr, cap)
@@ -108,13 +111,27 @@ def main() -> int:
     return 0
 
 
-def _captured(lr: float, args) -> _delta.Captured:
+def _parse_lrs(text: str, default_steps: int) -> dict[float, int]:
+    """'1e-6:21,1e-5' -> {1e-6: 21, 1e-5: default_steps}."""
+    runs = {}
+    for item in text.split(","):
+        lr, _, steps = item.strip().partition(":")
+        try:
+            runs[float(lr)] = int(steps) if steps else default_steps
+        except ValueError:
+            raise SystemExit(f"--lrs: {item!r} is not LR or LR:STEPS (e.g. 1e-6:21)") from None
+        if runs[float(lr)] < 2:
+            raise SystemExit(f"--lrs: {item!r} needs at least 2 steps (a delta needs two versions after the first)")
+    return runs
+
+
+def _captured(lr: float, steps: int, args) -> _delta.Captured:
     cap = _delta.Captured(Path(args.work) / f"lr{lr:g}")
-    if args.reuse and len(cap.versions) >= args.steps + 1 and cap.info():
+    if args.reuse and len(cap.versions) >= steps + 1 and cap.info():
         print(f"lr {lr:g}: reusing {len(cap.versions)} captured versions in {cap.root}")
         return cap
-    print(f"lr {lr:g}: running {args.steps} GRPO steps (bf16), capturing every version ...", flush=True)
-    return _delta.capture_run(lr, args.steps, cap.root, print)
+    print(f"lr {lr:g}: running {steps} GRPO steps (bf16), capturing every version ...", flush=True)
+    return _delta.capture_run(lr, steps, cap.root, print)
 
 
 def _sizes(lr: float, cap: _delta.Captured) -> tuple[str, dict]:
