@@ -80,7 +80,7 @@ MODELS = {
 # (Terra-Flux/PolyRL REPRODUCE.md). `python -m rlboost.sim.calibrate` re-derives it by
 # bisection on the simulator's reserved-only run of the paper recipe; everything else is a
 # prediction.
-EFFICIENCY = 0.53
+EFFICIENCY = 0.472
 
 # Forward-pass equivalents per trained token in a GRPO step as verl runs it: old log-probs (1),
 # reference log-probs for the KL loss (1), the actor's forward (1) and backward (2), and the

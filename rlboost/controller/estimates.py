@@ -12,35 +12,66 @@ import numpy as np
 
 
 class RateModel:
-    """Decode speed of one instance: each of k samples advances at min(per_sample, aggregate / k).
+    """Decode speed of one instance: a decode step with k samples takes a + b k seconds, so each
+    sample advances at 1 / (a + b k) tokens/s and the instance at k / (a + b k).
 
     >>> m = RateModel(per_sample=50.0, aggregate=1000.0)
-    >>> m.rate_at(40), m.full_rate(64)
-    (25.0, 1000.0)
+    >>> round(m.rate_at(1), 6), round(m.rate_at(40), 3), round(m.full_rate(64), 1)
+    (50.0, 16.949, 771.1)
+
+    a is what a step costs however few samples run (reading the weights), b what each sample
+    adds (its cache, its compute), as a memory-bound engine behaves: a sample alone decodes
+    fast and a crowded instance slowly, with no kink in between. per_sample is the rate of
+    one sample alone (1 / (a + b)), aggregate the instance's ceiling (1 / b).
 
     Observations are pooled over min_window_s of sample-time before they move the estimate,
-    so a few tokens per poll do not make it jump.
+    so a few tokens per poll do not make it jump. Each moves the predicted step time at the
+    observed k a share alpha of the way to the measurement, split between a and b k as the
+    squares of their parts of it (a normalized least-mean-squares step with k measured in
+    units of the knee a / b): a crowded instance teaches mostly b, a nearly empty one mostly
+    a, observations at several batch sizes separate the two, and both stay positive.
     """
 
     def __init__(self, per_sample: float, aggregate: float, *, alpha: float = 0.3, min_window_s: float = 1.0):
         if not (per_sample > 0 and aggregate > 0):
             raise ValueError(f"rates must be > 0, got per_sample={per_sample}, aggregate={aggregate}")
-        self.per_sample = float(per_sample)
-        self.aggregate = float(aggregate)
         self.alpha = alpha
         self.min_window_s = min_window_s
         self.observed = False
+        self._b = 1.0 / float(aggregate)
+        # a per-sample prior above the ceiling would make a negative: keep a sliver of it
+        self._a = max(1.0 / float(per_sample) - self._b, 1e-3 * self._b)
         self._tokens = 0.0
         self._seconds = 0.0
         self._sample_seconds = 0.0
 
+    @property
+    def per_sample(self) -> float:
+        """Tokens/s of one sample alone on the instance."""
+        return 1.0 / (self._a + self._b)
+
+    @property
+    def aggregate(self) -> float:
+        """The instance's ceiling in tokens/s (many samples)."""
+        return 1.0 / self._b
+
+    @aggregate.setter
+    def aggregate(self, value: float) -> None:
+        if not value > 0:
+            raise ValueError(f"aggregate must be > 0, got {value}")
+        self._b = 1.0 / float(value)
+
+    def step_s(self, k: float) -> float:
+        """Seconds per token of each sample when k share the instance."""
+        return self._a + self._b * max(1.0, k)
+
     def rate_at(self, k: int) -> float:
         """Tokens/s of one sample when k samples share the instance."""
-        return min(self.per_sample, self.aggregate / max(1, k))
+        return 1.0 / self.step_s(k)
 
     def full_rate(self, capacity: int) -> float:
         """Aggregate tokens/s with capacity samples running."""
-        return min(self.per_sample * capacity, self.aggregate)
+        return max(1, capacity) / self.step_s(capacity)
 
     def observe(self, tokens: int, seconds: float, running: int) -> None:
         """Tokens the instance delivered over seconds while running samples were on it."""
@@ -49,21 +80,16 @@ class RateModel:
         self._tokens += tokens
         self._seconds += seconds
         self._sample_seconds += seconds * running
-        if self._seconds < self.min_window_s:
+        if self._seconds < self.min_window_s or self._tokens <= 0:
             return
-        per_sample = self._tokens / self._sample_seconds
         k = self._sample_seconds / self._seconds
+        measured = self._sample_seconds / self._tokens  # seconds per token of one sample
         self._tokens = self._seconds = self._sample_seconds = 0.0
-        a = self.alpha
-        if self.per_sample <= self.aggregate / k:
-            self.per_sample += a * (per_sample - self.per_sample)
-        else:
-            self.aggregate += a * (per_sample * k - self.aggregate)
-        # the bound that was not binding may still be proven too low
-        if per_sample > self.per_sample:
-            self.per_sample += a * (per_sample - self.per_sample)
-        if per_sample * k > self.aggregate:
-            self.aggregate += a * (per_sample * k - self.aggregate)
+        predicted = self.step_s(k)
+        error = self.alpha * (measured - predicted)  # > -alpha x predicted
+        r = self._b * max(1.0, k) / self._a  # b k's part against a's
+        self._a += error / (1.0 + r * r)
+        self._b += error * r * r / (1.0 + r * r) / max(1.0, k)
         self.observed = True
 
 

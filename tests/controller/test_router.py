@@ -45,6 +45,27 @@ def test_idle_fast_instance_steals_from_a_crowded_one_but_not_for_a_small_gain()
     assert r.steal([crowded, idle], remaining=lambda s: 5.0, position=lambda s: 100) == []
 
 
+def test_an_emptied_instance_takes_samples_from_a_crowded_twin():
+    """Two instances of the same hardware (a decode step takes 1/30 + k/600 s), measured
+    with 100 and 20 samples: the one that ran dry decodes a lone sample almost three times
+    as fast as its twin decodes forty, so it steals."""
+    def measured():
+        m = RateModel(30.0, 1000.0)
+        for i in range(60):
+            k = (100, 20)[i % 2]
+            m.observe(tokens=k / (1 / 30 + k / 600), seconds=1.0, running=k)
+        return m
+
+    r = Router(RouterConfig(steal_margin=0.3, min_steal_gain_s=1.0))
+    r.begin_step(range(40))
+    busy, dry = InstanceView("busy", 256, measured()), InstanceView("dry", 256, measured())
+    r.dispatch([busy], remaining=lambda s: 500.0)
+    moves = r.steal([busy, dry], remaining=lambda s: 500.0, position=lambda s: 100)
+    moved = [s for m in moves for s in m.sample_ids]
+    assert moves and all(m.source == "busy" and m.target == "dry" for m in moves)
+    assert 5 <= len(moved) <= 35  # it evens the load out, it does not swap it
+
+
 def test_no_stealing_while_samples_wait_in_the_queue():
     r = Router(RouterConfig())
     r.begin_step(range(10))
