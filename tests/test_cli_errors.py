@@ -119,7 +119,7 @@ def test_resume_passes_over_an_interrupted_save_and_says_why(tmp_path):
     _make_checkpoint(run, 4, complete=False)
     point = choose_resume_point(run / "checkpoints")
     assert point.step == 2 and point.path.name == "step_000002"
-    assert point.skipped == ("step_000004 has no COMPLETE marker (its save was interrupted)",)
+    assert point.skipped == ("step_000004 has no COMPLETE marker: its save was interrupted",)
 
 
 def test_a_damaged_state_file_is_a_checkpoint_error(tmp_path):

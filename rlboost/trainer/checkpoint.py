@@ -87,7 +87,7 @@ def choose_resume_point(checkpoints: Path) -> ResumePoint:
     skipped: list[str] = []
     for i, (step, path) in enumerate(found):
         if not (path / COMPLETE_MARKER).exists():
-            skipped.append(f"{path.name} has no {COMPLETE_MARKER} marker (its save was interrupted)")
+            skipped.append(f"{path.name} has no {COMPLETE_MARKER} marker: its save was interrupted")
             continue
         try:
             verify(path)
