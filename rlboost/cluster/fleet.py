@@ -185,12 +185,6 @@ class Fleet:
 
     # -- observation ---------------------------------------------------------------------------
 
-    def wait_ready(self, kind: str, timeout_s: float) -> None:
-        """Block until every live instance of a kind has built its engine."""
-        with self._lock:
-            refs = [m.ready for m in self._members.values() if m.alive and m.spec.kind == kind]
-        ray.get(refs, timeout=timeout_s)
-
     def wait_version(self, version: int, kind: str, timeout_s: float) -> float:
         """Block until every live instance of a kind is active at `version`; returns seconds
         waited. An instance that failed to start raises its error here."""

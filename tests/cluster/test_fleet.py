@@ -10,6 +10,7 @@ import threading
 import pytest
 import ray
 import torch
+from own_processes import wait_until
 
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
@@ -137,9 +138,8 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         fleet.announce()
         fleet.wait_version(2, "reserved", 60)
         fleet.wait_version(2, "preemptible", 60)
-        fleet.wait_ready("reserved", 60)  # pull records are asked only of started instances
-        fleet.wait_ready("preemptible", 60)
-        pulls = fleet.pull_records(2)
+        # pull records are asked only of started instances: both report once started
+        pulls = wait_until(lambda: len(r := fleet.pull_records(2)) == 2 and r, 60, "both pull records")
         assert {p.instance_id for p in pulls} == {"reserved-0", "spot-0"}
         assert all(p.nbytes >= sum(t.numel() * 4 for t in weights.values()) for p in pulls)
         assert _rollout(ctl, 2, 2, prompts) == _reference(ckpt, changed, 2, prompts)
