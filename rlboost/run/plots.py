@@ -120,10 +120,15 @@ def _minutes_on_top(ax: Any, clock: StepClock) -> None:
     linear minute scale would crowd its labels where steps are slow)."""
     top = ax.secondary_xaxis("top")
     lo, hi = ax.get_xlim()
-    top.set_xticks([x for x in ax.get_xticks() if lo <= x <= hi])  # kept when it redraws
-    decimals = 1 if clock.minutes_at(clock.last) < 30 else 0
-    top.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{float(clock.minutes_at(x)):.{decimals}f}"))
-    top.set_xlabel("minutes since the run started", fontsize=8)
+    ticks = [x for x in ax.get_xticks() if lo <= x <= hi]
+    top.set_xticks(ticks)  # kept when it redraws
+    # a short run reads in seconds; otherwise minutes with as many decimals as it takes for
+    # neighbouring ticks not to show the same time
+    unit, per_min = ("seconds", 60.0) if clock.minutes_at(clock.last) < 2 else ("minutes", 1.0)
+    times = [float(clock.minutes_at(x)) * per_min for x in ticks]
+    decimals = next((d for d in range(3) if len({f"{t:.{d}f}" for t in times}) == len(times)), 2)
+    top.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{float(clock.minutes_at(x)) * per_min:.{decimals}f}"))
+    top.set_xlabel(f"{unit} since the run started", fontsize=8)
     top.tick_params(labelsize=8)
 
 
