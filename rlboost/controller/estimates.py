@@ -12,24 +12,28 @@ import numpy as np
 
 
 class RateModel:
-    """Decode speed of one instance: a decode step with k samples takes a + b k seconds, so each
-    sample advances at 1 / (a + b k) tokens/s and the instance at k / (a + b k).
+    """Decode speed of one instance: a decode step with k samples takes max(c, a + b k) seconds,
+    so each sample advances at 1 / max(c, a + b k) tokens/s and the instance at k times that.
 
     >>> m = RateModel(per_sample=50.0, aggregate=1000.0)
-    >>> round(m.rate_at(1), 6), round(m.rate_at(40), 3), round(m.full_rate(64), 1)
-    (50.0, 16.949, 771.1)
+    >>> round(m.rate_at(1), 3), round(m.rate_at(40), 3), round(m.full_rate(64), 1)
+    (50.0, 20.202, 870.7)
 
-    a is what a step costs however few samples run (reading the weights), b what each sample
-    adds (its cache, its compute), as a memory-bound engine behaves: a sample alone decodes
-    fast and a crowded instance slowly, with no kink in between. per_sample is the rate of
-    one sample alone (1 / (a + b)), aggregate the instance's ceiling (1 / b).
+    Two shapes of engine meet here. A memory-bound GPU engine pays a per step however few
+    samples run (reading the weights) and b per sample (its cache, its compute): a sample
+    alone decodes fast and a crowded instance slowly, with no kink. An engine with a
+    per-sample cap (the emulated engines, a server's per-request limit) decodes each sample at
+    most 1 / c tokens/s until the instance's ceiling 1 / b binds: a kink at k = c / b. The
+    priors start from the kink (per_sample = 1 / c, aggregate = 1 / b, a a sliver of b); the
+    measurements then move whichever part predicted them.
 
     Observations are pooled over min_window_s of sample-time before they move the estimate,
     so a few tokens per poll do not make it jump. Each moves the predicted step time at the
-    observed k a share alpha of the way to the measurement, split between a and b k as the
-    squares of their parts of it (a normalized least-mean-squares step with k measured in
-    units of the knee a / b): a crowded instance teaches mostly b, a nearly empty one mostly
-    a, observations at several batch sizes separate the two, and both stay positive.
+    observed k a share alpha of the way to the measurement: c when the floor predicted it
+    (or when the measurement is below it: no sample is slower alone than in company); else a
+    and b k, split as the squares of their parts of it (a normalized least-mean-squares step),
+    so a crowded instance teaches mostly b and observations at several batch sizes separate
+    a from b. A crowded instance therefore never teaches that a sample alone is slow.
     """
 
     def __init__(self, per_sample: float, aggregate: float, *, alpha: float = 0.3, min_window_s: float = 1.0):
@@ -39,8 +43,10 @@ class RateModel:
         self.min_window_s = min_window_s
         self.observed = False
         self._b = 1.0 / float(aggregate)
-        # a per-sample prior above the ceiling would make a negative: keep a sliver of it
-        self._a = max(1.0 / float(per_sample) - self._b, 1e-3 * self._b)
+        # half of a lone sample's step is taken as fixed cost: the measurements decide how much
+        # of it really is (a) and how much a per-sample cap (c)
+        self._a = max((1.0 / float(per_sample) - self._b) / 2.0, 1e-3 * self._b)
+        self._c = max(1.0 / float(per_sample), self._a + self._b)
         self._tokens = 0.0
         self._seconds = 0.0
         self._sample_seconds = 0.0
@@ -48,7 +54,7 @@ class RateModel:
     @property
     def per_sample(self) -> float:
         """Tokens/s of one sample alone on the instance."""
-        return 1.0 / (self._a + self._b)
+        return 1.0 / self.step_s(1)
 
     @property
     def aggregate(self) -> float:
@@ -63,7 +69,7 @@ class RateModel:
 
     def step_s(self, k: float) -> float:
         """Seconds per token of each sample when k share the instance."""
-        return self._a + self._b * max(1.0, k)
+        return max(self._c, self._a + self._b * max(1.0, k))
 
     def rate_at(self, k: int) -> float:
         """Tokens/s of one sample when k samples share the instance."""
@@ -82,15 +88,19 @@ class RateModel:
         self._sample_seconds += seconds * running
         if self._seconds < self.min_window_s or self._tokens <= 0:
             return
-        k = self._sample_seconds / self._seconds
+        k = max(1.0, self._sample_seconds / self._seconds)
         measured = self._sample_seconds / self._tokens  # seconds per token of one sample
         self._tokens = self._seconds = self._sample_seconds = 0.0
-        predicted = self.step_s(k)
-        error = self.alpha * (measured - predicted)  # > -alpha x predicted
-        r = self._b * max(1.0, k) / self._a  # b k's part against a's
-        self._a += error / (1.0 + r * r)
-        self._b += error * r * r / (1.0 + r * r) / max(1.0, k)
         self.observed = True
+        linear = self._a + self._b * k
+        if self._c >= linear or measured < self._c:
+            self._c += self.alpha * (measured - self._c)
+            if self._c >= linear:
+                return
+        error = self.alpha * (measured - linear)  # > -alpha x linear
+        r = self._b * k / self._a  # b k's part against a's
+        self._a += error / (1.0 + r * r)
+        self._b += error * r * r / (1.0 + r * r) / k
 
 
 class LengthModel:

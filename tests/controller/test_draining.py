@@ -28,12 +28,12 @@ def test_an_instance_with_a_deadline_takes_only_samples_whose_whole_budget_fits(
     assigns = r.dispatch([draining], remaining=lambda s: 1.0, budget=budget.__getitem__, position=lambda s: 100)
     assert [(a.instance_id, a.sample_ids) for a in assigns] == [("d", (0,))]
     assert r.queued == (1,)
-    # its load counts: a step of k samples takes 1/15 + k/30 s, so with four each decodes at
-    # 5 tok/s and 50 tokens take 10 s
+    # its load counts: with the priors (10 tok/s alone, 20 tok/s in all) a step of k samples
+    # takes max(1/10, 1/40 + k/20) s, so with four each decodes at 4.4 tok/s: 50 tokens, 11 s
     r.begin_step([0, 1, 2])
-    crowded = view("d", 4, 10.0, 30.0, time_left_s=10.0)
+    crowded = view("d", 4, 10.0, 20.0, time_left_s=10.0)
     r.dispatch([crowded], remaining=lambda s: 1.0, budget=lambda s: 50, position=lambda s: 0)
-    assert r.samples_on("d") == (0, 1, 2)  # the third still has 6 tok/s: 8.3 s
+    assert r.samples_on("d") == (0, 1, 2)  # the third still has 5.7 tok/s: 8.8 s
     r.begin_step([0, 1, 2, 3])
     r.dispatch([crowded], remaining=lambda s: 1.0, budget=lambda s: 50, position=lambda s: 100)
     assert r.samples_on("d") == (0, 1, 2) and r.queued == (3,)  # + re-prefill: past 10 s
