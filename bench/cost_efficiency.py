@@ -77,8 +77,7 @@ def run_once(recipe: str, overrides: list[str]) -> list[dict]:
     from rlboost.recipes import get_recipe
     from rlboost.run.job import train
 
-    run = train(apply_overrides(get_recipe(recipe), overrides))
-    return run.metrics()
+    return train(apply_overrides(get_recipe(recipe), overrides)).run.metrics()
 
 
 def measure(metrics: list[dict], preemptible_usd_per_hour: float) -> dict:
