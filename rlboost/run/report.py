@@ -10,6 +10,10 @@ from rlboost.run.directory import RunDirectory
 from rlboost.run.plots import plot_run
 
 
+def dollars(usd: float) -> str:
+    """$1,234.56, or two significant digits under a cent ($0.00031), so a small cost still shows."""
+    return f"${usd:,.2f}" if usd == 0 or abs(usd) >= 0.01 else f"${usd:.2g}"
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunSummary:
     """What a run achieved, for the summary table.
@@ -87,7 +91,7 @@ class RunSummary:
             ("wall time of the steps", f"{self.wall_s:,.1f} s"),
             ("tokens per dollar", f"{self.tokens_per_usd:,.0f}"),
             ("weight egress (pulled from the trainer, in tokens per dollar)",
-             f"{self.egress_bytes / 1e9:,.3f} GB, ${self.egress_usd:,.2f}; {self.delta_pulls} of "
+             f"{self.egress_bytes / 1e9:,.3f} GB, {dollars(self.egress_usd)}; {self.delta_pulls} of "
              f"{self.weight_pulls} pulls took a delta"),
             ("tokens per dollar, reserved only (estimate: the same tokens at the reserved "
              "engines' measured rate)", f"{self.reserved_only_tokens_per_usd:,.0f} "

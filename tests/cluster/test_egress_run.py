@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlboost.run.directory import RunDirectory
-from rlboost.run.report import summarize
+from rlboost.run.report import dollars, summarize
 
 USD_PER_GB = 40.0
 ARGS = [
@@ -52,5 +52,5 @@ def test_a_run_prices_weight_egress_and_counts_it_in_tokens_per_dollar(tmp_path)
     assert s.usd == pytest.approx(metrics[-1]["cost_usd"]) and s.usd > s.egress_usd > 0
     assert s.tokens_per_usd == pytest.approx(s.tokens / s.usd)
     row = dict(s.rows())["weight egress (pulled from the trainer, in tokens per dollar)"]
-    assert f"${s.egress_usd:,.2f}" in row and "4 of 6 pulls took a delta" in row
-    assert f"${s.egress_usd:,.2f}" in (run / "summary.md").read_text()
+    assert dollars(s.egress_usd) in row and "4 of 6 pulls took a delta" in row
+    assert dollars(s.egress_usd) in (run / "summary.md").read_text()
