@@ -4,6 +4,7 @@ events.jsonl), so `rlboost report RUN_DIR` can redo it for any run, finished or 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rlboost.run.directory import RunDirectory
@@ -12,7 +13,9 @@ from rlboost.run.plots import plot_run
 
 def dollars(usd: float) -> str:
     """$1,234.56, or two significant digits under a cent ($0.00031), so a small cost still shows."""
-    return f"${usd:,.2f}" if usd == 0 or abs(usd) >= 0.01 else f"${usd:.2g}"
+    if usd == 0 or abs(usd) >= 0.01:
+        return f"${usd:,.2f}"
+    return f"${usd:.{1 - math.floor(math.log10(abs(usd)))}f}"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunSummary:
