@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlboost.controller.continuation import CONTINUATIONS
+from rlboost.controller.estimates import RateModel
 from rlboost.controller.offload import POLICIES, AdaptiveWindowConfig, ReferenceWindowConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
@@ -68,6 +69,11 @@ class ControllerConfig:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
+
+    def start_rates(self, kind: str, peers) -> RateModel:
+        """The rate model an instance of `kind` starts with: its measured peers', else the priors."""
+        aggregate = self.reserved_tokens_per_s if kind == "reserved" else self.preemptible_tokens_per_s
+        return RateModel.like(peers, self.sample_tokens_per_s, aggregate)
 
     def __post_init__(self) -> None:
         for name in ("poll_interval_s", "idle_timeout_s", "call_timeout_s", "handoff_timeout_s", "reserved_tokens_per_s",

@@ -73,15 +73,8 @@ class EngineTable:
 
     def add(self, info: InstanceInfo, adapter: EngineAdapter) -> EngineSlot:
         """Start an instance's rates from those measured on its kind (or the config's priors)."""
-        same = [s.rates for s in self._slots.values() if s.kind == info.kind and s.rates.observed]
-        if same:
-            per_sample = sum(r.per_sample for r in same) / len(same)
-            aggregate = sum(r.aggregate for r in same) / len(same)
-        else:
-            per_sample = self.config.sample_tokens_per_s
-            aggregate = (self.config.reserved_tokens_per_s if info.kind == "reserved"
-                         else self.config.preemptible_tokens_per_s)
-        slot = EngineSlot(adapter, RateModel(per_sample, aggregate), info.kind, self.clock.now())
+        rates = self.config.start_rates(info.kind, [s.rates for s in self._slots.values() if s.kind == info.kind])
+        slot = EngineSlot(adapter, rates, info.kind, self.clock.now())
         self._slots[info.instance_id] = slot
         return slot
 

@@ -51,6 +51,16 @@ class RateModel:
         self._seconds = 0.0
         self._sample_seconds = 0.0
 
+    @classmethod
+    def like(cls, peers, per_sample: float, aggregate: float) -> RateModel:
+        """A new instance's model: the mean of the rates measured on its peers (instances of its
+        kind), or the priors while none of them has been measured."""
+        measured = [r for r in peers if r.observed]
+        if measured:
+            per_sample = sum(r.per_sample for r in measured) / len(measured)
+            aggregate = sum(r.aggregate for r in measured) / len(measured)
+        return cls(per_sample, aggregate)
+
     @property
     def per_sample(self) -> float:
         """Tokens/s of one sample alone on the instance."""

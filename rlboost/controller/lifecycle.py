@@ -191,12 +191,7 @@ class StepLifecycle:
         metrics = meter.freeze(now=self.clock.now(), samples=len(col.sample_ids), total_tokens=col.tokens,
                                duplicates=col.duplicates, gaps=col.gaps)
         if st.failure is None and col.all_done:
-            self.policy.observe(StepObservation(
-                window_s=metrics.window_s, num_preemptible=metrics.num_preemptible,
-                total_tokens=metrics.total_tokens, step_time_s=metrics.step_time_s,
-                trainer_idle_s=metrics.trainer_idle_s, rollout_idle_s=metrics.rollout_idle_s,
-                train_busy_s=max(0.0, metrics.step_time_s - metrics.window_s - metrics.trainer_idle_s),
-                last_microbatch_tokens=meter.last_microbatch_tokens, deliveries=tuple(meter.deliveries)))
+            self.policy.observe(StepObservation.measured(metrics, meter))
         return metrics
 
     def _require_step(self) -> StepState:

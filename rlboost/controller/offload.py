@@ -42,6 +42,15 @@ class StepObservation:
     # in seconds since the step started
     deliveries: tuple = ()
 
+    @classmethod
+    def measured(cls, metrics, meter) -> StepObservation:
+        """From a finished step's frozen StepMetrics and the StepMeter that measured it."""
+        return cls(window_s=metrics.window_s, num_preemptible=metrics.num_preemptible,
+                   total_tokens=metrics.total_tokens, step_time_s=metrics.step_time_s,
+                   trainer_idle_s=metrics.trainer_idle_s, rollout_idle_s=metrics.rollout_idle_s,
+                   train_busy_s=max(0.0, metrics.step_time_s - metrics.window_s - metrics.trainer_idle_s),
+                   last_microbatch_tokens=meter.last_microbatch_tokens, deliveries=tuple(meter.deliveries))
+
 
 class WindowPolicy(Protocol):
     def plan(self, ctx: WindowContext) -> float:

@@ -60,16 +60,8 @@ class SimTable:
         return [n for n in self.nodes.values() if n.rates is not None]
 
     def register(self, node: SimNode, now: float) -> None:
-        same = [n.rates for n in self.nodes.values() if n.kind == node.kind and n.rates is not None
-                and n.rates.observed]
-        if same:
-            per_sample = sum(r.per_sample for r in same) / len(same)
-            aggregate = sum(r.aggregate for r in same) / len(same)
-        else:
-            per_sample = self.config.sample_tokens_per_s
-            aggregate = (self.config.reserved_tokens_per_s if node.kind == "reserved"
-                         else self.config.preemptible_tokens_per_s)
-        node.rates = RateModel(per_sample, aggregate)
+        node.rates = self.config.start_rates(
+            node.kind, [n.rates for n in self.nodes.values() if n.kind == node.kind and n.rates is not None])
         node.polled_at = now
         node.decoded_at_poll = node.schedule.decoded
 
