@@ -66,9 +66,12 @@ class StepDecisions:
 
     def context(self, st: StepState) -> WindowContext:
         """The running step as the offload policy sees it."""
+        routable = self.registry.routable()
+        preemptible = sum(1 for r in routable if r.kind == "preemptible")
+
         def rate(kind: str) -> float:
             return sum(self.table.rates(r.instance_id).full_rate(r.info.capacity)
-                       for r in self.registry.routable(kind) if r.instance_id in self.table)
+                       for r in routable if r.kind == kind and r.instance_id in self.table)
         col = st.collector
         missing = col.missing()
         remaining = self.lengths.expected_remaining_total([col.progress(s) for s in missing],
@@ -77,7 +80,7 @@ class StepDecisions:
             elapsed_s=self.clock.now() - st.meter.started_at, generated_tokens=col.tokens,
             remaining_tokens=remaining,
             local_tokens_per_s=rate("reserved"), remote_tokens_per_s=rate("preemptible"),
-            num_preemptible=len(self.registry.routable("preemptible")))
+            num_preemptible=preemptible)
 
     def window(self, st: StepState) -> WindowAction | None:
         """Close the local window when the policy says so. When queued samples can run only on

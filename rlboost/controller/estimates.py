@@ -6,6 +6,7 @@ response-length distribution, so the work left in a half-finished sample can be 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 
 import numpy as np
@@ -79,7 +80,8 @@ class RateModel:
 
     def step_s(self, k: float) -> float:
         """Seconds per token of each sample when k share the instance."""
-        return max(self._c, self._a + self._b * max(1.0, k))
+        linear = self._a + self._b * (k if k > 1.0 else 1.0)  # (routing asks this per candidate move)
+        return self._c if self._c > linear else linear
 
     def rate_at(self, k: int) -> float:
         """Tokens/s of one sample when k samples share the instance."""
@@ -129,10 +131,11 @@ class LengthModel:
         self.prior_mean = prior_mean
         self._sorted: np.ndarray | None = None
         self._suffix: np.ndarray | None = None
+        self._scalar: tuple[list, list, float] | None = None  # the tables as lists, for one sample at a time
 
     def observe(self, length: int) -> None:
         self._lengths.append(int(length))
-        self._sorted = None
+        self._sorted = self._scalar = None
 
     def __len__(self) -> int:
         return len(self._lengths)
@@ -152,13 +155,16 @@ class LengthModel:
         cap = float(max(0, max_new - progress))
         if len(self._lengths) == 0:
             return min(cap, max(1.0, self.prior_mean - progress, self.prior_mean / 2))
-        lengths, suffix = self._tables()
-        i = int(np.searchsorted(lengths, progress, side="right"))
+        if self._scalar is None:  # routing asks per sample, many times between observations
+            lengths, suffix = self._tables()
+            self._scalar = (lengths.tolist(), suffix.tolist(), max(1.0, float(lengths.mean())))
+        lengths, suffix, typical = self._scalar
+        i = bisect_right(lengths, progress)
         longer = len(lengths) - i
         if longer >= self.min_count:
-            return min(cap, float(suffix[i]) / longer - progress)
+            return min(cap, suffix[i] / longer - progress)
         # past what the window has seen: assume as much again as a typical sample (heavy tail)
-        return min(cap, max(1.0, float(lengths.mean())))
+        return min(cap, typical)
 
     def expected_remaining_total(self, progress: np.ndarray, max_new: np.ndarray) -> float:
         """Sum of expected_remaining over many samples, vectorized."""

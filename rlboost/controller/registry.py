@@ -84,6 +84,7 @@ class Registry:
         self.config = config
         self.clock = clock
         self._records: dict[str, InstanceRecord] = {}
+        self._order: list[InstanceRecord] | None = None  # records in id order (None: re-sort)
         self._version = 0
 
     @property
@@ -101,6 +102,7 @@ class Registry:
         now = self.clock.now()
         rec = InstanceRecord(info=info, state=JOINING, weight_version=-1, last_beat=now, joined_at=now)
         self._records[info.instance_id] = rec
+        self._order = None
         return self._lease(rec)
 
     def heartbeat(self, instance_id: str, weight_version: int | None = None) -> Lease:
@@ -161,7 +163,9 @@ class Registry:
         return self._records.get(instance_id)
 
     def live(self) -> list[InstanceRecord]:
-        return [r for _, r in sorted(self._records.items()) if r.state != GONE]
+        if self._order is None:  # asked every controller round; records change only on register
+            self._order = [r for _, r in sorted(self._records.items())]
+        return [r for r in self._order if r.state != GONE]
 
     def routable(self, kind: str | None = None) -> list[InstanceRecord]:
         """Active instances at an allowed weight version, in id order."""

@@ -10,7 +10,7 @@ import random
 from rlboost.controller.records import GROUP_STRIDE, PromptGroup
 from rlboost.migration.state import SamplingParams
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
-from rlboost.rollout.emulated.lengths import prompt_key, response_length
+from rlboost.rollout.emulated.lengths import prompt_key, response_lengths
 from rlboost.sim.collector import SimGroup
 
 
@@ -47,8 +47,7 @@ def sim_groups(step: int, *, num_groups: int, group_size: int, prompt_len: int, 
         key = prompt_key(prompt, group_seed)
         sids = tuple(gid * GROUP_STRIDE + j for j in range(group_size))
         if engine.lengths.kind == "lognormal":
-            lengths = tuple(response_length(engine.lengths, key, sid, max_new_tokens, engine.token_block)
-                            for sid in sids)
+            lengths = response_lengths(engine.lengths, key, sids, max_new_tokens, engine.token_block)
         else:
             lengths = tuple(_geometric(key, sid, engine.stop_probability, max_new_tokens) for sid in sids)
         out.append(SimGroup(group_id=gid, sample_ids=sids, prompt_len=prompt_len, lengths=lengths,
@@ -72,8 +71,7 @@ def as_sim_groups(groups, engine: EmulatedEngineConfig) -> list[SimGroup]:
     for g in groups:
         key = prompt_key(g.prompt_ids, g.seed)
         if engine.lengths.kind == "lognormal":
-            lengths = tuple(response_length(engine.lengths, key, sid, g.params.max_new_tokens, engine.token_block)
-                            for sid in g.sample_ids)
+            lengths = response_lengths(engine.lengths, key, g.sample_ids, g.params.max_new_tokens, engine.token_block)
         else:
             lengths = tuple(_geometric(key, sid, engine.stop_probability, g.params.max_new_tokens)
                             for sid in g.sample_ids)

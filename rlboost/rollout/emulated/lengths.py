@@ -101,7 +101,15 @@ def response_length(config: LengthConfig, group: int, sample_id: int, max_new_to
     >>> response_length(cfg, 7, 3, 448, 32) == response_length(cfg, 7, 3, 448, 32)
     True
     """
-    z_p = _NORMAL.inv_cdf(_uniform(group, 1))
-    z_s = _NORMAL.inv_cdf(_uniform(group, sample_id, 2))
-    real = math.exp(math.log(config.median_tokens) + config.prompt_sigma * z_p + config.sample_sigma * z_s)
-    return max(1, min(max_new_tokens, math.ceil(real / token_block)))
+    return response_lengths(config, group, (sample_id,), max_new_tokens, token_block)[0]
+
+
+def response_lengths(config: LengthConfig, group: int, sample_ids, max_new_tokens: int,
+                     token_block: int = 1) -> tuple[int, ...]:
+    """response_length of each of a group's samples (the prompt's draw is made once)."""
+    log_prompt = math.log(config.median_tokens) + config.prompt_sigma * _NORMAL.inv_cdf(_uniform(group, 1))
+    out = []
+    for sid in sample_ids:
+        real = math.exp(log_prompt + config.sample_sigma * _NORMAL.inv_cdf(_uniform(group, sid, 2)))
+        out.append(max(1, min(max_new_tokens, math.ceil(real / token_block))))
+    return tuple(out)
