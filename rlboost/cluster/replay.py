@@ -32,7 +32,7 @@ def named_trace(name: str, *, max_count: int, seed: int = 0) -> AvailabilityTrac
     with .compressed_to()."""
     if name == "none" or max_count == 0:
         return None
-    if name in SAMPLES:  # the bundled samples: sample, skypilot-sample, spotserve-sample, bamboo-sample
+    if name in SAMPLES:  # the bundled traces (synthetic samples of each format, and a measured one)
         trace = sample_trace(name)
     elif name == "synthetic":
         trace = synthetic_trace(SyntheticTraceConfig(capacity=max_count, seed=seed))

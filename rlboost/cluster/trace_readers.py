@@ -15,7 +15,10 @@ from rlboost.cluster.availability import AvailabilityTrace
 DATA = Path(__file__).with_name("data")
 SAMPLE_TRACE = DATA / "spot_sample.csv"
 SAMPLES = {"sample": SAMPLE_TRACE, "skypilot-sample": DATA / "skypilot_sample.json",
-           "spotserve-sample": DATA / "spotserve_sample.csv", "bamboo-sample": DATA / "bamboo_sample.csv"}
+           "spotserve-sample": DATA / "spotserve_sample.csv", "bamboo-sample": DATA / "bamboo_sample.csv",
+           # measured, not synthetic: an excerpt of an AWS spot trace (see data/README.md)
+           "aws-spot-4node": DATA / "skypilot_aws_us-east-2a_4node.json"}
+MEASURED = ("aws-spot-4node",)
 
 
 def read_skypilot_json(path: str | Path) -> AvailabilityTrace:
@@ -183,8 +186,9 @@ def _sniff(path: Path) -> str:
 
 
 def sample_trace(name: str = "sample") -> AvailabilityTrace:
-    """A bundled sample trace (rlboost/cluster/data, see README there): "sample" (time,count),
-    "skypilot-sample", "spotserve-sample" or "bamboo-sample"."""
+    """A bundled trace (rlboost/cluster/data, see README there): the synthetic samples "sample"
+    (time,count), "skypilot-sample", "spotserve-sample" and "bamboo-sample", and the measured
+    "aws-spot-4node" (9 hours of a 4-instance AWS spot trace, SkyPilot layout)."""
     if name not in SAMPLES:
         raise ValueError(f"sample trace must be one of {sorted(SAMPLES)}, got {name!r}")
     return load_trace(SAMPLES[name])

@@ -16,6 +16,7 @@ from rlboost.cluster.availability import AvailabilityTrace
 from rlboost.cluster.trace_readers import (
     READERS,
     SAMPLE_TRACE,
+    MEASURED,
     SAMPLES,
     load_trace,
     read_bamboo_csv,
@@ -27,7 +28,7 @@ from rlboost.cluster.trace_readers import (
 )
 from rlboost.validate import check_format_version
 
-__all__ = ["EVENT_KINDS", "READERS", "SAMPLES", "SAMPLE_TRACE", "AvailabilityTrace", "InstanceEvent",
+__all__ = ["EVENT_KINDS", "MEASURED", "READERS", "SAMPLES", "SAMPLE_TRACE", "AvailabilityTrace", "InstanceEvent",
            "PreemptionPolicy", "SyntheticTraceConfig", "load_trace", "preemption_events", "read_bamboo_csv",
            "read_count_csv", "read_skypilot_json", "read_spotserve_csv", "read_spotserve_segment",
            "sample_trace", "synthetic_trace"]

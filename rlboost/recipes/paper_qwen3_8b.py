@@ -120,12 +120,15 @@ def with_reference_mechanisms(config: RunConfig) -> RunConfig:
                                cluster=dataclasses.replace(config.cluster, sudden_fraction=1.0))
 
 
-def on_spot_trace(config: RunConfig, trace: str = "skypilot-sample") -> RunConfig:
-    """The run's preemptible instances following a spot trace (at its own pace: one trace
-    second is one modelled second), with AWS's two-minute notices."""
-    from rlboost.cluster.traces import sample_trace
+SPOT_TRACE = "aws-spot-4node"  # the bundled measured trace: 9 hours of 4 AWS spot instances
 
-    duration = sample_trace(trace).duration_s if trace.endswith("-sample") else None
+
+def on_spot_trace(config: RunConfig, trace: str = SPOT_TRACE) -> RunConfig:
+    """The run's preemptible instances following a spot trace (a bundled one at its own pace:
+    one trace second is one modelled second), with AWS's two-minute notices."""
+    from rlboost.cluster.traces import SAMPLES, sample_trace
+
+    duration = sample_trace(trace).duration_s if trace in SAMPLES else None
     cluster = dataclasses.replace(config.cluster, trace=trace, initial_preemptible=0,
                                   trace_duration_s=_run_s(duration) if duration else None)
     return dataclasses.replace(config, cluster=cluster)

@@ -42,8 +42,8 @@ def _static(n: int) -> Callable[[], RunConfig]:
 SCENARIOS = {s.name: s for s in (
     Scenario("paper", "the artifact's shape: Qwen3-8B on one reserved 8x H100 node and 4 preemptible "
              "quarter-node instances", _static(4), steps=40, sweep=(0, 1, 2, 3, 4, 6, 8)),
-    Scenario("paper-trace", "the paper recipe's preemptible instances following the SkyPilot-format "
-             "sample trace (up to 4)", lambda: on_spot_trace(paper_qwen3_8b()), steps=40),
+    Scenario("paper-trace", "the paper recipe's preemptible instances following the bundled measured "
+             "AWS spot trace (up to 4, 9 hours)", lambda: on_spot_trace(paper_qwen3_8b()), steps=40),
     Scenario("paper-trace-reference", "paper-trace with the published mechanisms (1/3 window rule, group "
              "trimming, push without relays)", lambda: with_reference_mechanisms(on_spot_trace(paper_qwen3_8b())),
              steps=40),

@@ -45,3 +45,13 @@ def test_malformed_files_name_the_line(tmp_path):
     seg.write_text('[0, "add", {"nodes": ["a"]}]\n[5, "remove", {"nodes": ["b"]}]\n')
     with pytest.raises(ValueError, match="line 2"):
         read_spotserve_segment(seg)
+
+
+def test_the_measured_trace_names_its_source_and_is_read_whole():
+    import json
+
+    doc = json.loads(SAMPLES["aws-spot-4node"].read_text())
+    assert "skypilot-org/spot-traces" in doc["metadata"]["source"] and doc["metadata"]["gap_seconds"] == 300
+    trace = sample_trace("aws-spot-4node")
+    assert trace.duration_s == 300 * len(doc["data"])  # every tick, the last one included
+    assert [trace.count_at(300 * i + 1) for i in range(len(doc["data"]))] == doc["data"]
