@@ -98,6 +98,32 @@ class Collector:
     def missing(self) -> tuple[int, ...]:
         return tuple(sid for sid, p in self._samples.items() if p.finish_reason is None)
 
+    def group_id(self, sample_id: int) -> int:
+        return self._samples[sample_id].group.group_id
+
+    def finished_shortest(self, sample_ids) -> dict[int, int]:
+        """For the groups of sample_ids: the shortest output among each one's finished members."""
+        out: dict[int, int] = {}
+        for gid in {self.group_id(s) for s in sample_ids}:
+            done = [len(self._samples[s].ids) for s in self._groups[gid].sample_ids
+                    if self._samples[s].finish_reason is not None]
+            if done:
+                out[gid] = min(done)
+        return out
+
+    def trim(self, sample_id: int, keep: int) -> int:
+        """Drop an unfinished sample's tokens past the first `keep` (it regenerates them where it
+        resumes: the reference's group continuation); returns how many were dropped."""
+        p = self._samples[sample_id]
+        if p.finish_reason is not None:
+            raise ValueError(f"sample {sample_id} is finished; only unfinished samples are trimmed")
+        drop = max(0, len(p.ids) - max(0, keep))
+        if drop:
+            del p.ids[len(p.ids) - drop:]
+            del p.logprobs[len(p.logprobs) - drop:]
+            self.tokens -= drop
+        return drop
+
     @property
     def all_done(self) -> bool:
         return not any(self._left.values())

@@ -27,6 +27,7 @@ class StepMetrics:
     work stealing); resumes counts samples restarted from their last collected token after
     an instance was lost. reprefill_tokens are prompt + output tokens targets had to prefill.
     kv_migrations counts moved samples whose KV pages went engine to engine (no re-prefill).
+    trimmed_tokens are output tokens a trim_group continuation discarded (to be generated again).
     """
 
     step: int
@@ -52,6 +53,7 @@ class StepMetrics:
     duplicates: int
     gaps: int
     kv_migrations: int = 0
+    trimmed_tokens: int = 0
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -80,6 +82,7 @@ class StepMeter:
     trainer_idle_s: float = 0.0
     reopened: int = 0
     kv_migrations: int = 0
+    trimmed_tokens: int = 0
     last_microbatch_tokens: int = 0
     # per micro-batch after the window: (taken at, ((group ready at, group tokens), ...)), step-relative
     deliveries: list = field(default_factory=list)
@@ -107,4 +110,4 @@ class StepMeter:
             num_preemptible=self.num_preemptible, trainer_idle_s=self.trainer_idle_s,
             rollout_idle_s=max(0.0, now - done), rollout_time_s=done - self.started_at,
             step_time_s=now - self.started_at, reopened=self.reopened, duplicates=duplicates, gaps=gaps,
-            kv_migrations=self.kv_migrations)
+            kv_migrations=self.kv_migrations, trimmed_tokens=self.trimmed_tokens)

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
+from rlboost.controller.continuation import resume_points
 from rlboost.controller.engines import CallTimeout, EngineTable
 from rlboost.controller.intake import Intake
 from rlboost.controller.registry import ACTIVE, GONE, InstanceRecord, Registry
@@ -188,6 +189,8 @@ class SampleMover:
     async def _submit(self, st: StepState, iid: str, sids: Sequence[int], out: Outcome) -> None:
         """Start samples from their collected tokens (re-prefill); a refusal is not a loss."""
         rec, slot, col = self.registry.get(iid), self.table.get(iid), st.collector
+        if self.config.continuation != "token":
+            self._trim(st, sids)
         states = [col.state_of(s, rec.weight_version) for s in sids]
         try:
             await self.table.guard(slot.adapter.submit(states))
@@ -198,6 +201,16 @@ class SampleMover:
             out.add_loss(self.table.lose(iid, f"submit() failed: {exc!r}"))
             return
         st.meter.reprefill_tokens += sum(s.position for s in states if s.output_ids)
+
+    def _trim(self, st: StepState, sids: Sequence[int]) -> None:
+        """Cut resumed samples back to where the continuation resumes them (trim_group: their
+        group's shortest member, finished ones included), before they are resubmitted."""
+        col = st.collector
+        held = {s: col.progress(s) for s in sids if col.progress(s) > 0}
+        if not held:
+            return
+        keep = resume_points(held, col.group_id, self.config.continuation, col.finished_shortest(held))
+        st.meter.trimmed_tokens += sum(col.trim(s, n) for s, n in keep.items() if n < held[s])
 
     async def _refused(self, st: StepState, iid: str, sids: list[int], why: RolloutError, out: Outcome) -> None:
         """The engine refused a batch (which admits none of it). If the registry's view of it

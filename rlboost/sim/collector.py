@@ -118,6 +118,15 @@ class SimCollector:
     def group_of(self, sid: int) -> SimGroup:
         return self._samples[sid].group
 
+    def finished_shortest(self, sids) -> dict[int, int]:
+        """For the groups of sids: the shortest length among each one's finished members."""
+        out: dict[int, int] = {}
+        for g in {self._samples[sid].group for sid in sids}:
+            done = [n for sid, n in zip(g.sample_ids, g.lengths) if self._samples[sid].done]
+            if done:
+                out[g.group_id] = min(done)
+        return out
+
     def place(self, sid: int, engine: BatchSchedule) -> None:
         """The sample runs on this engine from now on (its progress is the engine's)."""
         s = self._samples[sid]

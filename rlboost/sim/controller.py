@@ -210,14 +210,12 @@ class SimController:
             node.schedule.drop(sid)
             st.meter.add_tokens(iid, node.kind, moved[sid] - node.bases.pop(sid, 0))
         self.table.touch(node)
-        keep = resume_points(moved, lambda s: col.group_of(s).group_id, self.spec.controller.continuation)
-        for sid, n in keep.items():
-            col.lift(sid, n)
+        for sid, n in moved.items():
             st.meter.moved(n, 0)
             self.router.unassign(sid)
         if requeue:
-            self.router.requeue(list(keep), failed=False)
-        return list(keep)
+            self.router.requeue(list(moved), failed=False)
+        return list(moved)
 
     def _send(self, st: StepState, iid: str, sids) -> None:
         node = self.table.nodes.get(iid)
@@ -228,6 +226,15 @@ class SimController:
         col, sched = st.collector, node.schedule
         if sched.t < self.clock.now():
             self._collect_node(node, self.clock.now())
+        mode = self.spec.controller.continuation
+        if mode != "token":  # resumed samples restart where the continuation says (SampleMover._trim)
+            held = {sid: col.progress(sid) for sid in sids if col.progress(sid) > 0}
+            if held:
+                keep = resume_points(held, lambda s: col.group_of(s).group_id, mode, col.finished_shortest(held))
+                for sid, n in keep.items():
+                    if n < held[sid]:
+                        st.meter.trimmed_tokens += held[sid] - n
+                        col.lift(sid, n)
         for sid in sids:
             self.router.assign(sid, iid)
             progress = col.progress(sid)

@@ -116,3 +116,28 @@ def test_quiesce_aborts_what_still_runs_and_releases_held_pages():
     assert out.lost == []
     assert ("abort", (A,)) in spot0.calls and ("release", (B,)) in spot1.calls
     assert scene.router.owner(A) is None and not scene.table.holds(B)
+
+
+def test_the_reference_continuation_resumes_a_group_from_its_shortest_member_finished_ones_included():
+    scene = FakeScene(GROUPS)
+    spot = scene.add("spot-0")
+    scene.collect(A, 9)
+    scene.collect(B, 2, "stop")  # finished early: the published continuation resumes the group from here
+    scene.collect(C, 6)
+    intake = Intake(scene.clock, table=scene.table, registry=scene.registry, router=scene.router)
+    ref = SampleMover(ControllerConfig(continuation="trim_group"), scene.clock, table=scene.table,
+                      registry=scene.registry, router=scene.router, intake=intake)
+
+    asyncio.run(ref.send(scene.step, "spot-0", [A, C]))
+
+    assert [s.output_ids for s in spot.submitted] == [(10, 11), (10, 11)]
+    col = scene.step.collector
+    assert col.progress(A) == col.progress(C) == 2 and col.tokens == 2 + 2 + 2
+    assert scene.step.meter.trimmed_tokens == 7 + 4
+    # rlboost's own continuation keeps every token
+    scene2 = FakeScene(GROUPS)
+    spot2 = scene2.add("spot-0")
+    scene2.collect(A, 9)
+    scene2.collect(B, 2, "stop")
+    asyncio.run(mover(scene2).send(scene2.step, "spot-0", [A]))
+    assert [len(s.output_ids) for s in spot2.submitted] == [9] and scene2.step.meter.trimmed_tokens == 0

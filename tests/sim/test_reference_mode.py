@@ -35,5 +35,8 @@ def test_trimmed_groups_resume_from_their_shortest_member():
     moved = {100: 40, 101: 55, 200: 7}
     assert resume_points(moved, lambda s: s // 100, "trim_group") == {100: 40, 101: 40, 200: 7}
     assert resume_points(moved, lambda s: s // 100, "token") == moved
+    # a finished member shorter than every moved one sets its group's point (the whole group is one request)
+    assert resume_points(moved, lambda s: s // 100, "trim_group", finished={1: 12}) == {100: 12, 101: 12, 200: 7}
+    assert resume_points(moved, lambda s: s // 100, "token", finished={1: 12}) == moved
     with pytest.raises(ValueError, match="continuation"):
         ControllerConfig(continuation="restart")
