@@ -166,12 +166,9 @@ class StepLifecycle:
                 st.meter.trainer_idle_s += max(0.0, self.clock.now() - max(began, closed))
 
     def _slack(self, st: StepState, mb: GroupBatch) -> None:
-        """Record when each group was ready and when the trainer took it (after the window)."""
-        if st.meter.window_closed_at is None or not mb.groups:
-            return
-        t0, col = st.meter.started_at, st.collector
-        groups = sorted((col.completed_at[g.group_id] - t0, g.num_tokens) for g in mb.groups)
-        st.meter.deliveries.append((self.clock.now() - t0, tuple(groups)))
+        """Record when each group was ready and when the trainer took it (the policy's slack)."""
+        col = st.collector
+        st.record_delivery(self.clock.now(), [(col.completed_at[g.group_id], g.num_tokens) for g in mb.groups])
 
     async def end_step(self) -> StepMetrics:
         """Finish the step, learn from it, return its metrics. Whatever still runs is aborted

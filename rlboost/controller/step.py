@@ -41,6 +41,17 @@ class StepState:
             self.meter.window_closed_at = now
             self.meter.num_preemptible = num_preemptible
 
+    def record_delivery(self, now: float, groups) -> None:
+        """The trainer took a micro-batch at `now` whose groups were ready at the given
+        times: `groups` holds (ready at, tokens) pairs, in the clock's seconds. Recorded for
+        the window policy's slack once the trainer holds the reserved instances: after the
+        window closed, or when the whole rollout finished inside it (every group then waited
+        for the trainer, the plainest sign that the window ran long)."""
+        if not self.handed_over or not groups:
+            return
+        t0 = self.meter.started_at
+        self.meter.deliveries.append((now - t0, tuple(sorted((ready - t0, tokens) for ready, tokens in groups))))
+
     def reopen_window(self) -> None:
         """Route to the reserved instances again (the trainer has not been handed them yet)."""
         self.window_open = True

@@ -264,8 +264,5 @@ class Simulator:
 
     def _delivered(self, st, batch) -> None:
         """Record when each group was ready and when the trainer took it (the policy's slack)."""
-        if st.meter.window_closed_at is None:
-            return
-        t0, col = st.meter.started_at, st.collector
-        groups = sorted((col.completed_at[g] - t0, tokens) for g, tokens in batch.groups)
-        st.meter.deliveries.append((self.clock.now() - t0, tuple(groups)))
+        col = st.collector
+        st.record_delivery(self.clock.now(), [(col.completed_at[g], tokens) for g, tokens in batch.groups])

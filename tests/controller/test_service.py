@@ -12,7 +12,12 @@ from controller_fakes import (
 )
 
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
+from rlboost.controller.offload import (
+    AdaptiveWindow,
+    AdaptiveWindowConfig,
+    ReferenceWindowConfig,
+    ReferenceWindowRule,
+)
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
@@ -144,6 +149,29 @@ def test_window_closes_early_when_every_sample_is_done():
     assert outputs(batches) == uninterrupted(GROUPS)
     assert metrics.planned_window_s == 100.0
     assert metrics.window_s == pytest.approx(metrics.rollout_time_s) and metrics.window_s < 5.0
+
+
+def test_a_rollout_that_finishes_inside_the_window_shortens_the_next_one():
+    # A delay learned where the window had to be long (say, one slow instance) must not keep
+    # the window open through whole rollouts once it need not be: groups that all waited
+    # for the trainer are slack the policy learns from, as after a closed window.
+    policy = AdaptiveWindow(AdaptiveWindowConfig(down_gain=0.5))
+    policy.train_s_per_token = 0.01
+    policy.delays[1] = 100.0
+
+    async def body(svc, clock, log):
+        add_instance(svc, clock, log, "reserved-0", "reserved", capacity=16, sample_tokens_per_s=50.0)
+        add_instance(svc, clock, log, "spot-0", capacity=8, sample_tokens_per_s=50.0)
+        return await run_step(svc, clock, 0, groups, 0, train_s_per_token=0.01)
+    # groups that finish one after another (10 to 160 tokens per sample, no early stop)
+    groups = [g for i, n in enumerate((10, 40, 80, 160))
+              for g in make_groups(i, num_groups=1, group_size=4, prompt_len=4, max_new_tokens=n, stop_token_ids=())]
+    (batches, metrics), log = scenario(body, policy=policy)
+    assert outputs(batches) == uninterrupted(groups)
+    assert metrics.num_preemptible == 1 and metrics.trainer_idle_s == 0.0
+    assert metrics.window_s == pytest.approx(metrics.rollout_time_s)  # the window never closed
+    # the first group waited over a second for the trainer: the delay shrinks by half of that
+    assert policy.delays[1] < 99.5
 
 
 def test_reserved_instances_come_back_only_when_the_trainer_lends_them():
