@@ -40,7 +40,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="steps of each run (emulated and its paired simulation)")
     p.add_argument("--skip", type=int, default=2, help="first steps not counted (>= 1)")
     p.add_argument("--seeds", type=int, default=5, help="simulated seeds of the trace comparison")
-    p.add_argument("--trace-steps", type=int, default=40, help="steps of each seeded trace simulation")
+    p.add_argument("--trace-steps", type=int, default=125, help="steps of each seeded trace simulation")
     p.add_argument("--trace", default="aws-spot-4node",
                    help="the spot trace of the trace rows (default: the bundled measured AWS trace)")
     p.add_argument("--on-demand-node-usd-h", type=float, default=83.79, help="one 8x H100 on-demand node, $/h")

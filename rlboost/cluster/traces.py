@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from rlboost.cluster.availability import AvailabilityTrace
 from rlboost.cluster.trace_readers import (
+    MEASURED,
     READERS,
     SAMPLE_TRACE,
-    MEASURED,
     SAMPLES,
     load_trace,
     read_bamboo_csv,

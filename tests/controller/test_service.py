@@ -12,12 +12,7 @@ from controller_fakes import (
 )
 
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.offload import (
-    AdaptiveWindow,
-    AdaptiveWindowConfig,
-    ReferenceWindowConfig,
-    ReferenceWindowRule,
-)
+from rlboost.controller.offload import AdaptiveWindow, AdaptiveWindowConfig, ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
