@@ -81,9 +81,11 @@ def ideal_step_time(total_tokens: float, train_s: float, local_tokens_per_s: flo
 class AdaptiveWindowConfig:
     """initial_window_s is used until one step has measured the training time per token.
 
-    After a step where the trainer starved for more than idle_target_s, the window grows by
-    up_gain x the excess; after a step where every micro-batch was ready before the trainer
-    wanted it, it shrinks by down_gain x the least such wait (the slack). The training time
+    After a step where the trainer starved for more than its idle target (idle_target_s, or
+    idle_target_fraction of the step when that is less: a 1 s target would let a 2 s step
+    starve half the time), the window grows by up_gain x the excess; after a step where
+    every micro-batch was ready before the trainer wanted it, it shrinks by down_gain x the
+    least such wait (the slack). The training time
     per token is a moving average (weight train_ema) of each step's measurement, taken
     within train_jump times the current estimate either way: one stalled step (a
     checkpoint, a busy host) moves it a little, a lasting change within a few steps.
@@ -97,6 +99,8 @@ class AdaptiveWindowConfig:
     """longest local window, seconds (None: no cap)"""
     idle_target_s: float = 1.0
     """trainer idle time per step the window aims at, seconds"""
+    idle_target_fraction: float = 0.05
+    """... at most this fraction of the step's time (short steps)"""
     up_gain: float = 0.6
     """share of the trainer's excess idle time the window grows by"""
     down_gain: float = 0.5
@@ -111,6 +115,8 @@ class AdaptiveWindowConfig:
             raise ValueError("initial_window_s, min_window_s and idle_target_s must be >= 0")
         if self.max_window_s is not None and self.max_window_s < self.min_window_s:
             raise ValueError(f"max_window_s must be >= min_window_s ({self.min_window_s})")
+        if not 0 < self.idle_target_fraction <= 1:
+            raise ValueError(f"idle_target_fraction must be in (0, 1], got {self.idle_target_fraction}")
         for name in ("up_gain", "down_gain", "train_ema"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
@@ -203,8 +209,9 @@ class AdaptiveWindow:
         if obs.num_preemptible == 0 or self.train_s_per_token is None:
             return  # no local/remote balance to learn from
         n = obs.num_preemptible
-        if obs.trainer_idle_s > cfg.idle_target_s:
-            step = cfg.up_gain * (obs.trainer_idle_s - cfg.idle_target_s)
+        target = min(cfg.idle_target_s, cfg.idle_target_fraction * obs.step_time_s)
+        if obs.trainer_idle_s > target:
+            step = cfg.up_gain * (obs.trainer_idle_s - target)
         elif obs.deliveries:
             step = -cfg.down_gain * self.slack(obs.deliveries)
         else:

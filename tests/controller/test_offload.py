@@ -85,6 +85,20 @@ def test_a_starved_trainer_delays_the_close_and_slack_brings_it_forward():
     assert p.delay(5) == p.delay(2)
 
 
+def test_a_short_step_aims_at_a_share_of_its_time_not_at_a_whole_second_of_idle():
+    p = AdaptiveWindow(AdaptiveWindowConfig(up_gain=1.0, idle_target_s=1.0, idle_target_fraction=0.05))
+    p.observe(obs())
+    # a 2 s step whose trainer starved 0.8 s: under the 1 s target, but 0.7 s over 5% of 2 s
+    p.observe(StepObservation(window_s=0.5, num_preemptible=2, total_tokens=1000, step_time_s=2.0,
+                              trainer_idle_s=0.8, rollout_idle_s=0.0, train_busy_s=0.7, last_microbatch_tokens=0))
+    assert p.delay(2) == pytest.approx(0.8 - 0.1)
+    # a long step keeps the 1 s target
+    p.observe(obs(trainer_idle=0.9))
+    assert p.delay(2) == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="idle_target_fraction"):
+        AdaptiveWindowConfig(idle_target_fraction=0.0)
+
+
 def test_a_negative_delay_closes_before_the_rates_say_so():
     p = AdaptiveWindow()
     p.observe(obs(tokens=1000, train=20.0))  # 0.02 s of training per token
