@@ -85,10 +85,10 @@ class AdaptiveWindowConfig:
     idle_target_fraction of the step when that is less: a 1 s target would let a 2 s step
     starve half the time), the window grows by up_gain x the excess; after a step where
     every micro-batch was ready before the trainer wanted it, it shrinks by down_gain x the
-    least such wait (the slack). The training time
-    per token is a moving average (weight train_ema) of each step's measurement, taken
-    within train_jump times the current estimate either way: one stalled step (a
-    checkpoint, a busy host) moves it a little, a lasting change within a few steps.
+    least such wait (the slack). The training time per token is a moving average (weight
+    train_ema) of each step's measurement, taken within train_jump times the current
+    estimate either way: one stalled step (a checkpoint, a busy host) moves it a little, a
+    lasting change within a few steps.
     """
 
     initial_window_s: float = 30.0
