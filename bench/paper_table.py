@@ -46,6 +46,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--on-demand-node-usd-h", type=float, default=83.79, help="one 8x H100 on-demand node, $/h")
     p.add_argument("--spot-node-usd-h", type=float, default=21.28, help="one 8x H100 spot node, $/h")
     p.add_argument("--instance-share", type=float, default=0.25, help="share of a spot node one instance is")
+    p.add_argument("--no-sensitivity", action="store_true",
+                   help="skip the workload sensitivity section (simulated, about half a minute)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides for every run")
     p.add_argument("--out", default=None, help="results markdown (default bench/results/paper_<host>_<date>.md)")
     return p.parse_args()
@@ -91,7 +93,52 @@ def simulated(config, skip: int, steps: int | None = None) -> dict:
     from rlboost.sim.simulator import Simulator
 
     s = summarize(Simulator(sim_spec(config, steps=steps), groups=task_groups(config)).run(), skip=skip)
-    return figures(s.tokens, s.seconds, s.usd) | {"preemptions": s.preemptions}
+    step = s.seconds / s.steps
+    return figures(s.tokens, s.seconds, s.usd) | {
+        "preemptions": s.preemptions, "step_s": step, "window_s": s.window_s, "trainer_idle_s": s.trainer_idle_s,
+        "rollout_end_s": step - s.rollout_idle_s, "train_after_rollout_s": s.rollout_idle_s}
+
+
+# Workloads of the sensitivity section: the artifact's, lighter response-length tails, a shorter
+# cap. Inputs a user changes to ask "what about my run", never a fit: the timing model and its
+# one calibration stay as they are.
+WORKLOADS = (
+    ("the artifact's (sample log-sd 0.75, cap 14,336)", []),
+    ("lighter tail (sample log-sd 0.5)", ["rollout.emulated.lengths.sample_sigma=0.5"]),
+    ("light tail (sample log-sd 0.25)", ["rollout.emulated.lengths.sample_sigma=0.25"]),
+    ("responses capped at 8,192 tokens", ["task.max_new_tokens=128"]),
+)
+
+
+def sensitivity(args: argparse.Namespace) -> list[tuple[str, dict, dict]]:
+    """Reserved only and 4 instances, simulated, under each workload of WORKLOADS."""
+    out = []
+    for name, overrides in WORKLOADS:
+        a = argparse.Namespace(**{**vars(args), "set": [*args.set, *overrides]})
+        out.append((name, simulated(row_config(ROWS[0], a), args.skip),
+                    simulated(row_config("rlboost, 4 instances", a), args.skip)))
+    return out
+
+
+def render_sensitivity(rows: list[tuple[str, dict, dict]]) -> str:
+    lines = [f"{'workload (simulated)':50}{'reserved':>10}{'4 inst.':>10}{'speedup':>9}{'tok/$ gain':>11}"
+             f"{'window':>8}{'idle':>7}{'rollout end':>12}{'train after':>12}"]
+    for name, base, four in rows:
+        lines.append(f"{name:50}{base['tokens_per_s']:>10.0f}{four['tokens_per_s']:>10.0f}"
+                     f"{four['tokens_per_s'] / base['tokens_per_s']:>8.2f}x"
+                     f"{(four['tokens_per_usd'] / base['tokens_per_usd'] - 1) * 100:>+10.1f}%"
+                     f"{four['window_s']:>8.0f}{four['trainer_idle_s']:>7.0f}{four['rollout_end_s']:>12.0f}"
+                     f"{four['train_after_rollout_s']:>12.0f}")
+    return "\n".join(lines)
+
+
+def where_time_goes(fig: dict) -> str:
+    """One step at 4 instances, simulated: what bounds it."""
+    busy = fig["step_s"] - fig["window_s"] - fig["trainer_idle_s"]
+    return (f"a step at 4 instances (simulated, mean): {fig['step_s']:.0f} s = local window {fig['window_s']:.0f} s "
+            f"+ trainer idle {fig['trainer_idle_s']:.0f} s + training and publishing {busy:.0f} s; the rollout "
+            f"ends {fig['rollout_end_s']:.0f} s into the step and {fig['train_after_rollout_s']:.0f} s of training "
+            f"follow it (the groups holding capped responses complete last, whole)")
 
 
 def seeded_trace(args: argparse.Namespace) -> dict:
@@ -156,6 +203,8 @@ def main() -> int:
             print(f"emulating {row} ({args.steps} steps)...", file=sys.stderr, flush=True)
             results[row]["emulated"] = emulated(config, args.skip)
     trace = seeded_trace(args) if args.fidelity in ("both", "simulated") and args.seeds > 1 else None
+    simulating = args.fidelity in ("both", "simulated")
+    sens = sensitivity(args) if simulating and not args.no_sensitivity else None
     wall = time.perf_counter() - t0
     shape = (f"inputs: reserved = one 8x H100 node on demand, ${args.on_demand_node_usd_h}/h (trainer on 8 GPUs, "
              f"rolling out as 4 TP-2 engines in the local window); preemptible instance = one TP-2 engine, "
@@ -166,6 +215,10 @@ def main() -> int:
     table = render(args, results, trace, wall) + (f"\nceiling at 4 instances (each adding a fourth of the reserved "
                                                   f"node's rollout, fully used): {(4 + 4) / 4:.2f}x "
                                                   f"throughput, {fluid_gain(args, 4):.3f}x tokens per $")
+    if simulating:
+        table += "\n" + where_time_goes(results["rlboost, 4 instances"]["simulated"])
+    if sens is not None:
+        table += "\n\n" + render_sensitivity(sens)
     print(shape)
     print(table)
     write_results(args, shape, table)
@@ -175,6 +228,9 @@ def main() -> int:
     if trace is not None:
         peers["trace_rlboost_over_reference"] = {"mean": round(trace["mean"], 4), "sd": round(trace["sd"], 4),
                                                  "seeds": args.seeds}
+    if sens is not None:
+        peers["sensitivity_4_instances"] = {name: round(four["tokens_per_s"] / base["tokens_per_s"], 4)
+                                            for name, base, four in sens}
     print(json.dumps({"metric": "tokens_per_dollar_gain_4_instances",
                       "value": round(best["tokens_per_usd"] / base["tokens_per_usd"], 4), "unit": "x",
                       "speedup": round(best["tokens_per_s"] / base["tokens_per_s"], 4),
