@@ -14,6 +14,7 @@ preemption; a reserved engine that dies is replaced at once, under the same name
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import threading
@@ -70,6 +71,10 @@ class Fleet:
         self._members: dict[str, _Member] = {}
         self._pulls: dict[tuple[str, int], PullRecord] = {}
         self._lock = threading.RLock()
+        # observations are numbered when asked for; one answered after a newer one was
+        # applied is dropped (it could miss an instance that registered in between)
+        self._asked = itertools.count(1)
+        self._applied = 0
         self._ended = threading.Condition(self._lock)  # notified whenever an instance ends
         self._timers: list[threading.Timer] = []
         self._stop = threading.Event()
@@ -195,9 +200,13 @@ class Fleet:
             done, _ = ray.wait([m.ready for m in members.values()], num_returns=len(members), timeout=0) \
                 if members else ([], [])
             ray.get(done)  # raises the error of an instance whose start failed
+            asked = next(self._asked)
             states = ray.get(self.controller.instances.remote())
             ok = {s.instance_id for s in states if s.state == "active" and s.weight_version == version}
             if set(members) <= ok:
+                # what this wait saw is recorded before it returns: an instance reported active
+                # here has its active event before any preemption that follows
+                self._absorb(asked, {s.instance_id: s for s in states})
                 return time.perf_counter() - t0
             if time.perf_counter() - t0 > timeout_s:
                 raise TimeoutError(f"{sorted(set(members) - ok)} did not load weight version {version} "
@@ -247,13 +256,22 @@ class Fleet:
             log.exception("fleet observation before a preemption failed")
 
     def _observe(self, timeout_s: float = 30.0) -> None:
+        asked = next(self._asked)
         try:
             statuses = {s.instance_id: s for s in ray.get(self.controller.instances.remote(), timeout=timeout_s)}
         except ray.exceptions.GetTimeoutError:  # controller busy: try again next round
             return
         except ray.exceptions.RayActorError:  # the controller died: the driver finds out on its next call
             return
+        self._absorb(asked, statuses)
+
+    def _absorb(self, asked: int, statuses: dict) -> None:
+        """Record what one observation of the controller's instances shows (activations,
+        losses) and deliver notices held for instances that have registered."""
         with self._lock:
+            if asked < self._applied:
+                return
+            self._applied = asked
             for iid, m in list(self._members.items()):
                 status = statuses.get(iid)
                 if status is None:

@@ -192,3 +192,32 @@ def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tm
         assert dict(metrics[0].tokens_per_instance).get("spot-0", 0) > 0
         assert out == _reference(ckpt, weights, 1, prompts, long)
         assert all(len(ids) == 200 for ids in out.values())
+
+
+def test_an_instance_a_wait_reports_active_has_its_active_event_already(ray_cluster, tmp_path):
+    """wait_version records what it saw, so a preemption right after it (before the fleet's
+    watcher has looked; here there is no watcher at all) follows the instance's activation
+    in the event log: join, active, death."""
+    ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=5)
+    weights = load_pretrained(ckpt).named_weights()
+    ctl = RolloutController.options(num_cpus=0).remote(ControllerConfig(poll_interval_s=0.02), "reference")
+    transfer = TransferConfig(secret=new_secret())
+    rec = Recorder()
+    with WeightPublisher(transfer) as pub:
+        pub.publish(1, weights)
+        ray.get(ctl.set_weight_version.remote(1))
+        template = InstanceSpec(instance_id="t", kind="preemptible", transfer=transfer, model_dir=str(ckpt),
+                                rollout=RolloutConfig(capacity=2, embedded=EmbeddedEngineConfig(num_blocks=32)),
+                                sources=(pub.address,))
+        fleet = Fleet(ctl, template, lambda kind: actor_options(kind), CostLedger(), rec, lambda: 0.0)
+        try:  # fleet.start() is not called: only wait_version observes the controller
+            fleet.join("spot-0")
+            fleet.wait_version(1, "preemptible", 120)
+            assert [e["kind"] for e in rec.events] == ["join", "active"]
+            fleet.kill("spot-0")
+            assert [e["kind"] for e in rec.events] == ["join", "active", "death"]
+            assert rec.events[1]["preemptible_up"] == 1 and rec.events[2]["preemptible_up"] == 0
+        finally:
+            fleet.close()
+            ray.get(ctl.close.remote())
+            ray.kill(ctl)
