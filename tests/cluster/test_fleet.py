@@ -96,8 +96,8 @@ def _reference(model_dir, weights, step, prompts, params=None):
 
 
 @contextlib.contextmanager
-def _running_fleet(ctl, ckpt, weights, ledger, rec, now):
-    """Version 1 published, a reserved and a preemptible instance up at it; closes all."""
+def _fleet(ctl, ckpt, weights, ledger, rec, now):
+    """Version 1 published and a fleet of no instances (its watcher not started); closes all."""
     transfer = TransferConfig(secret=new_secret())  # the run's secret, shared with its instances
     with WeightPublisher(transfer) as pub:
         pub.publish(1, weights)
@@ -107,16 +107,23 @@ def _running_fleet(ctl, ckpt, weights, ledger, rec, now):
                                 sources=(pub.address,))
         fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, now)
         try:
-            fleet.join("reserved-0", "reserved")
-            fleet.join("spot-0")
-            fleet.start()
-            fleet.wait_version(1, "reserved", 120)
-            fleet.wait_version(1, "preemptible", 120)
             yield fleet, pub
         finally:
             fleet.close()
             ray.get(ctl.close.remote())
             ray.kill(ctl)
+
+
+@contextlib.contextmanager
+def _running_fleet(ctl, ckpt, weights, ledger, rec, now):
+    """Version 1 published, a reserved and a preemptible instance up at it; closes all."""
+    with _fleet(ctl, ckpt, weights, ledger, rec, now) as (fleet, pub):
+        fleet.join("reserved-0", "reserved")
+        fleet.join("spot-0")
+        fleet.start()
+        fleet.wait_version(1, "reserved", 120)
+        fleet.wait_version(1, "preemptible", 120)
+        yield fleet, pub
 
 
 def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_cluster, tmp_path):
@@ -201,23 +208,12 @@ def test_an_instance_a_wait_reports_active_has_its_active_event_already(ray_clus
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=5)
     weights = load_pretrained(ckpt).named_weights()
     ctl = RolloutController.options(num_cpus=0).remote(ControllerConfig(poll_interval_s=0.02), "reference")
-    transfer = TransferConfig(secret=new_secret())
     rec = Recorder()
-    with WeightPublisher(transfer) as pub:
-        pub.publish(1, weights)
-        ray.get(ctl.set_weight_version.remote(1))
-        template = InstanceSpec(instance_id="t", kind="preemptible", transfer=transfer, model_dir=str(ckpt),
-                                rollout=RolloutConfig(capacity=2, embedded=EmbeddedEngineConfig(num_blocks=32)),
-                                sources=(pub.address,))
-        fleet = Fleet(ctl, template, lambda kind: actor_options(kind), CostLedger(), rec, lambda: 0.0)
-        try:  # fleet.start() is not called: only wait_version observes the controller
-            fleet.join("spot-0")
-            fleet.wait_version(1, "preemptible", 120)
-            assert [e["kind"] for e in rec.events] == ["join", "active"]
-            fleet.kill("spot-0")
-            assert [e["kind"] for e in rec.events] == ["join", "active", "death"]
-            assert rec.events[1]["preemptible_up"] == 1 and rec.events[2]["preemptible_up"] == 0
-        finally:
-            fleet.close()
-            ray.get(ctl.close.remote())
-            ray.kill(ctl)
+    with _fleet(ctl, ckpt, weights, CostLedger(), rec, lambda: 0.0) as (fleet, _):
+        # fleet.start() is not called: only wait_version observes the controller
+        fleet.join("spot-0")
+        fleet.wait_version(1, "preemptible", 120)
+        assert [e["kind"] for e in rec.events] == ["join", "active"]
+        fleet.kill("spot-0")
+        assert [e["kind"] for e in rec.events] == ["join", "active", "death"]
+        assert rec.events[1]["preemptible_up"] == 1 and rec.events[2]["preemptible_up"] == 0
