@@ -82,7 +82,9 @@ class RaySession:
         else:
             env.apply_ray_defaults()
             with _workers_start_in(s.worker_dir):
-                ray.init(num_cpus=s.num_cpus, resources={"reserved": s.reserved, "preemptible": s.preemptible},
+                # address="local": always a cluster of the run's own, even when another Ray
+                # cluster runs on this machine (a bare ray.init() would join that one).
+                ray.init(address="local", num_cpus=s.num_cpus, resources={"reserved": s.reserved, "preemptible": s.preemptible},
                          object_store_memory=s.object_store_mb << 20, include_dashboard=False,
                          log_to_driver=False)
             self._owned = True
