@@ -125,6 +125,7 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()
+        self.wandb.teardown()  # wait for W&B's service to write out the run's record
 
 
 class MlflowTracker:

@@ -74,25 +74,23 @@ def load_table(config: ColumnDatasetConfig):
     if config.path is None:
         raise ValueError("task.dataset.path must name the dataset when task.name is 'dataset'")
     path = Path(config.path).expanduser()
+    if path.is_file() and path.suffix.lower() not in FILE_KINDS:
+        raise ValueError(f"task.dataset.path: {path} is not a {'/'.join(FILE_KINDS)} file or a saved folder")
+    if not path.exists() and not config.online:
+        raise ValueError(f"task.dataset.path: {config.path!r} is no local file or folder, and datasets are read "
+                         "offline (download it with the datasets library and save_to_disk, or set "
+                         "task.dataset.online=true)")
     try:
         if path.is_dir():
-            table = _split(datasets.load_from_disk(str(path)), config.split, path)
+            loaded = datasets.load_from_disk(str(path))
         elif path.is_file():
-            kind = FILE_KINDS.get(path.suffix.lower())
-            if kind is None:
-                raise ValueError(f"task.dataset.path: {path} is not a {'/'.join(FILE_KINDS)} file or a saved folder")
-            table = datasets.load_dataset(kind, data_files=str(path), split="train")
-        elif not config.online:
-            raise ValueError(f"task.dataset.path: {config.path!r} is no local file or folder, and datasets are read "
-                             "offline (download it with the datasets library and save_to_disk, or set "
-                             "task.dataset.online=true)")
+            loaded = datasets.load_dataset(FILE_KINDS[path.suffix.lower()], data_files=str(path), split="train")
         else:
-            table = datasets.load_dataset(config.path, split=config.split)
-    except (ValueError, ModuleNotFoundError):
-        raise
+            loaded = datasets.load_dataset(config.path, split=config.split)
     except Exception as e:  # datasets' own errors for a damaged or unreadable file
         raise ValueError(f"task.dataset.path: {config.path} does not read as a dataset: "
                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    table = _split(loaded, config.split, path)
     if config.limit is not None:
         table = table.select(range(min(config.limit, len(table))))
     return table
