@@ -35,7 +35,7 @@ def _train(tmp_path: Path, *args: str) -> Path:
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RLBOOST_RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *RUN, *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=400)
+                          capture_output=True, text=True, timeout=800)
     assert proc.returncode == 0, f"rlboost train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return Path(proc.stdout.strip().splitlines()[-1])
 
@@ -48,6 +48,7 @@ def _installed(*names: str) -> list[str]:
     return [n for n in names if importlib.util.find_spec(n) is not None]
 
 
+@pytest.mark.timeout(900)  # a whole run; on a loaded 2-core machine it has taken 7 minutes
 def test_a_parquet_file_feeds_a_run_that_reports_to_every_dashboard(tmp_path):
     datasets.Dataset.from_list(ROWS).to_parquet(str(tmp_path / "sums.parquet"))
     trackers = _installed("tensorboard", "wandb", "mlflow")
@@ -77,6 +78,7 @@ def test_a_parquet_file_feeds_a_run_that_reports_to_every_dashboard(tmp_path):
         assert (run / "mlartifacts" / logged.info.run_id / "artifacts" / "plots" / "reward_throughput.png").is_file()
 
 
+@pytest.mark.timeout(900)  # a whole run; on a loaded 2-core machine it has taken 7 minutes
 def test_a_saved_datasets_folder_feeds_a_run_scored_by_a_function_in_a_file(tmp_path):
     datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path / "sums"))
     (tmp_path / "checks").mkdir()
