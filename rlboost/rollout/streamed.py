@@ -5,11 +5,13 @@ reports. Shared by the adapters, which differ in how they ask and what answers l
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from rlboost.migration.state import RequestState
 
 Pairs = list[tuple[int, float]]  # (token id, logprob)
+_SEED_BITS = 31  # SGLang packs per-request seeds into an int32 tensor (vLLM takes any int)
 
 
 @dataclass(slots=True)
@@ -53,3 +55,10 @@ def cut_at_stop(sample: StreamedSample, pairs: Pairs) -> tuple[Pairs, str | None
     if len(pairs) >= room:
         return pairs[:room], "length"
     return pairs, None
+
+
+def sampling_seed(seed: int, sample_id: int) -> int:
+    """An engine's per-request seed for a sample: the sample id is folded in, so two samples of
+    one prompt and seed still differ."""
+    digest = hashlib.blake2b(f"{seed}:{sample_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << _SEED_BITS) - 1)

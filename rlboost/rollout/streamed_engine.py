@@ -21,10 +21,10 @@ from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState
 from rlboost.rollout.admission import validate_states
+from rlboost.rollout.checkpoint_facts import CheckpointFacts, read_checkpoint_facts
 from rlboost.rollout.engine import EngineLoad
-from rlboost.rollout.sglang.rate import DecodeRate, LoadCounts
-from rlboost.rollout.sglang.thread import LoopThread
-from rlboost.rollout.sglang.weights import CheckpointFacts, read_checkpoint_facts
+from rlboost.rollout.loop_thread import LoopThread
+from rlboost.rollout.rate import DecodeRate, LoadCounts
 from rlboost.rollout.streamed import StreamedSample
 from rlboost.rollout.threaded import ThreadedEngineState
 

@@ -24,9 +24,10 @@ from typing import Any, Callable, Mapping
 
 from rlboost.errors import RolloutError
 from rlboost.migration.state import RequestState
+from rlboost.rollout.checkpoint_facts import check_weights
 from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.rollout.sglang.requests import SGLangSample, cut_at_stop, finish_of, new_entries, request_id
-from rlboost.rollout.sglang.weights import check_weights, flush_when_idle, push_weights, weight_buckets
+from rlboost.rollout.sglang.weights import flush_when_idle, push_weights, weight_buckets
 from rlboost.rollout.streamed_engine import StreamedEngine
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig"]

@@ -19,15 +19,13 @@ holds only the new entries. Both are read.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from rlboost.errors import RolloutError
-from rlboost.rollout.streamed import Pairs, StreamedSample, cut_at_stop
+from rlboost.rollout.streamed import Pairs, StreamedSample, cut_at_stop, sampling_seed
 
 __all__ = ["SGLangSample", "cut_at_stop", "finish_of", "new_entries", "request_id", "sampling_seed"]
 
-_SEED_BITS = 31  # SGLang packs per-request seeds into an int32 tensor
 _SERIAL_DIGITS = 16
 
 
@@ -44,13 +42,6 @@ def request_id(prefix: str, serial: int, sample_id: int) -> str:
     if not 0 <= serial < 16 ** _SERIAL_DIGITS:
         raise ValueError(f"serial must be in [0, 16**{_SERIAL_DIGITS}), got {serial}")
     return f"{prefix}-{int(sample_id)}-{serial:0{_SERIAL_DIGITS}x}"
-
-
-def sampling_seed(seed: int, sample_id: int) -> int:
-    """SGLang's per-request seed for a sample. SGLang draws token t from (seed, position), so
-    the sample id is folded in here: two samples of one prompt and seed still differ."""
-    digest = hashlib.blake2b(f"{seed}:{sample_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << _SEED_BITS) - 1)
 
 
 class SGLangSample(StreamedSample):

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from rlboost.errors import RolloutError
 from rlboost.migration.state import RequestState
-from rlboost.rollout.sglang.weights import check_weights
+from rlboost.rollout.checkpoint_facts import check_weights
 from rlboost.rollout.streamed import cut_at_stop
 from rlboost.rollout.streamed_engine import StreamedEngine
 from rlboost.rollout.vllm.config import VLLMEngineConfig
