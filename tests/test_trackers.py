@@ -96,3 +96,12 @@ def test_tracker_names_are_checked_with_the_config():
     for bad in (("neptune",), ("wandb", "wandb")):
         with pytest.raises(ValueError, match="run.trackers must be distinct names"):
             RunOptions(trackers=bad)
+
+
+def test_a_run_checks_its_trackers_before_anything_starts(monkeypatch):
+    from rlboost.config.run import RunConfig
+    from rlboost.run.job import preflight
+
+    monkeypatch.setitem(trackers_module.PACKAGES, "mlflow", "no_such_mlflow_package")
+    with pytest.raises(ConfigError, match="run.trackers: mlflow needs the no_such_mlflow_package package"):
+        preflight(RunConfig(run=RunOptions(trackers=("mlflow",))))
