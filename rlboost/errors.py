@@ -100,3 +100,8 @@ class RunFailed(RunHalted):
 
 class RunInterrupted(RunHalted):
     """The user stopped the run at once (a second Ctrl-C): `rlboost train` exits 130."""
+
+
+class RewardsFailed(RlboostError):
+    """Every reward of a step failed (the reward function raised, hung past its timeout or
+    returned something other than a number for every sample): the run stops there."""

@@ -22,6 +22,9 @@ from rlboost.trainer.starting_weights import ModelSource
 from rlboost.transfer.config import TransferConfig, is_loopback
 from rlboost.validate import require
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # dashboards a run can report to (rlboost.run.trackers)
+WANDB_MODES = ("offline", "online")
+
 
 @dataclass(kw_only=True, slots=True)
 class RunOptions:
@@ -46,6 +49,10 @@ class RunOptions:
     """the trainer gives up waiting for its next micro-batch after this long"""
     max_restarts: int = 3
     """relaunches from the last checkpoint when the controller or a trainer rank dies or a step fails"""
+    trackers: tuple[str, ...] = ()
+    """dashboards that also get each step's metrics, the config and the plots: tensorboard, wandb, mlflow"""
+    wandb_mode: str = "offline"
+    """wandb: offline (records in the run directory, `wandb sync` later) or online"""
 
     def __post_init__(self) -> None:
         require(bool(self.name) and "/" not in self.name, "run.name", "a non-empty name without '/'",
@@ -55,6 +62,9 @@ class RunOptions:
         require(self.microbatch_timeout_s > 0, "run.microbatch_timeout_s", "> 0",
                  self.microbatch_timeout_s)
         require(0 <= self.max_restarts <= 1000, "run.max_restarts", "in [0, 1000]", self.max_restarts)
+        require(set(self.trackers) <= set(TRACKERS) and len(set(self.trackers)) == len(self.trackers),
+                "run.trackers", f"distinct names among {TRACKERS}, e.g. tensorboard,mlflow", self.trackers)
+        require(self.wandb_mode in WANDB_MODES, "run.wandb_mode", f"one of {WANDB_MODES}", self.wandb_mode)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -7,7 +7,9 @@ an 8-GPU spot node) follow the bundled trace. Give the checkpoint and the datase
     rlboost train --recipe qwen3_gpu --set model.path=/models/Qwen3-1.7B \\
         --set task.math.path=/data/gsm8k/train.parquet
 
-`--set rollout.backend=embedded` rolls out with rlboost's own engine instead (one GPU each).
+`--set rollout.backend=vllm` rolls out with vLLM (the same shape, 2 GPUs per engine;
+`pip install 'rlboost[vllm]'`), and `--set rollout.backend=embedded` with rlboost's own
+engine (one GPU each).
 The run checks that the Ray cluster has these GPUs before it starts anything. Weight
 servers listen on every interface and admit only the run's processes (they share the
 run's secret, which Ray hands them).
@@ -23,6 +25,7 @@ from rlboost.controller.registry import RegistryConfig
 from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.embedded.config import EmbeddedEngineConfig
 from rlboost.rollout.sglang.config import SGLangEngineConfig
+from rlboost.rollout.vllm.config import VLLMEngineConfig
 from rlboost.tasks.config import TaskConfig
 from rlboost.tasks.dataset import MathDatasetConfig
 from rlboost.trainer.config import TrainerConfig
@@ -51,6 +54,8 @@ def qwen3_gpu() -> RunConfig:
         rollout=RolloutConfig(backend="sglang", capacity=256, instance_cpus=1.0, instance_gpus=2.0,
                               sglang=SGLangEngineConfig(tp_size=2, mem_fraction_static=0.8, dtype="bfloat16",
                                                         stream_interval=16),
+                              vllm=VLLMEngineConfig(tp_size=2, gpu_memory_utilization=0.8, dtype="bfloat16",
+                                                    stream_interval=16),
                               embedded=EmbeddedEngineConfig(device="cuda", dtype="bfloat16", num_blocks=16384,
                                                             block_size=16, max_batch_size=256,
                                                             max_prefill_tokens=8192, stream_interval=16)),

@@ -32,6 +32,12 @@ def _sglang(config: RolloutConfig, model_dir: str, kind: str) -> RolloutEngine:
     return SGLangEngine(dataclasses.replace(config.sglang, model_path=model_dir, weight_version=0))
 
 
+def _vllm(config: RolloutConfig, model_dir: str, kind: str) -> RolloutEngine:
+    from rlboost.rollout.vllm.engine import VLLMEngine
+
+    return VLLMEngine(dataclasses.replace(config.vllm, model_path=model_dir, weight_version=0))
+
+
 def _emulated(config: RolloutConfig, model_dir: str, kind: str) -> RolloutEngine:
     from rlboost.rollout.emulated import EmulatedEngine
     from rlboost.rollout.emulated.fitting import fitted_to
@@ -48,4 +54,4 @@ def _emulated(config: RolloutConfig, model_dir: str, kind: str) -> RolloutEngine
 
 
 _BUILDERS: dict[str, Callable[[RolloutConfig, str, str], RolloutEngine]] = {
-    "embedded": _embedded, "sglang": _sglang, "emulated": _emulated}
+    "embedded": _embedded, "sglang": _sglang, "vllm": _vllm, "emulated": _emulated}

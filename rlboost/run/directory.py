@@ -13,7 +13,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -33,6 +33,7 @@ class RunDirectory:
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
         self._step = self._next_step()
+        self._metrics_listeners: list[Callable[[dict[str, Any]], None]] = []
 
     @classmethod
     def create(cls, root: str | os.PathLike[str], name: str) -> RunDirectory:
@@ -62,6 +63,12 @@ class RunDirectory:
         _append_jsonl(self.path / METRICS_FILE, record)
         with self._lock:
             self._step = int(record["step"]) + 1
+        for listener in self._metrics_listeners:
+            listener(record)
+
+    def on_metrics(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call listener(record) after each metrics line is written (the run's trackers)."""
+        self._metrics_listeners.append(listener)
 
     @property
     def step(self) -> int:

@@ -26,6 +26,7 @@ from rlboost.run.outcome import RecoverableFailure, RunResult, failure_summary, 
 from rlboost.run.report import write_report
 from rlboost.run.supervisor import Supervisor
 from rlboost.run.terminal import DRIVER_LOG, StepProgress, StopSignal, driver_output, say
+from rlboost.run.trackers import check_trackers, open_trackers
 from rlboost.trainer.feed import TaskFeed, task_feed
 from rlboost.trainer.loop import train_streaming
 from rlboost.trainer.starting_weights import prepare_checkpoint
@@ -38,6 +39,7 @@ def preflight(config: RunConfig) -> None:
         check_multi_node(config)  # its GPUs are checked once joined
     else:
         check_local(gpu_needs(config), local_gpus())
+    check_trackers(config.run.trackers)
     if config.model.source == "path":
         try:
             verify_checkpoint_dir(Path(config.model.path).expanduser())
@@ -53,14 +55,19 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
     quiet: what Ray and native code print goes to the run directory's driver.log."""
     preflight(config)  # refused before anything starts
     run, first = open_run(config, resume, echo)
+    trackers = None
     try:
         launch = prepare_launch(config, run, first)
+        trackers = open_trackers(config.run.trackers, run.path, run.read_config(), wandb_mode=config.run.wandb_mode)
+        run.on_metrics(trackers.log_step)
         try:
             with driver_output(run.path / DRIVER_LOG, enabled=quiet) as terminal, StopSignal(terminal) as stop:
                 done = supervise(config, run, launch, terminal, stop)
         finally:
             if run.metrics():  # what the run did so far: plots and summary, even when it failed
                 write_report(run, echo=config.run.progress)
+            if trackers is not None:
+                trackers.finish(run.plots_dir)
     except BaseException:
         if resume is None and not run.metrics():
             shutil.rmtree(run.path, ignore_errors=True)
@@ -159,6 +166,7 @@ def run_steps(config: RunConfig, run: RunDirectory, launch: Launch, terminal: Te
                 progress.close()
             if cluster is not None:
                 cluster.close(failed=failed)
+            launch.feed.close()  # the reward workers of this launch
     return done
 
 
@@ -190,4 +198,5 @@ def train_step(cluster: Cluster, feed: TaskFeed, step: int, config: RunConfig) -
         published = cluster.publish(step + 1)
     pulls = cluster.fleet.pull_records(step)
     return step_record(step, outcome, rollout, phases, pulls, published, cluster.fleet.up(),
-                       cluster.ledger, cluster.run.elapsed(), feed.describe(outcome.example))
+                       cluster.ledger, cluster.run.elapsed(),
+                       {**feed.describe(outcome.example), **feed.step_metrics(step)})

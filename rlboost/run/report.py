@@ -69,6 +69,7 @@ class RunSummary:
     egress_usd: float = 0.0
     delta_pulls: int = 0
     weight_pulls: int = 0
+    reward_failures: dict[str, int] | None = None  # samples whose reward function failed, by kind
 
     @property
     def samples_lost(self) -> int:
@@ -106,7 +107,14 @@ class RunSummary:
             ("samples duplicated", f"{self.samples_duplicated}"),
             ("migrations (live / resumed after a loss)", f"{self.migrations} / {self.resumes}"),
             ("restarts from a checkpoint", self._restarts()),
+            *self._reward_failures(),
         ]
+
+    def _reward_failures(self) -> list[tuple[str, str]]:
+        if self.reward_failures is None:  # an older run directory, or a task's own reward
+            return []
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(self.reward_failures.items(), key=lambda kv: -kv[1]))
+        return [("reward failures (scored 0)", f"{sum(self.reward_failures.values())}" + (f" ({kinds})" if kinds else ""))]
 
     def _restarts(self) -> str:
         if not self.restarts:
@@ -148,7 +156,18 @@ def summarize(run: RunDirectory) -> RunSummary:
         egress_bytes=sum(int(m.get("weight_egress_bytes", 0)) for m in metrics),
         egress_usd=float(last.get("egress_usd", 0.0)),
         delta_pulls=sum(int(m.get("weight_delta_pulls", 0)) for m in metrics),
-        weight_pulls=sum(int(m.get("pulls", 0)) for m in metrics))
+        weight_pulls=sum(int(m.get("pulls", 0)) for m in metrics),
+        reward_failures=_reward_failures(metrics))
+
+
+def _reward_failures(metrics: list[dict]) -> dict[str, int] | None:
+    if not any("reward_failures_by_kind" in m for m in metrics):
+        return None
+    total: dict[str, int] = {}
+    for m in metrics:
+        for kind, n in m.get("reward_failures_by_kind", {}).items():
+            total[kind] = total.get(kind, 0) + int(n)
+    return total
 
 
 def reserved_only_estimate(metrics: list[dict], events: list[dict] = ()) -> float:

@@ -5,8 +5,8 @@ Rewards are computed from decoded text, so a task works with any tokenizer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 from rlboost.validate import check_format_version
 
@@ -15,15 +15,17 @@ PROBLEM_FORMAT_VERSION = 1
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Problem:
-    """One prompt and the answer a correct completion must produce.
+    """One prompt and the answer a correct completion must produce; row holds the dataset
+    record it came from (every column, for a reward function), empty for generated ones.
 
     >>> Problem(problem_id=4, prompt="12+7=", answer="19")
-    Problem(problem_id=4, prompt='12+7=', answer='19', format_version=1)
+    Problem(problem_id=4, prompt='12+7=', answer='19', row={}, format_version=1)
     """
 
     problem_id: int
     prompt: str
     answer: str
+    row: Mapping[str, Any] = field(default_factory=dict)
     format_version: int = PROBLEM_FORMAT_VERSION
 
     def __post_init__(self) -> None:

@@ -1,5 +1,7 @@
 """TaskFeed: a task's problems as prompt groups for each step, and rewards for the groups
-that come back, so the trainer sees scored samples and the controller only token ids.
+that come back, so the trainer sees scored samples and the controller only token ids. The
+rewards come from a RewardSource (the task's own check or the user's function), a micro-batch
+at a time.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from rlboost.controller.records import CompletedGroup, MicroBatch, PromptGroup
 from rlboost.migration.state import SamplingParams
 from rlboost.models import ModelConfig
 from rlboost.models.tokenizers import load_tokenizer
-from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.tasks.base import Problem, Task
 from rlboost.tasks.config import TaskConfig
-from rlboost.tasks.dataset import MathTask
-from rlboost.tasks.math_answers import extract_answer
+from rlboost.tasks.factory import build_rewards, build_task, reward_label
+from rlboost.tasks.reward import RewardRequest, RewardSource, TaskReward
+from rlboost.tasks.reward.ledger import RewardLedger
 from rlboost.trainer.batch import ScoredSample
 from rlboost.trainer.sft import encode_prompt
 
@@ -34,14 +36,16 @@ class TaskFeed:
 
     prompt_template wraps each problem's prompt ("{prompt}" is replaced by it).
     Problems are drawn deterministically from (seed, step), so a resumed run sees the
-    same prompts. A sample earns the task's reward only if it stopped on its own (a
-    truncated answer earns 0). With extract_answer, the final answer found in the text
-    (\\boxed{}, "the answer is", else the last number) is scored instead of the whole text.
+    same prompts. rewards scores the samples (default: the task's own reward, TaskReward: a
+    sample earns it only if it stopped on its own, and with extract_answer the final answer
+    found in the text is scored instead of the whole text); what failed and the named parts
+    of the rewards are counted per step (step_metrics).
     """
 
     def __init__(self, task: Task, tokenizer, *, groups_per_step: int, group_size: int,
                  params: SamplingParams, prompt_template: str = "{prompt}", chat_template: bool = False,
-                 extract_answer: bool = False, seed: int = 0):
+                 extract_answer: bool = False, seed: int = 0, rewards: RewardSource | None = None,
+                 reward_label: str = "the task's reward"):
         if not 1 <= groups_per_step <= GROUPS_PER_STEP_LIMIT:
             raise ValueError(f"groups_per_step must be in [1, {GROUPS_PER_STEP_LIMIT}], got {groups_per_step}")
         if chat_template and not hasattr(tokenizer, "chat_prompt"):
@@ -51,8 +55,10 @@ class TaskFeed:
         if "{prompt}" not in prompt_template:
             raise ValueError(f"prompt_template must contain '{{prompt}}', got {prompt_template!r}")
         self.params, self.template = params, prompt_template
-        self.chat_template, self.extract = chat_template, extract_answer
+        self.chat_template = chat_template
         self.seed = seed
+        self.rewards = rewards or TaskReward(task, extract=extract_answer)
+        self.ledger = RewardLedger(reward_label)
         self._problems: dict[int, Problem] = {}
 
     def groups(self, step: int) -> list[PromptGroup]:
@@ -69,32 +75,59 @@ class TaskFeed:
         return out
 
     def prompt_ids(self, problem: Problem) -> list[int]:
-        text = self.template.replace("{prompt}", problem.prompt)
-        if self.chat_template:
-            return self.tokenizer.chat_prompt(text)
-        return encode_prompt(self.tokenizer, text)  # BOS first, as in the warm-up
+        return prompt_token_ids(self.tokenizer, self.template, self.chat_template, problem.prompt)
 
     def score(self, mb: MicroBatch) -> list[ScoredSample]:
-        """Every sample of the micro-batch with its reward."""
-        return [s for g in mb.groups for s in self.score_group(g)]
+        """Every sample of the micro-batch with its reward (all scored in one call to the
+        reward source); RewardsFailed when this is the step's last micro-batch and every
+        reward of the step failed."""
+        scored = self._score_groups(mb.groups)
+        if mb.last:
+            self.ledger.check_step(mb.step)
+        return scored
 
     def score_group(self, group: CompletedGroup) -> Sequence[ScoredSample]:
+        return self._score_groups([group])
+
+    def _score_groups(self, groups: Sequence[CompletedGroup]) -> list[ScoredSample]:
+        problems = {g.group_id: self._problem(g) for g in groups}
+        pairs = [(g, s) for g in groups for s in g.samples]
+        requests = [self._request(problems[g.group_id], s.output_ids, s.finish_reason, g.group_id, s.sample_id,
+                                  s.weight_version) for g, s in pairs]
+        results = self.rewards.score(requests)
+        self.ledger.add(results)
+        return [ScoredSample(sample_id=s.sample_id, group_id=g.group_id, prompt_ids=g.prompt_ids,
+                             output_ids=s.output_ids, output_logprobs=s.output_logprobs, reward=r.score,
+                             weight_version=s.weight_version, temperature=self.params.temperature)
+                for (g, s), r in zip(pairs, results)]
+
+    def _problem(self, group: CompletedGroup) -> Problem:
         problem = self._problems.get(group.group_id)
         if problem is None:
             raise ValueError(f"group {group.group_id} was not handed out by this feed for the current step")
-        return [ScoredSample(sample_id=s.sample_id, group_id=group.group_id, prompt_ids=group.prompt_ids,
-                             output_ids=s.output_ids, output_logprobs=s.output_logprobs,
-                             reward=self.reward(problem, s.output_ids, s.finish_reason),
-                             weight_version=s.weight_version, temperature=self.params.temperature)
-                for s in group.samples]
+        return problem
+
+    def _request(self, problem: Problem, output_ids: Sequence[int], finish_reason: str, group_id: int = -1,
+                 sample_id: int = -1, weight_version: int = -1) -> RewardRequest:
+        metadata = {"sample_id": sample_id, "group_id": group_id, "problem_id": problem.problem_id,
+                    "step": group_id // GROUPS_PER_STEP_LIMIT if group_id >= 0 else -1,
+                    "weight_version": weight_version, "finish_reason": finish_reason,
+                    "output_tokens": len(output_ids), "answer": problem.answer}
+        return RewardRequest(problem=problem, completion=self.tokenizer.decode(output_ids), metadata=metadata)
 
     def reward(self, problem: Problem, output_ids: Sequence[int], finish_reason: str) -> float:
-        if finish_reason != "stop":
-            return 0.0
-        text = self.tokenizer.decode(output_ids)
-        if self.extract:
-            text = extract_answer(text) or ""
-        return float(self.task.reward(problem, text))
+        """One sample's reward (finish_reason: "stop" or "length")."""
+        return self.rewards.score([self._request(problem, output_ids, finish_reason)])[0].score
+
+    def step_metrics(self, step: int) -> dict:
+        """The step's reward failures by kind and the mean of each named part (then zeroed),
+        and the prompts the task dropped for length; RewardsFailed when every reward of the
+        step failed (and score() could not tell: its last micro-batch came empty)."""
+        self.ledger.check_step(step)
+        return {**self.ledger.take(), "prompts_dropped": getattr(self.task, "dropped", 0)}
+
+    def close(self) -> None:
+        self.rewards.close()
 
     def describe(self, sample: ScoredSample | None) -> dict:
         """A sample as text (prompt, completion, reward), for logs."""
@@ -108,13 +141,24 @@ class TaskFeed:
         return (self.seed * 1_000_003 + step * 7_919 + index * 104_729 + 1) % (1 << 63)
 
 
+def prompt_token_ids(tokenizer, template: str, chat_template: bool, prompt: str) -> list[int]:
+    """A problem's prompt as the model sees it: wrapped in the template, then in the chat
+    template, or with BOS first (as in the warm-up)."""
+    text = template.replace("{prompt}", prompt)
+    if chat_template:
+        return tokenizer.chat_prompt(text)
+    return encode_prompt(tokenizer, text)
+
+
 def task_feed(task: TaskConfig, checkpoint: Path) -> TaskFeed:
-    """The task's prompts as token ids for the checkpoint's tokenizer, with its stop tokens."""
+    """The task's prompts as token ids for the checkpoint's tokenizer, with its stop tokens,
+    and its reward source (ValueError when task.reward does not resolve)."""
     tokenizer = load_tokenizer(checkpoint)
     stops = {tokenizer.eos_id, *ModelConfig.load(checkpoint).eos_token_ids}
     params = SamplingParams(temperature=task.temperature, top_p=task.top_p,
                             max_new_tokens=task.max_new_tokens, stop_token_ids=tuple(sorted(stops)))
-    source = ArithmeticTask(task.arithmetic) if task.name == "arithmetic" else MathTask.from_file(task.math)
+    source = build_task(task, lambda prompt: len(prompt_token_ids(tokenizer, task.prompt_template,
+                                                                  task.chat_template, prompt)))
     return TaskFeed(source, tokenizer, groups_per_step=task.groups_per_step, group_size=task.group_size,
                     params=params, prompt_template=task.prompt_template, chat_template=task.chat_template,
-                    extract_answer=task.answer == "extract", seed=task.seed)
+                    seed=task.seed, rewards=build_rewards(task, source), reward_label=reward_label(task))

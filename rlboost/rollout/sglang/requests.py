@@ -19,16 +19,14 @@ holds only the new entries. Both are read.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
 from typing import Any
 
 from rlboost.errors import RolloutError
-from rlboost.migration.state import RequestState
+from rlboost.rollout.streamed import Pairs, StreamedSample, cut_at_stop, sampling_seed
 
-_SEED_BITS = 31  # SGLang packs per-request seeds into an int32 tensor
+__all__ = ["SGLangSample", "cut_at_stop", "finish_of", "new_entries", "request_id", "sampling_seed"]
+
 _SERIAL_DIGITS = 16
-Pairs = list[tuple[int, float]]  # (token id, logprob)
 
 
 def request_id(prefix: str, serial: int, sample_id: int) -> str:
@@ -46,41 +44,12 @@ def request_id(prefix: str, serial: int, sample_id: int) -> str:
     return f"{prefix}-{int(sample_id)}-{serial:0{_SERIAL_DIGITS}x}"
 
 
-def sampling_seed(seed: int, sample_id: int) -> int:
-    """SGLang's per-request seed for a sample. SGLang draws token t from (seed, position), so
-    the sample id is folded in here: two samples of one prompt and seed still differ."""
-    digest = hashlib.blake2b(f"{seed}:{sample_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << _SEED_BITS) - 1)
+class SGLangSample(StreamedSample):
+    """An admitted sample as SGLang requests (see StreamedSample); a request stopped by a
+    token that is not among the sample's stop tokens (the model's own EOS) is continued by a
+    new request."""
 
-
-@dataclass(slots=True)
-class SGLangSample:
-    """An admitted sample: the state it came with, the tokens received since, and the SGLang
-    request (rid) producing the next ones. A request stopped by a token that is not among
-    the sample's stop tokens (the model's own EOS) is continued by a new request."""
-
-    state: RequestState
-    rid: str
-    ids: list[int] = field(default_factory=list)          # output received since admission
-    logprobs: list[float] = field(default_factory=list)
-    segment_start: int = 0   # len(ids) when the current request began
-    emitted: int = 0         # len(ids) already handed out in deltas
-
-    @property
-    def sample_id(self) -> int:
-        return self.state.sample_id
-
-    @property
-    def output_len(self) -> int:
-        return len(self.state.output_ids) + len(self.ids)
-
-    @property
-    def remaining(self) -> int:
-        return self.state.params.max_new_tokens - self.output_len
-
-    def current(self) -> RequestState:
-        """The state with every token received (for export and continuation)."""
-        return self.state.extended(tuple(self.ids), tuple(self.logprobs))
+    __slots__ = ()
 
     def generate_kwargs(self, *, seeded: bool) -> dict[str, Any]:
         """`Engine.async_generate` arguments continuing this sample from its last token:
@@ -134,16 +103,3 @@ def finish_of(sample: SGLangSample, reason: dict | None) -> str | None:
         return "continue" if sample.remaining > 0 else "length"
     raise RolloutError(f"SGLang ended sample {sample.sample_id} (request {sample.rid}) with "
                        f"finish_reason {reason!r}")
-
-
-def cut_at_stop(sample: SGLangSample, pairs: Pairs) -> tuple[Pairs, str | None]:
-    """Keep the pairs up to the sample's first stop token or its max_new_tokens, whichever
-    comes first, whatever SGLang reports (its finish may come a chunk later)."""
-    stops = sample.state.params.stop_token_ids
-    room = sample.remaining
-    for i, (token, _) in enumerate(pairs[:room]):
-        if token in stops:
-            return pairs[:i + 1], "stop"
-    if len(pairs) >= room:
-        return pairs[:room], "length"
-    return pairs, None

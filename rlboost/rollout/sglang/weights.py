@@ -1,7 +1,6 @@
-"""What the SGLang adapter knows of its checkpoint (vocabulary, longest sequence, tensor names
-and shapes, read from config.json and safetensors headers without loading a tensor), how a
-weight set is checked and cut into buckets before SGLang sees any of it, and the calls that
-hand the buckets to SGLang as each release line wants them.
+"""How a weight set (checked against the checkpoint: rlboost.rollout.checkpoint_facts) is cut
+into buckets before SGLang sees any of it, and the calls that hand the buckets to SGLang as
+each release line wants them.
 
 SGLang's update_weights_from_tensor pickles tensors for its scheduler process; pickling a CPU
 tensor moves its whole storage into shared memory in place (a new address). Handing it a view
@@ -11,90 +10,17 @@ registered it, so every CPU tensor goes over as a copy the adapter owns, one buc
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator
 
-import numpy as np
 import torch
-from safetensors import safe_open
 
 from rlboost.errors import RolloutError
-from rlboost.models.checkpoint import TORCH_DTYPES, checkpoint_files
+from rlboost.models.checkpoint import TORCH_DTYPES
+from rlboost.rollout.checkpoint_facts import CheckpointFacts, check_weights, read_checkpoint_facts
 
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointFacts:
-    """vocab_size / max_position_embeddings from config.json (None when absent); shapes of
-    the tensors load_weights must replace (None when model_path holds no safetensors, then
-    only the tensors themselves are checked); tied: the lm_head is the embedding."""
-
-    vocab_size: int | None
-    max_position_embeddings: int | None
-    shapes: dict[str, tuple[int, ...]] | None
-    tied: bool
-
-
-def read_checkpoint_facts(model_path: str) -> CheckpointFacts:
-    root = Path(model_path)
-    hf: dict = {}
-    if (root / "config.json").is_file():
-        hf = json.loads((root / "config.json").read_text())
-    text = hf.get("text_config") or {}  # multimodal configs nest the decoder's
-    vocab = hf.get("vocab_size", text.get("vocab_size"))
-    longest = hf.get("max_position_embeddings", text.get("max_position_embeddings"))
-    tied = bool(hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-    shapes = None
-    if root.is_dir():
-        try:
-            files = checkpoint_files(root)
-        except FileNotFoundError:
-            files = {}
-        if files:
-            shapes = {}
-            for fname, names in files.items():
-                with safe_open(root / fname, framework="pt") as f:
-                    shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in names if _kept(n, tied)})
-    return CheckpointFacts(vocab_size=None if vocab is None else int(vocab),
-                           max_position_embeddings=None if longest is None else int(longest),
-                           shapes=shapes, tied=tied)
-
-
-def _kept(name: str, tied: bool) -> bool:
-    """Names every loader skips: stored rotary buffers, and the lm_head copy of a tied head."""
-    return not name.endswith(_IGNORED_SUFFIXES) and not (tied and name == "lm_head.weight")
-
-
-def check_weights(facts: CheckpointFacts, named: Mapping[str, object]) -> list[tuple[str, torch.Tensor]]:
-    """The (name, tensor) pairs to send, or RolloutError naming what does not fit the model."""
-    if not isinstance(named, Mapping):
-        raise RolloutError(f"weights must be a mapping of HF names to tensors, got {type(named).__name__}")
-    pairs = []
-    for name, value in named.items():
-        if not _kept(name, facts.tied):
-            continue
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value)
-        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-            raise RolloutError(f"weight {name!r} must be a floating point tensor, got "
-                               f"{getattr(value, 'dtype', type(value).__name__)}")
-        pairs.append((name, value))
-    if facts.shapes is not None:
-        names = {n for n, _ in pairs}
-        unknown, missing = sorted(names - set(facts.shapes)), sorted(set(facts.shapes) - names)
-        if unknown or missing:
-            raise RolloutError(f"weights do not match the model: unknown {unknown[:5]}, missing {missing[:5]}")
-        for name, t in pairs:
-            if tuple(t.shape) != facts.shapes[name]:
-                raise RolloutError(f"weight {name!r} has shape {tuple(t.shape)}, expected {facts.shapes[name]}")
-    if not pairs:
-        raise RolloutError("no weights given")
-    return pairs
-
+__all__ = ["CheckpointFacts", "check_weights", "flush_when_idle", "push_weights", "read_checkpoint_facts",
+           "weight_buckets"]
 
 def weight_buckets(pairs: list[tuple[str, torch.Tensor]], bucket_bytes: int,
                    dtype: str = "auto") -> Iterator[list[tuple[str, torch.Tensor]]]:

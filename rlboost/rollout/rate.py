@@ -1,6 +1,7 @@
-"""What an SGLang engine reports in load(): DecodeRate, the tokens/s it decodes measured
-over its recent busy time only (idle gaps between steps do not dilute the rate the router
-and the offload policy read), and LoadCounts, its running and queued samples."""
+"""What an engine that streams from processes of its own (SGLang, vLLM) reports in load():
+DecodeRate, the tokens/s it decodes measured over its recent busy time only (idle gaps
+between steps do not dilute the rate the router and the offload policy read), and
+LoadCounts, its running and queued samples."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""LoopThread: a thread that owns an asyncio-driven object (SGLang's Engine), runs its event
-loop while nothing is asked, and runs each submitted call with the loop stopped.
+"""LoopThread: a thread that owns an asyncio-driven object (SGLang's Engine, vLLM's AsyncLLM),
+runs its event loop while nothing is asked, and runs each submitted call with the loop
+stopped (where the call may drive the loop itself, with run_until_complete).
 
 SGLang's Engine binds an event loop when it is built and its synchronous methods drive that
 loop with run_until_complete, which fails while the loop runs. Building the engine in this

@@ -1,0 +1,164 @@
+"""VLLMEngine: the RolloutEngine protocol over vLLM's `AsyncLLM`, so GPU instances roll out
+with vLLM and the controller drives them like the other engines.
+
+One background thread (StreamedEngine's, as the SGLang adapter's) builds and owns the AsyncLLM:
+it runs the event loop where one task per vLLM request consumes its output stream, and runs
+each public call between two loop turns, where the adapter drives vLLM's coroutines (abort,
+collective_rpc, reset_prefix_cache) to completion. Deltas wait in a buffer that poll()
+drains under a condition variable.
+
+Supported vLLM: 0.20 to 0.33 (the `vllm` extra pins that range; tests/rollout/fake_vllm.py
+plays each release line's rules, tests/rollout/test_vllm_conformance.py checks the adapter
+against the installed release). Weights go through vLLM's public extension points: a worker
+extension (worker.py) that vLLM mixes into its workers and `collective_rpc` (weights.py).
+A sample that loses its instance resumes elsewhere by re-prefill of prompt + output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from rlboost.errors import RolloutError
+from rlboost.migration.state import RequestState
+from rlboost.rollout.checkpoint_facts import check_weights
+from rlboost.rollout.streamed import cut_at_stop
+from rlboost.rollout.streamed_engine import StreamedEngine
+from rlboost.rollout.vllm.config import VLLMEngineConfig
+from rlboost.rollout.vllm.requests import VLLMSample, finish_of, new_pairs, request_id
+from rlboost.rollout.vllm.weights import LOAD_CALL, check_loaded, reset_when_idle, shared_bucket
+
+__all__ = ["VLLMApi", "VLLMEngine", "VLLMEngineConfig"]
+_INSTALL_HINT = "VLLMEngine needs vLLM on a GPU machine: pip install 'rlboost[vllm]'"
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMApi:
+    """The vLLM classes the adapter uses (tests pass a stand-in's)."""
+
+    AsyncLLM: Any
+    AsyncEngineArgs: Any
+    SamplingParams: Any
+    RequestOutputKind: Any
+
+
+def installed_vllm() -> VLLMApi:
+    try:
+        vllm = importlib.import_module("vllm")
+        sampling = importlib.import_module("vllm.sampling_params")
+        async_llm = importlib.import_module("vllm.v1.engine.async_llm")
+    except ImportError as e:
+        raise ImportError(f"{_INSTALL_HINT} ({e})") from e
+    return VLLMApi(AsyncLLM=async_llm.AsyncLLM, AsyncEngineArgs=vllm.AsyncEngineArgs,
+                   SamplingParams=sampling.SamplingParams, RequestOutputKind=sampling.RequestOutputKind)
+
+
+class VLLMEngine(StreamedEngine):
+    """The vLLM rollout engine. Usage (on a GPU machine with vLLM installed):
+
+        engine = VLLMEngine(VLLMEngineConfig(model_path="ckpt/", stream_interval=8))
+        engine.submit([RequestState(sample_id=1, prompt_ids=(1, 2, 3), seed=0, weight_version=0,
+                                    params=SamplingParams(max_new_tokens=64, stop_token_ids=(2,)))])
+        deltas = engine.poll(1.0)   # [TokenDelta(sample_id=1, start=0, ids=(...), ...)]
+        engine.close()
+
+    Each sample is one vLLM request at a time, re-prefilled from prompt + output. Resumed
+    samples may differ from an uninterrupted run (vLLM's kernels are not batch-invariant and
+    its per-request generator restarts: `batch_invariant = False`), and KV pages stay inside
+    vLLM (`exports_kv = False`: migration is tokens-only). `api` holds the vLLM classes
+    (default: the installed package's); tests pass a stand-in's.
+    """
+
+    _failure_label = "vLLM engine"
+    _engine_name = "vLLM"
+
+    def __init__(self, config: VLLMEngineConfig, api: VLLMApi | None = None):
+        if config.model_path is None:
+            raise ValueError("VLLMEngineConfig.model_path must name the checkpoint vLLM loads")
+        self.api = api or installed_vllm()
+        self._init_streams(config, self._build, "rlboost-vllm-engine")
+
+    def _build(self) -> Any:
+        return self.api.AsyncLLM.from_engine_args(self.api.AsyncEngineArgs(**self.config.engine_kwargs()))
+
+    # ---- engine thread: calls between loop turns ----------------------------------------
+
+    def _run(self, coro) -> Any:
+        """Drive one of vLLM's coroutines to its end (between loop turns: streams run meanwhile)."""
+        return self._loop.run_until_complete(coro)
+
+    def _prepare(self, state: RequestState) -> tuple[VLLMSample, Any]:
+        sample = VLLMSample(state=state, rid="")
+        try:  # vLLM's own checks of every request before any is admitted: a batch is refused whole
+            params = self.api.SamplingParams(**sample.sampling_kwargs(
+                seeded=self.config.seeded, delta_kind=self.api.RequestOutputKind.DELTA))
+        except (ValueError, TypeError) as e:
+            raise RolloutError(f"vLLM refuses sample {state.sample_id}'s sampling parameters: {e}") from e
+        return sample, params
+
+    def _new_request_id(self, serial: int, sample_id: int) -> str:
+        return request_id(self._rid_prefix, serial, sample_id)
+
+    def _load_weights(self, named: Mapping[str, object], version: int) -> None:
+        self._check_loadable(version)
+        pairs = check_weights(self._facts, named)
+        try:
+            for group in _groups(pairs, self.config.weight_bucket_bytes):
+                with shared_bucket(group, self.config.dtype) as bucket:
+                    answers = self._run(self._engine.collective_rpc(LOAD_CALL, args=(bucket.path, list(bucket.entries))))
+                    check_loaded(answers, bucket, self.config.tp_size)
+            # requests aborted a moment ago may still hold KV blocks: retried until vLLM lets go
+            reset_when_idle(lambda: self._run(self._engine.reset_prefix_cache()), self._sleep,
+                            self.config.flush_timeout_s)
+        except BaseException as e:
+            # Some tensors may already be replaced: this engine's weights are unknown now.
+            self._fail(e)
+            raise RolloutError(f"vLLM failed to load weights version {version}: {e!r}") from e
+        self._loaded(version)
+
+    # ---- engine thread: streams ---------------------------------------------------------
+
+    def _start(self, sample: VLLMSample, prepared: Any) -> None:
+        self._spawn(self._consume(sample, sample.rid, prepared))
+
+    async def _consume(self, sample: VLLMSample, rid: str, params: Any) -> None:
+        if not self._wanted(sample, rid):  # dropped before its request was sent
+            return
+        try:
+            async for output in self._engine.generate(sample.prompt(), params, rid):
+                if self._wanted(sample, rid):
+                    self._absorb(sample, output)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # never swallowed: the caller sees it on its next call
+            if self._wanted(sample, rid):
+                self._fail(e)
+
+    def _absorb(self, sample: VLLMSample, output: Any) -> None:
+        pairs, reason = new_pairs(sample, output)
+        pairs, finish = cut_at_stop(sample, pairs)
+        self._take(sample, pairs)
+        if finish is None:
+            finish = finish_of(sample, reason)
+        elif reason is None:  # finished here before vLLM noticed
+            self._abort_request(sample.rid)
+        self._settle(sample, finish, len(pairs))
+
+    def _abort_request(self, rid: str) -> None:
+        self._spawn(self._engine.abort(rid))  # runs at the loop's next turn
+
+
+def _groups(pairs: list[tuple[str, Any]], bucket_bytes: int):
+    """Consecutive groups of about bucket_bytes (a larger tensor goes alone)."""
+    group, size = [], 0
+    for name, t in pairs:
+        nbytes = t.numel() * t.element_size()
+        if group and size + nbytes > bucket_bytes:
+            yield group
+            group, size = [], 0
+        group.append((name, t))
+        size += nbytes
+    if group:
+        yield group
