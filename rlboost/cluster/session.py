@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import ray
+from ray._private import ray_constants
 
 from rlboost import env
 from rlboost.cluster.placement import GpuNeeds, check_cluster
@@ -57,6 +58,7 @@ class RaySession:
     def __init__(self, settings: RaySettings):
         self.settings = settings
         self._owned = False
+        self._node_constant: bool | None = None  # Ray's own value, restored on exit
 
     def __enter__(self) -> RaySession:
         if ray.is_initialized():
@@ -80,13 +82,18 @@ class RaySession:
                 self.__exit__()
                 raise
         else:
-            env.apply_ray_defaults()
-            with _workers_start_in(s.worker_dir):
-                # address="local": always a cluster of the run's own, even when another Ray
-                # cluster runs on this machine (a bare ray.init() would join that one).
-                ray.init(address="local", num_cpus=s.num_cpus, resources={"reserved": s.reserved, "preemptible": s.preemptible},
-                         object_store_memory=s.object_store_mb << 20, include_dashboard=False,
-                         log_to_driver=False)
+            self._node_constant = _node_on_loopback(env.apply_ray_defaults())
+            try:
+                with _workers_start_in(s.worker_dir):
+                    # address="local": always a cluster of the run's own, even when another Ray
+                    # cluster runs on this machine (a bare ray.init() would join that one).
+                    ray.init(address="local", num_cpus=s.num_cpus,
+                             resources={"reserved": s.reserved, "preemptible": s.preemptible},
+                             object_store_memory=s.object_store_mb << 20, include_dashboard=False,
+                             log_to_driver=False)
+            except BaseException:
+                self.__exit__()
+                raise
             self._owned = True
         return self
 
@@ -94,6 +101,21 @@ class RaySession:
         if self._owned:
             ray.shutdown()
             self._owned = False
+        if self._node_constant is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = self._node_constant
+            self._node_constant = None
+
+
+def _node_on_loopback(defaults: dict[str, str]) -> bool:
+    """Make this process start its node on 127.0.0.1 when RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    says so; returns Ray's previous setting. Ray reads the variable once, when `ray` is first
+    imported (`ray_constants.ENABLE_RAY_CLUSTER`), which in `rlboost train` comes long before
+    the run starts: set only in the environment, it reaches the processes Ray starts, while
+    this process still gives the node the machine's address, and the GCS, the raylet and
+    every worker listen on all interfaces. tests/cluster/test_loopback.py checks the sockets."""
+    previous = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = defaults[env.RAY_LOOPBACK_VARIABLE].lower() in ("1", "true")
+    return previous
 
 
 @contextmanager
