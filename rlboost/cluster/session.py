@@ -15,6 +15,8 @@ from typing import Iterator
 
 import ray
 from ray._private import ray_constants
+from ray._raylet import Config as RayConfig
+from ray.exceptions import AuthenticationError
 
 from rlboost import env
 from rlboost.cluster.placement import GpuNeeds, check_cluster
@@ -31,6 +33,8 @@ class RaySettings:
     working directory of the run's Ray workers on this machine (None: the system's temporary
     folder); never the caller's, see `_workers_start_in`. gpus: what the run's actors ask
     for, checked against a joined cluster's nodes (a local one is checked before it starts).
+    preemptible_required: a joined cluster must offer `preemptible` units now (False: live
+    capacity, whose preemptible nodes may join later).
     """
 
     address: str | None = None
@@ -40,6 +44,7 @@ class RaySettings:
     object_store_mb: int = 256
     worker_dir: str | None = None
     gpus: GpuNeeds | None = None
+    preemptible_required: bool = True
 
     def __post_init__(self) -> None:
         if self.num_cpus is not None and self.num_cpus < 1:
@@ -67,9 +72,15 @@ class RaySession:
         s = self.settings
         address = join_address(s.address)
         if address:
+            _token_auth_by_default()
             try:
                 with _workers_start_in(s.worker_dir):
                     ray.init(address=address, log_to_driver=False)
+            except AuthenticationError as exc:
+                raise ConfigError(f"cannot join the Ray cluster at {address} with Ray's token authentication "
+                                  f"(RAY_AUTH_MODE={env.ray_auth_mode()}): {' '.join(str(exc).split())[:300]}; copy "
+                                  "the cluster's token (`ray get-auth-token` on its head) to ~/.ray/auth_token or "
+                                  "RAY_AUTH_TOKEN, or set RAY_AUTH_MODE=disabled for a cluster without it") from None
             except ConnectionError as exc:
                 raise ConfigError(f"cannot join the Ray cluster at {address}: {exc}; start it with `ray start "
                                   "--head` or set cluster.address / RLBOOST_RAY_ADDRESS to a running one") from None
@@ -106,6 +117,16 @@ class RaySession:
             self._node_constant = None
 
 
+def _token_auth_by_default() -> None:
+    """A run that joins a Ray cluster speaks Ray's token authentication unless RAY_AUTH_MODE
+    says otherwise (Ray 2.60 turns it on by itself only for a cluster ray.init() starts). Ray
+    reads the mode into its config when first used, so the config is refreshed here, as
+    Ray's own ray.init does when it turns authentication on for a local cluster."""
+    if env.ray_auth_mode() is None:
+        env.apply_ray_auth_default()
+        RayConfig.initialize("")
+
+
 def _node_on_loopback(defaults: dict[str, str]) -> bool:
     """Make this process start its node on 127.0.0.1 when RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
     says so; returns Ray's previous setting. Ray reads the variable once, when `ray` is first
@@ -140,9 +161,10 @@ def join_address(configured: str | None) -> str | None:
 
 def check_resources(have: dict, settings: RaySettings) -> None:
     """ConfigError, saying what to start the cluster with, unless it offers `reserved`
-    units for every trainer rank and reserved engine and some `preemptible` units."""
+    units for every trainer rank and reserved engine and (unless not required) some
+    `preemptible` units."""
     reserved, preemptible = have.get("reserved", 0), have.get("preemptible", 0)
-    if reserved < settings.reserved or preemptible <= 0:
+    if reserved < settings.reserved or (preemptible <= 0 and settings.preemptible_required):
         raise ConfigError(
             f"the Ray cluster offers reserved={reserved:g} and preemptible={preemptible:g} units; this run "
             f"needs reserved >= {settings.reserved} (trainer ranks + reserved engines) and preemptible >= 1. "
