@@ -1,5 +1,5 @@
 """Each cloud's notice watcher against a fake metadata server of that cloud on 127.0.0.1
-(tests/cluster/fake_metadata.py), `auto` picking the cloud that answers, and the shutdown
+(tests/fake_metadata.py), `auto` picking the cloud that answers, and the shutdown
 hook's socket. No test here contacts a real metadata address: every base URL is a
 loopback one."""
 
@@ -11,7 +11,8 @@ import socket
 import threading
 
 import pytest
-from fake_metadata import FakeAwsMetadataForTests, FakeAzureMetadataForTests, FakeGcpMetadataForTests, closed_port_url
+from fake_metadata import FakeAwsMetadataForTests, FakeAzureMetadataForTests, FakeGcpMetadataForTests
+from live_cluster import closed_url
 
 from rlboost.cluster.notices.aws import AwsNotices
 from rlboost.cluster.notices.azure import AzureNotices
@@ -22,7 +23,7 @@ from rlboost.cluster.notices.hook import HookListener, pick_socket, send_notice,
 
 
 def _config(**urls) -> NoticeConfig:
-    closed = closed_port_url()
+    closed = closed_url()
     return NoticeConfig(**{"aws_url": closed, "gcp_url": closed, "azure_url": closed, "poll_s": 0.05,
                            "probe_timeout_s": 2.0, **urls})
 

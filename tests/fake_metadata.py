@@ -63,6 +63,12 @@ class _FakeServerForTests:
             self.noticed_at, self.grace_s = time.time(), grace_s
             self.changed.notify_all()
 
+    def reset(self) -> None:
+        """No notice again (the next node of this cloud starts unnoticed)."""
+        with self.changed:
+            self.noticed_at = None
+            self.changed.notify_all()
+
     def notify_all(self) -> None:
         with self.changed:
             self.changed.notify_all()
@@ -155,12 +161,3 @@ class FakeAzureMetadataForTests(_FakeServerForTests):
                            "Resources": [self.vm], "EventStatus": "Scheduled", "NotBefore": not_before,
                            "Description": "", "EventSource": "Platform", "DurationInSeconds": -1})
         return 200, json.dumps({"DocumentIncarnation": len(events), "Events": events}), {}
-
-
-def closed_port_url() -> str:
-    """An http URL on 127.0.0.1 where nothing listens (connections are refused at once)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
