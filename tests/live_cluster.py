@@ -291,3 +291,38 @@ def _free_port() -> int:
 def spot_nodes() -> list[str]:
     """Ids of the alive nodes with the `preemptible` resource (this process connected)."""
     return [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("preemptible", 0) > 0]
+
+
+def until(probe: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """probe() once it is truthy (polled every 50 ms); TimeoutError naming what after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := probe()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout_s:g} s")
+        time.sleep(0.05)
+    return found
+
+
+def autoscaler_round(head: FakeAutoscalingHead, runs: Path, overrides: list[str], cwd: Path, count: int) -> dict:
+    """A live run on the autoscaling head, which starts with no spot node: how long the
+    autoscaler takes to launch `count` spot nodes once the run asks (up_s), until the run
+    serves on each, and to take them back once Ctrl-C has made the run withdraw (down_s).
+    This process must be connected to the head (connected())."""
+    proc = start_run(head, runs, overrides, cwd)
+    events = Events(runs)
+    try:
+        until(lambda: autoscaler_request() == [{"preemptible": 1.0}] * count, 400, "the run's request")
+        asked = time.monotonic()
+        nodes = until(lambda: len(n := spot_nodes()) == count and n, 180, f"{count} spot nodes from the autoscaler")
+        up_s = time.monotonic() - asked
+        for node in nodes:
+            events.wait(events.on_node(node, "first_sample"), 180, f"a sample on node {node[:8]}")
+        served_s = time.monotonic() - asked
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: the step ends, then the run closes
+    until(lambda: autoscaler_request() == [], 300, "the request withdrawn")
+    withdrawn = time.monotonic()
+    until(lambda: spot_nodes() == [], 300, "the spot nodes scaled down")
+    down_s = time.monotonic() - withdrawn
+    code, _, err = stop_run(proc, interrupted=True)
+    return {"up_s": up_s, "served_s": served_s, "down_s": down_s, "code": code, "err": err, "nodes": nodes}
