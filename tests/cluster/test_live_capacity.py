@@ -14,9 +14,13 @@ agents probe nothing outside this machine.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import ray
-from live_cluster import Events, autoscaler_request, live_overrides, local_cluster, notice, start_run, stop_run
+from fake_metadata import FakeAwsMetadataForTests, FakeGcpMetadataForTests
+from live_cluster import Events, autoscaler_request, live_overrides, local_cluster, notice, run_env, start_run, stop_run
 from own_processes import jsonl
 
 from rlboost.config.overrides import apply_overrides
@@ -89,3 +93,66 @@ def test_live_capacity_on_a_local_cluster_is_refused_in_one_line(tmp_path, monke
 def test_a_notice_source_that_is_none_of_them_is_refused_by_name(value):
     with pytest.raises(ValueError, match="cluster.notice_source|notice_source"):
         apply_overrides(get_recipe("tiny_cpu"), [f"cluster.notice_source={value}"])
+
+
+def test_a_driver_without_the_cluster_s_token_is_refused_in_one_line(tmp_path):
+    with local_cluster(tmp_path / "work") as cluster:
+        env = dict(run_env(cluster, tmp_path / "runs"), HOME=str(tmp_path / "home"))  # no ~/.ray/auth_token
+        del env["RAY_AUTH_TOKEN"]
+        proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train",
+                               *[a for o in [f"cluster.address={cluster.address}", *live_overrides(tmp_path / "n", 2)]
+                                 for a in ("--set", o)]],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "token authentication" in lines[-1] and "RAY_AUTH_MODE=token" in lines[-1], lines
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.slow
+def test_two_nodes_join_one_dies_and_aws_and_gcp_notices_drain_theirs_before_the_deadline(tmp_path):
+    """Two preemptible nodes join mid-run and serve; a third is removed mid-step; one of the
+    two gets its notice from a fake AWS metadata server (IMDSv2 token, then instance-action),
+    the other from a fake GCP one (instance/preempted). Each noticed node drains before its
+    deadline, and no sample is lost or duplicated."""
+    runs, hooks = tmp_path / "runs", tmp_path / "n"
+    with FakeAwsMetadataForTests() as aws, FakeGcpMetadataForTests() as gcp, \
+            local_cluster(tmp_path / "work") as cluster:
+        overrides = [*live_overrides(hooks, steps=80), f"cluster.notices.aws_url={aws.url}",
+                     f"cluster.notices.gcp_url={gcp.url}", "cluster.notices.gcp_grace_s=20",
+                     "controller.registry.drain_margin_s=10"]
+        proc = start_run(cluster, runs, overrides, tmp_path / "cwd")
+        events = Events(runs)
+        try:
+            events.wait(lambda e: events.steps_done() >= 1, 400, "the first step")
+            nodes = {"aws": cluster.add("aws"), "gcp": cluster.add("gcp")}
+            for node in nodes.values():
+                events.wait(events.on_node(node, "first_sample"), 120, f"a sample on node {node[:8]}")
+            doomed = cluster.add("none")
+            events.wait(events.on_node(doomed, "first_sample"), 120, "a sample on the third node")
+            cluster.remove(doomed)
+            events.wait(events.on_node(doomed, "death"), 60, "the removed node's instance ended")
+            aws.notify(20.0)
+            gcp.notify(0.0)  # GCP's notice carries no time: cluster.notices.gcp_grace_s
+            for node in nodes.values():
+                events.wait(events.on_node(node, "gone"), 90, f"node {node[:8]} reclaimed")
+        finally:
+            code, _, err = stop_run(proc)
+    assert code == 130, err[-3000:]
+    run = next(runs.iterdir())
+    log, metrics = jsonl(run / "events.jsonl"), jsonl(run / "metrics.jsonl")
+    for m in metrics:
+        assert m["samples"] == m["samples_trained"] == m["samples_unique"] == 32
+        assert m["duplicates"] == 0 and m["gaps"] == 0
+    for cloud, node in nodes.items():
+        _, mine = _instance_events(log, node)
+        assert [e["kind"] for e in mine] == ["join", "active", "first_sample", "notice", "drained", "gone"], mine
+        notice_event, drained = mine[3], mine[4]
+        assert notice_event["source"] == "cloud" and notice_event["cloud"] == cloud
+        assert 10.0 < notice_event["grace_s"] <= 20.0 and drained["t"] < notice_event["t"] + notice_event["grace_s"]
+    _, dead = _instance_events(log, doomed)
+    assert [e["kind"] for e in dead] == ["join", "active", "first_sample", "death"]
+    assert any(r[1] == "/latest/api/token" for r in aws.requests)  # IMDSv2: a session token first
+    assert any("wait_for_change=true" in r[1] for r in gcp.requests)
+    summary = (run / "summary.md").read_text()
+    assert "| samples lost | 0 |" in summary and "| notices by source | 1 aws, 1 gcp |" in summary
