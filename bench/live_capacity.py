@@ -151,7 +151,9 @@ def main() -> None:
     parser.add_argument("--no-autoscaler", action="store_true", help="skip the autoscaler round")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rlblive-"))
+    load = [os.getloadavg()[0]]  # this machine is shared: say how busy it was
     cycles, run = live_round(work, args.joins, args.grace)
+    load.append(os.getloadavg()[0])
     floor = _pull_floor_s(run["version_bytes"])
     scale = {}
     if not args.no_autoscaler:
@@ -181,6 +183,8 @@ def main() -> None:
           f"max {max(drained):.2f} s (grace {args.grace:g} s)")
     print(f"run: {run['steps']} steps, samples lost {run['samples_lost']}, duplicated {run['samples_duplicated']}; "
           f"a node removed mid-step: {run['samples_resumed']} samples resumed elsewhere")
+    print(f"machine: {os.cpu_count()} cores, 1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} "
+          "after the live round")
     if scale:
         print(f"autoscaler (fake multi-node provider): 2 spot nodes {scale['up_s']:.1f} s after the request, serving "
               f"{scale['served_s']:.1f} s after it; scaled down {scale['down_s']:.1f} s after the run withdrew it")
@@ -192,7 +196,7 @@ def main() -> None:
                           "notice_to_drained_median_s": round(statistics.median(drained), 3),
                           "notice_to_drained_max_s": round(max(drained), 3), "grace_s": args.grace,
                           "joins": len(cycles), "notices": len(cycles), "samples_lost": run["samples_lost"],
-                          "samples_duplicated": run["samples_duplicated"],
+                          "samples_duplicated": run["samples_duplicated"], "load_average": [round(x, 1) for x in load],
                           **{f"autoscaler_{k}": round(v, 2) for k, v in scale.items()}}}))
 
 

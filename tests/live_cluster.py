@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import ray  # noqa: E402
+from ray._raylet import AuthenticationTokenLoader  # noqa: E402
 from ray._raylet import Config as RayConfig  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.experimental.internal_kv import _internal_kv_get  # noqa: E402
@@ -79,7 +80,7 @@ def connected(address: str, token: str) -> Iterator[None]:
     it) and is connected to the cluster at address, while inside."""
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
-    RayConfig.initialize("")  # Ray reads the mode into its config: read it again now
+    _reread_auth()
     try:
         if address:
             ray.init(address=address, log_to_driver=False)
@@ -91,7 +92,13 @@ def connected(address: str, token: str) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        RayConfig.initialize("")
+        _reread_auth()
+
+
+def _reread_auth() -> None:
+    """Ray keeps the mode in its config and the token in a loader's cache: both read again."""
+    RayConfig.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 @contextlib.contextmanager

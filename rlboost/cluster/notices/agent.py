@@ -29,9 +29,17 @@ class NodeNoticeAgent:
         self._given: list[_Pending] = []
         self._stop = threading.Event()
         self.watcher = build_watcher(source, config)
-        self.hook = HookListener(socket_path(config.hook_dir, node_id), self._queue.put) if config.hook else None
+        self.hook = self._listen(config, node_id) if config.hook else None
         self._thread = threading.Thread(target=self._watch, name="notice-watch", daemon=True)
         self._thread.start()
+
+    def _listen(self, config: NoticeConfig, node_id: str) -> HookListener | None:
+        """The hook's socket; without it (a folder of someone else's, say) the cloud's notices still come."""
+        try:
+            return HookListener(socket_path(config.hook_dir, node_id), self._queue.put)
+        except OSError as exc:
+            log.warning("node %s hears no `rlboost notice`: %s", node_id[:12], exc)
+            return None
 
     def source(self) -> str:
         """The cloud this node's watcher asks (aws, gcp, azure) or none."""
