@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     notice.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds until the node goes (default 30)")
     notice.add_argument("--wait", action="store_true", help="return once the node's instances have drained")
     notice.add_argument("--node", metavar="ID", help="the Ray node (id prefix) when several share this machine")
-    notice.add_argument("--dir", metavar="DIR", help="the nodes' notice sockets (default: cluster.notices.hook_dir's)")
+    notice.add_argument("--dir", metavar="DIR", help="the nodes' notice sockets, as the run's cluster.notices.hook_dir "
+                        "(default: rlboost-notices-UID in the temporary folder)")
     notice.set_defaults(func=_notice)
     report = sub.add_parser("report", parents=[common], help="redraw a run's plots and print its summary")
     report.add_argument("run_dir", metavar="RUN_DIR")
