@@ -1,4 +1,4 @@
-"""The `rlboost` command line: train, simulate, config, report, info.
+"""The `rlboost` command line: train, simulate, config, report, info, notice.
 
 Every expected failure prints one or two lines saying what is wrong and what to do, and
 exits with a documented code (2 bad input, 3 the run failed, 130 interrupted); a traceback
@@ -95,6 +95,33 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _notice(args: argparse.Namespace) -> int:
+    """Announce that this node goes away in --grace seconds (a shutdown hook's one line)."""
+    import time
+
+    from rlboost.cluster.notices.hook import pick_socket, send_notice
+    from rlboost.run.outcome import EXIT_RUN_FAILED
+
+    if not 0 <= args.grace <= 86400:
+        raise ValueError(f"--grace must be in [0, 86400] seconds, got {args.grace:g}")
+    path = pick_socket(args.dir, args.node)
+    t0 = time.monotonic()
+    try:
+        answer = send_notice(path, args.grace, wait=args.wait)
+    except OSError as exc:
+        raise ValueError(f"the run's notice agent at {path} did not answer ({exc}); is the run still up?") from None
+    node = path.stem
+    if not answer.get("taken"):
+        _say(f"rlboost notice: node {node}: {answer.get('error', 'the run did not take the notice')}")
+        return EXIT_RUN_FAILED
+    line = f"node {node} goes in {args.grace:g} s: the run took the notice in {time.monotonic() - t0:.2f} s"
+    if args.wait:
+        line += (f"; drained after {time.monotonic() - t0:.1f} s" if answer.get("drained")
+                 else "; not drained within the grace")
+    print(line)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks of expected failures too")
@@ -126,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     sim.add_argument("--calibrate", action="store_true", help="print the timing model's calibrated efficiency")
     sim.set_defaults(func=_simulate)
+    notice = sub.add_parser("notice", parents=[common], help="tell the run that this node goes away soon",
+                            description="Run by a node's shutdown hook (Kubernetes preStop, systemd, cloud-init): the "
+                            "run drains this node's rollout instances before the grace ends.")
+    notice.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds until the node goes (default 30)")
+    notice.add_argument("--wait", action="store_true", help="return once the node's instances have drained")
+    notice.add_argument("--node", metavar="ID", help="the Ray node (id prefix) when several share this machine")
+    notice.add_argument("--dir", metavar="DIR", help="the nodes' notice sockets, as the run's cluster.notices.hook_dir "
+                        "(default: rlboost-notices-UID in the temporary folder)")
+    notice.set_defaults(func=_notice)
     report = sub.add_parser("report", parents=[common], help="redraw a run's plots and print its summary")
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.set_defaults(func=_report)

@@ -51,15 +51,31 @@ def ray_address() -> str | None:
 
 
 # Without this, a local Ray cluster binds to the machine's non-loopback address.
-_RAY_DEFAULTS = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+RAY_LOOPBACK_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_RAY_DEFAULTS = {RAY_LOOPBACK_VARIABLE: "0"}
 # transformers and huggingface_hub must not try to reach a model hub for local directories.
 _HF_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def apply_ray_defaults() -> None:
-    """Set Ray's environment for a local cluster (existing values win); call before ray.init."""
+def apply_ray_defaults() -> dict[str, str]:
+    """Set Ray's environment for a local cluster (existing values win); call before ray.init.
+    Returns the values now in force (the user's where set)."""
     for key, value in _RAY_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in _RAY_DEFAULTS}
+
+
+def ray_auth_mode() -> str | None:
+    """Ray's token authentication mode (RAY_AUTH_MODE: token or disabled), None when unset."""
+    return os.environ.get("RAY_AUTH_MODE") or None
+
+
+def apply_ray_auth_default() -> None:
+    """A run that joins a Ray cluster speaks to it with Ray's token authentication
+    (RAY_AUTH_MODE=token) unless RAY_AUTH_MODE says otherwise; Ray 2.60 turns it on by itself
+    only for a cluster that ray.init() starts. The token comes from RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, as Ray reads it."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def apply_hf_defaults() -> None:

@@ -1,14 +1,16 @@
 """ClusterConfig: where a run's processes live and how preemptible capacity comes and goes
-(the availability trace, notices, injected preemptions)."""
+(an availability trace or the Ray cluster's own nodes, notices, injected preemptions)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from rlboost.cluster.notices.base import NOTICE_SOURCES, NoticeConfig
 from rlboost.validate import require
 
 VICTIM_ORDERS = ("oldest", "newest", "random")
 INJECT_KINDS = ("notice", "kill")
+CAPACITY_KINDS = ("auto", "trace", "live")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -17,8 +19,14 @@ class ClusterConfig:
 
     A run that joins a Ray cluster (address, or RLBOOST_RAY_ADDRESS) spans machines, so it
     needs weight servers reachable from other nodes, a secret, and trainer.rendezvous=tcp or
-    a shared trainer.rendezvous_dir. The trace is capped at max_preemptible (less
-    initial_preemptible) and replayed from the end of the run's first step.
+    a shared trainer.rendezvous_dir.
+
+    capacity says where preemptible instances come from. trace: the trace, capped at
+    max_preemptible (less initial_preemptible) and replayed from the end of the run's first
+    step. live: the joined cluster's nodes with the `preemptible` resource, up to
+    max_preemptible instances, each node's notices from notice_source (a node's Ray label
+    `rlboost.io/notice-source` overrides it), and a standing request to Ray's autoscaler
+    (request_resources). auto: live on a joined cluster, trace on a local one.
 
     >>> ClusterConfig(max_preemptible=4, inject=("notice@2",)).inject
     ('notice@2',)
@@ -36,6 +44,16 @@ class ClusterConfig:
     """most preemptible instances up at once"""
     initial_preemptible: int = 0
     """preemptible instances that join at the start, besides the trace's"""
+    capacity: str = "auto"
+    """where preemptible instances come from: trace, live (the joined Ray cluster's nodes) or auto"""
+    notice_source: str = "auto"
+    """live: where each node hears its preemption notice: aws, gcp, azure, none, or auto (probe each once)"""
+    notices: NoticeConfig = field(default_factory=NoticeConfig)
+    """live: the metadata services' base URLs, poll interval and the nodes' notice sockets"""
+    request_resources: bool = True
+    """live: ask Ray's autoscaler for max_preemptible instances while the run runs"""
+    live_poll_s: float = 0.5
+    """live: seconds between two looks at the Ray cluster's nodes"""
     trace: str = "sample"
     """availability trace: sample (bundled), synthetic, none, or a trace file"""
     trace_duration_s: float | None = None
@@ -62,6 +80,11 @@ class ClusterConfig:
         require(0 <= self.max_preemptible <= 1024, "max_preemptible", "in [0, 1024]", self.max_preemptible)
         require(0 <= self.initial_preemptible <= self.max_preemptible, "initial_preemptible",
                 f"in [0, max_preemptible={self.max_preemptible}]", self.initial_preemptible)
+        require(self.capacity in CAPACITY_KINDS, "capacity", f"one of {CAPACITY_KINDS}", self.capacity)
+        require(self.notice_source in NOTICE_SOURCES, "notice_source", f"one of {NOTICE_SOURCES}", self.notice_source)
+        require(isinstance(self.request_resources, bool), "request_resources", "true or false",
+                self.request_resources)
+        require(0.05 <= self.live_poll_s <= 60, "live_poll_s", "in [0.05, 60]", self.live_poll_s)
         require(bool(self.trace), "trace", "sample, synthetic, none or a file", self.trace)
         require(self.trace_duration_s is None or self.trace_duration_s > 0, "trace_duration_s",
                 "None or > 0", self.trace_duration_s)

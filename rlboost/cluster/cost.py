@@ -90,30 +90,34 @@ class CostLedger:
     def __init__(self, config: CostConfig | None = None):
         self.config = config or CostConfig()
         self._lock = threading.Lock()
-        self._running: dict[str, tuple[str, float]] = {}  # id -> (kind, since)
+        self._running: dict[str, tuple[str, float, str]] = {}  # id -> (kind, since, source)
         self._closed_s = {kind: 0.0 for kind in KINDS}     # ledger seconds of stopped spans
+        self._by_source: dict[str, float] = {}  # ledger seconds of stopped preemptible spans, per source
         self._egress = {kind: 0 for kind in KINDS}          # bytes pulled from the trainer, per pool
         self._tokens = 0
 
-    def start(self, instance_id: str, kind: str, *, at_s: float) -> None:
-        """An instance of kind ("reserved" or "preemptible") starts billing at at_s."""
+    def start(self, instance_id: str, kind: str, *, at_s: float, source: str = "trace") -> None:
+        """An instance of kind ("reserved" or "preemptible") starts billing at at_s; source:
+        what placed it (a trace, the Ray cluster's nodes), counted apart for preemptible ones."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         with self._lock:
             if instance_id in self._running:
                 raise ValueError(f"instance {instance_id!r} is already running")
-            self._running[instance_id] = (kind, float(at_s))
+            self._running[instance_id] = (kind, float(at_s), source)
 
     def stop(self, instance_id: str, *, at_s: float) -> None:
         """The instance stops billing at at_s (preempted, released or finished)."""
         with self._lock:
             if instance_id not in self._running:
                 raise ValueError(f"instance {instance_id!r} is not running")
-            kind, since = self._running[instance_id]
+            kind, since, source = self._running[instance_id]
             if at_s < since:
                 raise ValueError(f"instance {instance_id!r} stops at {at_s} before its start {since}")
             del self._running[instance_id]
             self._closed_s[kind] += at_s - since
+            if kind == "preemptible":
+                self._by_source[source] = self._by_source.get(source, 0.0) + at_s - since
 
     def add_tokens(self, n: int) -> None:
         """Count n trained (or generated, as the caller defines) tokens."""
@@ -135,30 +139,36 @@ class CostLedger:
         """Add the totals() of a run's earlier launches (a resumed run keeps its costs)."""
         seconds, tokens = totals.get("seconds", {}), int(totals.get("tokens", 0))
         egress = totals.get("egress_bytes", {})  # absent in checkpoints from before it was counted
-        if (set(seconds) - set(KINDS) or set(egress) - set(KINDS) or tokens < 0
-                or any(float(v) < 0 for v in [*seconds.values(), *egress.values()])):
+        by_source = totals.get("preemptible_seconds_by_source", {})  # likewise
+        if (set(seconds) - set(KINDS) or set(egress) - set(KINDS) or tokens < 0 or not isinstance(by_source, dict)
+                or any(float(v) < 0 for v in [*seconds.values(), *egress.values(), *by_source.values()])):
             raise ValueError(f"totals must hold seconds and egress bytes per kind in {KINDS} and tokens, all >= 0, "
                              f"got {totals!r}")
         with self._lock:
             for kind, value in seconds.items():
                 self._closed_s[kind] += float(value)
+            for source, value in by_source.items():
+                self._by_source[str(source)] = self._by_source.get(str(source), 0.0) + float(value)
             for kind, value in egress.items():
                 self._egress[kind] += int(value)
             self._tokens += tokens
 
     def totals(self, *, at_s: float) -> dict:
-        """Ledger seconds per kind (running instances counted up to at_s), egress bytes per
-        kind and tokens, as a JSON-ready dict that carry() takes back."""
+        """Ledger seconds per kind (running instances counted up to at_s), preemptible seconds
+        per source, egress bytes per kind and tokens, as a JSON-ready dict that carry() takes back."""
         with self._lock:
-            seconds = dict(self._closed_s)
-            for kind, since in self._running.values():
+            seconds, by_source = dict(self._closed_s), dict(self._by_source)
+            for kind, since, source in self._running.values():
                 seconds[kind] += max(0.0, at_s - since)
-            return {"seconds": seconds, "egress_bytes": dict(self._egress), "tokens": self._tokens}
+                if kind == "preemptible":
+                    by_source[source] = by_source.get(source, 0.0) + max(0.0, at_s - since)
+            return {"seconds": seconds, "preemptible_seconds_by_source": by_source,
+                    "egress_bytes": dict(self._egress), "tokens": self._tokens}
 
     def running(self) -> dict[str, str]:
         """Instance id -> kind of every instance billing now."""
         with self._lock:
-            return {i: kind for i, (kind, _) in self._running.items()}
+            return {i: kind for i, (kind, _, _) in self._running.items()}
 
     def summary(self, *, at_s: float) -> CostSummary:
         """Totals up to at_s, counting running instances up to that moment."""

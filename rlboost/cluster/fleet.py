@@ -1,14 +1,16 @@
 """Fleet: the run's rollout instances as Ray actors, from the driver's side.
 
-It starts instances (reserved ones at once, preemptible ones as the trace or the job
-says), preempts them with a notice (the controller drains them, the actor is killed at
-the deadline) or suddenly (the actor is killed; the controller finds out on its next
-call), and records every instance event in the run directory's events.jsonl (in causal
-order per instance: join, then active, then notice, then its end) and every instance
-lifetime in the cost ledger. A watcher thread follows the controller's view (first time
-active, gone) and keeps each instance's list of relay peers current. An instance that
-dies on its own (its process or its node) is recorded as a death like a sudden
-preemption; a reserved engine that dies is replaced at once, under the same name.
+It starts instances (reserved ones at once, preemptible ones as the capacity source says:
+a trace, or the Ray cluster's nodes), preempts them with a notice (the controller drains
+them, the actor is killed at the deadline) or suddenly (the actor is killed; the
+controller finds out on its next call), and records every instance event in the run
+directory's events.jsonl (in causal order per instance: join, then active, then notice,
+then drained, then its end; a preemptible instance's first_sample after its active) with
+the event's source (SOURCES), and every instance lifetime in the cost ledger. A watcher
+thread follows the controller's view (first time active, first sample, drained, gone) and
+keeps each instance's list of relay peers current. An instance that dies on its own (its
+process or its node) is recorded as a death like a sudden preemption; a reserved engine
+that dies is replaced at once, under the same name.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.instance import InstanceSpec, PullRecord, RolloutInstance
@@ -33,6 +36,10 @@ WATCH_INTERVAL_S = 0.25
 # was lost (its process or node died, or it stopped answering, and the controller dropped it).
 GONE_REASONS = ("reclaimed", "shutdown")
 DEATH_REASONS = ("killed", "lost")
+# Who decided an instance event: the availability trace (and injected preemptions), a cloud's
+# notice, a node's shutdown hook (`rlboost notice`), the Ray cluster's nodes (a node joined,
+# left or died; an instance lost), or the run itself (reserved engines, shutdown).
+SOURCES = ("trace", "cloud", "hook", "node", "run")
 log = logging.getLogger(__name__)
 
 
@@ -42,10 +49,15 @@ class _Member:
     handle: Any
     ready: Any  # ObjectRef of ready(): the relay address
     process: Any  # ObjectRef of process_info(): where the actor runs
+    node: str | None = None  # the Ray node it was placed on, when the fleet chose one
     relay: str | None = None
     alive: bool = True
     noticed: bool = False
+    notice_source: str = ""
     deadline: float | None = None  # run clock; a notice the controller has not received yet
+    delivered: bool = False  # the controller has its notice
+    drained: bool = False
+    served: bool = False  # the controller has had samples on it
     seen: set = field(default_factory=set)  # controller states seen (this life)
     samples: int = 0  # samples the controller had on it when last seen
 
@@ -56,7 +68,8 @@ class Fleet:
     template: an InstanceSpec whose instance_id/kind are replaced per instance.
     record(kind, instance=..., pool=..., preemptible_up=..., reserved_up=..., **more)
     appends one event (events.jsonl; the counts are instances placed and not ended after
-    the event, starting and draining ones included); a death event also carries its reason
+    the event, starting and draining ones included; `source` is one of SOURCES, and the end
+    of a noticed instance carries its notice's); a death event also carries its reason
     (DEATH_REASONS) and samples_resumed, the samples the controller had on the instance
     when last seen (they resume elsewhere from their last collected token). now() is the
     run's clock in seconds, shared with the ledger.
@@ -87,19 +100,26 @@ class Fleet:
 
     # -- membership ----------------------------------------------------------------------------
 
-    def join(self, instance_id: str, kind: str = "preemptible") -> None:
-        """Start an instance actor; it registers and pulls the current weights by itself."""
+    def join(self, instance_id: str, kind: str = "preemptible", *, node: str | None = None,
+             source: str | None = None) -> None:
+        """Start an instance actor (on Ray node `node` when given); it registers and pulls the
+        current weights by itself. source: who placed it (default: run for reserved engines,
+        trace for preemptible instances)."""
+        source = source or ("run" if kind == "reserved" else "trace")
         spec = dataclasses.replace(self.template, instance_id=instance_id, kind=kind)
-        actor = ray.remote(RolloutInstance).options(name=None, **self.actor_options(kind))
+        options = self.actor_options(kind)
+        if node is not None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        actor = ray.remote(RolloutInstance).options(name=None, **options)
         handle = actor.remote(spec, self.controller)
         with self._lock:
             if instance_id in self._members and self._members[instance_id].alive:
                 raise ValueError(f"instance {instance_id!r} is already running")
             self._members[instance_id] = _Member(spec, handle, handle.ready.remote(),
-                                                 handle.__ray_call__.remote(process_info))
+                                                 handle.__ray_call__.remote(process_info), node=node)
             if kind != "reserved":  # reserved engines run on the reserved cluster, billed as a whole
-                self.ledger.start(instance_id, kind, at_s=self.now())
-            self._record("join", instance_id)
+                self.ledger.start(instance_id, kind, at_s=self.now(), source=source)
+            self._record("join", instance_id, source=source, **({"node": node} if node else {}))
 
     def _record(self, kind: str, instance_id: str, **more: Any) -> None:
         """One instance event with the counts after it (under the lock, so counts and
@@ -107,19 +127,20 @@ class Fleet:
         self.record(kind, instance=instance_id, pool=self._members[instance_id].spec.kind,
                     preemptible_up=self.up("preemptible"), reserved_up=self.up("reserved"), **more)
 
-    def notice(self, instance_id: str, grace_s: float) -> None:
+    def notice(self, instance_id: str, grace_s: float, source: str = "trace", **more: Any) -> None:
         """Preemption with notice: the controller drains it; the actor dies after grace_s.
         An instance still starting gets the notice as soon as it has registered (and is
-        then never recorded active: it goes from starting to draining)."""
+        then never recorded active: it goes from starting to draining). more: fields of the
+        notice event (e.g. the cloud that sent it)."""
         self._observe_now()
         with self._lock:
             member = self._members.get(instance_id)
             if member is None or not member.alive or member.noticed:
                 return
-            member.noticed = True
+            member.noticed, member.notice_source = True, source
             member.deadline = self.now() + grace_s
             self.preemptions["notice"] += 1
-            self._record("notice", instance_id, grace_s=grace_s)
+            self._record("notice", instance_id, grace_s=grace_s, source=source, **more)
             if member.seen:
                 self._deliver_notice(instance_id, member)
         timer = threading.Timer(grace_s, self._reclaim, args=(instance_id,))
@@ -129,13 +150,13 @@ class Fleet:
 
     def _deliver_notice(self, instance_id: str, member: _Member) -> None:
         grace = max(0.0, member.deadline - self.now())
-        member.deadline = None
+        member.deadline, member.delivered = None, True
         try:
             ray.get(self.controller.notice.remote(instance_id, grace), timeout=30)
         except (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
             pass  # already gone: the kill still comes at the deadline
 
-    def kill(self, instance_id: str) -> None:
+    def kill(self, instance_id: str, source: str = "trace") -> None:
         """Preemption without notice: the actor process dies now."""
         self._observe_now()
         with self._lock:
@@ -143,19 +164,37 @@ class Fleet:
             if member is None or not member.alive:
                 return
             self.preemptions["sudden"] += 1
-            self._terminate(instance_id, "death", reason="killed", samples_resumed=member.samples)
+            self._terminate(instance_id, "death", reason="killed", samples_resumed=member.samples, source=source)
+
+    def node_gone(self, instance_id: str) -> None:
+        """Its Ray node left or died: the instance ends now (gone, reclaimed, after a notice;
+        else a death), and the controller is told at once, so its samples resume elsewhere
+        without waiting for missed heartbeats."""
+        with self._lock:
+            member = self._members.get(instance_id)
+            if member is None or not member.alive:
+                return
+            if member.noticed:
+                self._terminate(instance_id, "gone", reason="reclaimed", source=member.notice_source)
+            else:
+                self._terminate(instance_id, "death", reason="lost", samples_resumed=member.samples, source="node")
+        self.controller.deregister.remote(instance_id)
 
     def _reclaim(self, instance_id: str) -> None:
         with self._lock:
-            if not self._stop.is_set():
-                self._terminate(instance_id, "gone", reason="reclaimed")
+            member = self._members.get(instance_id)
+            if not self._stop.is_set() and member is not None:
+                self._terminate(instance_id, "gone", reason="reclaimed", source=member.notice_source)
 
     def _terminate(self, instance_id: str, event: str, **more: Any) -> None:
         member = self._members[instance_id]
         if not member.alive:
             return
         member.alive = False
-        ray.kill(member.handle, no_restart=True)
+        try:
+            ray.kill(member.handle, no_restart=True)
+        except ValueError:  # its node is gone, and the actor with it
+            pass
         if instance_id in self.ledger.running():
             self.ledger.stop(instance_id, at_s=self.now())
         self._record(event, instance_id, **more)
@@ -187,6 +226,33 @@ class Fleet:
     def up(self, kind: str = "preemptible") -> int:
         with self._lock:
             return sum(1 for m in self._members.values() if m.alive and m.spec.kind == kind)
+
+    def on_node(self, node: str) -> list[str]:
+        """The live instances the fleet placed on a Ray node."""
+        with self._lock:
+            return [iid for iid, m in self._members.items() if m.alive and m.node == node]
+
+    def settled(self, instance_id: str) -> bool:
+        """Ended, or drained after its notice (nothing of the run's is left on it)."""
+        with self._lock:
+            m = self._members.get(instance_id)
+            return m is None or not m.alive or m.drained
+
+    def start_outcome(self, instance_id: str) -> tuple[bool, BaseException | None]:
+        """(done, error): whether the instance's actor has finished starting, and the error
+        it failed with (None: it started, or is still starting)."""
+        with self._lock:
+            m = self._members.get(instance_id)
+        if m is None:
+            return True, None
+        done, _ = ray.wait([m.ready], timeout=0)
+        if not done:
+            return False, None
+        try:
+            ray.get(done[0])
+        except Exception as exc:
+            return True, exc
+        return True, None
 
     # -- observation ---------------------------------------------------------------------------
 
@@ -277,20 +343,30 @@ class Fleet:
                 if status is None:
                     if m.alive and m.seen and not m.noticed:
                         self._lost(iid, m)
+                    elif m.alive and m.seen and m.delivered and not m.drained:
+                        self._drained(iid, m)  # the controller let it go: its samples have left
                     continue
                 if status.state == "active" and "active" not in m.seen and m.alive and not m.noticed:
                     self._record("active", iid, **_ready_or_empty(m.process))
+                if status.samples > 0 and not m.served and m.alive and m.spec.kind == "preemptible":
+                    m.served = True
+                    self._record("first_sample", iid, samples=status.samples)
                 m.seen.add(status.state)
                 m.samples = status.samples
                 if m.deadline is not None and m.alive:
                     self._deliver_notice(iid, m)
             self._refresh_peers()
 
+    def _drained(self, instance_id: str, member: _Member) -> None:
+        member.drained = True
+        self._record("drained", instance_id, source=member.notice_source)
+        self._ended.notify_all()
+
     def _lost(self, instance_id: str, member: _Member) -> None:
         """The controller dropped a live instance (its process or node died, or it stopped
         answering): end it, and start a new reserved engine in a lost one's place."""
         log.warning("the controller dropped instance %s; ending it", instance_id)
-        self._terminate(instance_id, "death", reason="lost", samples_resumed=member.samples)
+        self._terminate(instance_id, "death", reason="lost", samples_resumed=member.samples, source="node")
         if member.spec.kind == "reserved" and not self._stop.is_set():
             self.join(instance_id, "reserved")
 
@@ -321,7 +397,7 @@ class Fleet:
         with self._lock:
             for iid, m in self._members.items():
                 if m.alive:
-                    self._terminate(iid, "gone", reason="shutdown")
+                    self._terminate(iid, "gone", reason="shutdown", source="run")
 
 
 def process_info(_actor: Any = None) -> dict:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import ray
+from ray._private import ray_constants
+from ray._raylet import Config as RayConfig
+from ray.exceptions import AuthenticationError
 
 from rlboost import env
 from rlboost.cluster.placement import GpuNeeds, check_cluster
@@ -30,6 +33,8 @@ class RaySettings:
     working directory of the run's Ray workers on this machine (None: the system's temporary
     folder); never the caller's, see `_workers_start_in`. gpus: what the run's actors ask
     for, checked against a joined cluster's nodes (a local one is checked before it starts).
+    preemptible_required: a joined cluster must offer `preemptible` units now (False: live
+    capacity, whose preemptible nodes may join later).
     """
 
     address: str | None = None
@@ -39,6 +44,7 @@ class RaySettings:
     object_store_mb: int = 256
     worker_dir: str | None = None
     gpus: GpuNeeds | None = None
+    preemptible_required: bool = True
 
     def __post_init__(self) -> None:
         if self.num_cpus is not None and self.num_cpus < 1:
@@ -57,6 +63,7 @@ class RaySession:
     def __init__(self, settings: RaySettings):
         self.settings = settings
         self._owned = False
+        self._node_constant: bool | None = None  # Ray's own value, restored on exit
 
     def __enter__(self) -> RaySession:
         if ray.is_initialized():
@@ -65,9 +72,15 @@ class RaySession:
         s = self.settings
         address = join_address(s.address)
         if address:
+            _token_auth_by_default()
             try:
                 with _workers_start_in(s.worker_dir):
                     ray.init(address=address, log_to_driver=False)
+            except AuthenticationError as exc:
+                raise ConfigError(f"cannot join the Ray cluster at {address} with Ray's token authentication "
+                                  f"(RAY_AUTH_MODE={env.ray_auth_mode()}): {' '.join(str(exc).split())[:300]}; copy "
+                                  "the cluster's token (`ray get-auth-token` on its head) to ~/.ray/auth_token or "
+                                  "RAY_AUTH_TOKEN, or set RAY_AUTH_MODE=disabled for a cluster without it") from None
             except ConnectionError as exc:
                 raise ConfigError(f"cannot join the Ray cluster at {address}: {exc}; start it with `ray start "
                                   "--head` or set cluster.address / RLBOOST_RAY_ADDRESS to a running one") from None
@@ -80,13 +93,18 @@ class RaySession:
                 self.__exit__()
                 raise
         else:
-            env.apply_ray_defaults()
-            with _workers_start_in(s.worker_dir):
-                # address="local": always a cluster of the run's own, even when another Ray
-                # cluster runs on this machine (a bare ray.init() would join that one).
-                ray.init(address="local", num_cpus=s.num_cpus, resources={"reserved": s.reserved, "preemptible": s.preemptible},
-                         object_store_memory=s.object_store_mb << 20, include_dashboard=False,
-                         log_to_driver=False)
+            self._node_constant = _node_on_loopback(env.apply_ray_defaults())
+            try:
+                with _workers_start_in(s.worker_dir):
+                    # address="local": always a cluster of the run's own, even when another Ray
+                    # cluster runs on this machine (a bare ray.init() would join that one).
+                    ray.init(address="local", num_cpus=s.num_cpus,
+                             resources={"reserved": s.reserved, "preemptible": s.preemptible},
+                             object_store_memory=s.object_store_mb << 20, include_dashboard=False,
+                             log_to_driver=False)
+            except BaseException:
+                self.__exit__()
+                raise
             self._owned = True
         return self
 
@@ -94,6 +112,31 @@ class RaySession:
         if self._owned:
             ray.shutdown()
             self._owned = False
+        if self._node_constant is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = self._node_constant
+            self._node_constant = None
+
+
+def _token_auth_by_default() -> None:
+    """A run that joins a Ray cluster speaks Ray's token authentication unless RAY_AUTH_MODE
+    says otherwise (Ray 2.60 turns it on by itself only for a cluster ray.init() starts). Ray
+    reads the mode into its config when first used, so the config is refreshed here, as
+    Ray's own ray.init does when it turns authentication on for a local cluster."""
+    if env.ray_auth_mode() is None:
+        env.apply_ray_auth_default()
+        RayConfig.initialize("")
+
+
+def _node_on_loopback(defaults: dict[str, str]) -> bool:
+    """Make this process start its node on 127.0.0.1 when RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    says so; returns Ray's previous setting. Ray reads the variable once, when `ray` is first
+    imported (`ray_constants.ENABLE_RAY_CLUSTER`), which in `rlboost train` comes long before
+    the run starts: set only in the environment, it reaches the processes Ray starts, while
+    this process still gives the node the machine's address, and the GCS, the raylet and
+    every worker listen on all interfaces. tests/cluster/test_loopback.py checks the sockets."""
+    previous = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = defaults[env.RAY_LOOPBACK_VARIABLE].lower() in ("1", "true")
+    return previous
 
 
 @contextmanager
@@ -118,9 +161,10 @@ def join_address(configured: str | None) -> str | None:
 
 def check_resources(have: dict, settings: RaySettings) -> None:
     """ConfigError, saying what to start the cluster with, unless it offers `reserved`
-    units for every trainer rank and reserved engine and some `preemptible` units."""
+    units for every trainer rank and reserved engine and (unless not required) some
+    `preemptible` units."""
     reserved, preemptible = have.get("reserved", 0), have.get("preemptible", 0)
-    if reserved < settings.reserved or preemptible <= 0:
+    if reserved < settings.reserved or (preemptible <= 0 and settings.preemptible_required):
         raise ConfigError(
             f"the Ray cluster offers reserved={reserved:g} and preemptible={preemptible:g} units; this run "
             f"needs reserved >= {settings.reserved} (trainer ranks + reserved engines) and preemptible >= 1. "

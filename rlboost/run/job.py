@@ -20,7 +20,7 @@ from rlboost.errors import ConfigError, RunFailed, RunInterrupted
 from rlboost.models.checkpoint import verify_checkpoint_dir
 from rlboost.run.checkpoints import checkpoint_state, last_checkpoint_step, open_run, resume_weights, save_checkpoint
 from rlboost.run.directory import RunDirectory
-from rlboost.run.launch import Cluster, TracePlan, gpu_needs, plan_trace, ray_settings
+from rlboost.run.launch import Cluster, TracePlan, capacity_kind, gpu_needs, plan_trace, ray_settings
 from rlboost.run.metrics import Phases, step_record
 from rlboost.run.outcome import RecoverableFailure, RunResult, failure_summary, halted, recoverable
 from rlboost.run.report import write_report
@@ -40,6 +40,9 @@ def preflight(config: RunConfig) -> None:
     else:
         check_local(gpu_needs(config), local_gpus())
     check_trackers(config.run.trackers)
+    if capacity_kind(config) == "live" and config.cluster.initial_preemptible:
+        raise ConfigError("cluster.initial_preemptible places preemptible instances itself; with live capacity the "
+                          "Ray cluster's preemptible nodes do: set it to 0, or cluster.capacity=trace")
     if config.model.source == "path":
         try:
             verify_checkpoint_dir(Path(config.model.path).expanduser())
@@ -135,19 +138,16 @@ def run_steps(config: RunConfig, run: RunDirectory, launch: Launch, terminal: Te
         failed = True  # until the steps are done: close what is left without waiting on it
         try:
             cluster = Cluster(config, run, launch.ledger, weights=launch.weights, reference=launch.start,
-                              optimizer_state=launch.optimizer_state, billed_from=launch.billed_from)
+                              optimizer_state=launch.optimizer_state, billed_from=launch.billed_from,
+                              say=lambda line: print(line, file=terminal, flush=True))
             progress = StepProgress(launch.first, config.run.steps, config.run.progress, file=terminal)
-            cluster.begin(version=launch.first)
-            if launch.state.get("trace"):  # resumed: the trace goes on from where the checkpoint left it
-                saved = launch.state["trace"]
-                cluster.replay_trace(plan_trace(config, 0, 0.0, duration_s=saved["duration_s"]),
-                                     offset_s=saved["offset_s"])
+            # resumed: the capacity (a trace) goes on from where the checkpoint left it
+            cluster.begin(version=launch.first, resume=launch.state.get("trace"))
             for step in range(launch.first, config.run.steps + 1):
                 record = train_step(cluster, launch.feed, step, config)
                 run.append_metrics(record)
                 progress.update(record)
-                if cluster.replay is None:  # paced by the first step, so it fits the run
-                    cluster.replay_trace(plan_trace(config, config.run.steps - step, record["step_wall_s"]))
+                cluster.after_step(step, record["step_wall_s"])  # a trace is paced by the first step
                 if step % config.run.checkpoint_every == 0 or step == config.run.steps or stop.requested:
                     save_checkpoint(cluster, run, step, launch.start)
                 done = step

@@ -1,25 +1,27 @@
 """The processes of one run, built from its RunConfig: the controller actor, the FSDP
-trainer group, the rollout fleet and the trace replay; and the calls a step makes on them.
+trainer group, the rollout fleet and its capacity source (a trace replay, or the live Ray
+cluster's nodes); and the calls a step makes on them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlboost.cluster.capacity import CapacitySource, InstanceSlot, build_capacity, resolve_kind
+from rlboost.cluster.capacity.trace import TracePlan
+from rlboost.cluster.capacity.trace import plan_trace as plan_cluster_trace
 from rlboost.cluster.config import parse_injection
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet, process_info
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.placement import GpuNeeds
-from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
-from rlboost.cluster.session import RaySettings, actor_options
+from rlboost.cluster.session import RaySettings, actor_options, join_address
 from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
@@ -33,34 +35,24 @@ READY_TIMEOUT_S = 600.0
 DEATH_CHECK_S = 3.0  # a dead actor answers at once; a live one busy in a collective may not
 
 
-@dataclass(frozen=True, slots=True)
-class TracePlan:
-    """The preemptible capacity of a run: the events to replay over duration_s seconds."""
-
-    events: tuple
-    duration_s: float
-
-
 def plan_trace(config: RunConfig, steps: int, step_s: float, duration_s: float | None = None) -> TracePlan:
-    """The trace compressed to trace_fraction of `steps` steps of step_s seconds (unless
-    cluster.trace_duration_s, or duration_s (the plan of the launch a run resumes), fixes
-    its length), so its preemptions fall inside the run."""
-    c = config.cluster
-    duration = duration_s or c.trace_duration_s or max(1.0, step_s * max(steps, 1) * c.trace_fraction)
-    # instances that join at the start count against the cap the trace must stay under
-    trace = named_trace(c.trace, max_count=c.max_preemptible - c.initial_preemptible, seed=c.seed)
-    if trace is None:
-        return TracePlan((), duration)
-    events = trace_events(trace.compressed_to(duration), notice_s=c.notice_s,
-                          sudden_fraction=c.sudden_fraction, victim_order=c.victim_order, seed=c.seed)
-    return TracePlan(events, duration)
+    """The run's trace plan (capacity/trace.py's plan_trace of its cluster section)."""
+    return plan_cluster_trace(config.cluster, steps, step_s, duration_s)
+
+
+def capacity_kind(config: RunConfig) -> str:
+    """trace or live: cluster.capacity, with `auto` resolved by whether the run joins a Ray
+    cluster (ConfigError for live on a local one)."""
+    return resolve_kind(config.cluster.capacity, joined=bool(join_address(config.cluster.address)))
 
 
 def gpu_needs(config: RunConfig) -> GpuNeeds:
-    """The GPUs the run's processes ask Ray for (none on a CPU run)."""
+    """The GPUs the run's processes ask Ray for (none on a CPU run). Live capacity asks for
+    no preemptible GPUs up front: its nodes come and go, and each holds what it holds."""
     t, r, c = config.trainer, config.rollout, config.cluster
+    preemptible = 0 if capacity_kind(config) == "live" else c.max_preemptible
     return GpuNeeds(trainer_ranks=t.world_size, gpus_per_rank=t.rank_gpus, reserved_engines=c.reserved_instances,
-                    gpus_per_engine=r.instance_gpus, preemptible=c.max_preemptible, gpus_per_instance=r.instance_gpus)
+                    gpus_per_engine=r.instance_gpus, preemptible=preemptible, gpus_per_instance=r.instance_gpus)
 
 
 def ray_settings(config: RunConfig, plan: TracePlan, worker_dir: str | None = None) -> RaySettings:
@@ -69,21 +61,21 @@ def ray_settings(config: RunConfig, plan: TracePlan, worker_dir: str | None = No
     return RaySettings(address=c.address, num_cpus=c.num_cpus, object_store_mb=c.object_store_mb,
                        reserved=config.trainer.world_size + c.reserved_instances,
                        preemptible=max(1, joins + c.initial_preemptible), worker_dir=worker_dir,
-                       gpus=gpu_needs(config))
+                       gpus=gpu_needs(config), preemptible_required=capacity_kind(config) != "live")
 
 
 class Cluster:
     """The run's actors and the calls one step makes on them."""
 
     def __init__(self, config: RunConfig, run: RunDirectory, ledger: CostLedger, *, weights: Path,
-                 reference: Path, optimizer_state: str | None, billed_from: float | None = None):
+                 reference: Path, optimizer_state: str | None, billed_from: float | None = None,
+                 say: Callable[[str], None] = print):
         # one secret for every weight server and puller of the run, carried to them by Ray;
         # never written to config.json (which drops bytes) or logged
         secret = config.transfer.secret or run_secret()
         config = dataclasses.replace(config, transfer=dataclasses.replace(config.transfer, secret=secret))
-        self.config, self.run, self.ledger = config, run, ledger
-        self.replay: TraceReplay | None = None
-        self.trace_plan: TracePlan | None = None
+        self.config, self.run, self.ledger, self.say = config, run, ledger, say
+        self.capacity: CapacitySource | None = None
         self.rendezvous: Path | None = None  # the file rendezvous, removed at close
         self.controller = self.trainer = self.fleet = None
         self.injections: dict[int, list[str]] = {}
@@ -123,6 +115,9 @@ class Cluster:
         for i in range(config.cluster.initial_preemptible):
             self.fleet.join(f"spot-s{i}", "preemptible")
         self.fleet.start()
+        self.capacity = build_capacity(capacity_kind(config), config.cluster, self.fleet,
+                                       slot=InstanceSlot(cpus=r.instance_cpus, gpus=r.instance_gpus),
+                                       record=run.append_event, say=self.say)
         init = None
         if t.rendezvous == "file":  # a folder every rank sees: the run directory on one machine
             folder = Path(t.rendezvous_dir).expanduser() if t.rendezvous_dir else run.path
@@ -136,22 +131,19 @@ class Cluster:
         controller, *ranks = ray.get(where, timeout=READY_TIMEOUT_S)
         run.append_event("processes", controller=controller, trainer_ranks=ranks)
 
-    def begin(self, version: int) -> None:
-        """Serve the first version and wait until the reserved engines hold it."""
+    def begin(self, version: int, resume: dict | None = None) -> None:
+        """Serve the first version, wait until the reserved engines hold it, then start the
+        capacity source (resume: the position a checkpoint saved)."""
         self.publish(version)
         self.fleet.wait_version(version, "reserved", READY_TIMEOUT_S)
+        self.capacity.start(resume)
 
-    def replay_trace(self, plan: TracePlan, offset_s: float = 0.0) -> None:
-        """Replay the plan's events from offset_s seconds into it."""
-        self.trace_plan = plan
-        self.replay = TraceReplay(self.fleet, plan.events,
-                                  busy_wait_s=self.config.cluster.preempt_busy_wait_s).start(offset_s)
+    def after_step(self, step: int, step_s: float) -> None:
+        self.capacity.after_step(step, step_s, self.config.run.steps - step)
 
     def trace_position(self) -> dict | None:
-        """Where the replay stands, for a checkpoint: {"duration_s", "offset_s"}."""
-        if self.replay is None or self.trace_plan is None:
-            return None
-        return {"duration_s": self.trace_plan.duration_s, "offset_s": self.replay.position_s}
+        """Where the capacity source stands, for a checkpoint (a trace: {"duration_s", "offset_s"})."""
+        return self.capacity.position() if self.capacity is not None else None
 
     def wait_for_weights(self, version: int) -> None:
         self.fleet.wait_version(version, "reserved", self.config.rollout.pull_timeout_s)
@@ -204,8 +196,8 @@ class Cluster:
             self.fleet.kill(victim)
 
     def _check_replay(self) -> None:
-        if self.replay is not None and self.replay.error is not None:
-            raise RuntimeError(f"the trace replay failed: {self.replay.error!r}") from self.replay.error
+        if self.capacity is not None:
+            self.capacity.check()
 
     def dead_processes(self) -> list[str]:
         """The run's own processes that have died ("the controller", "trainer rank 1"),
@@ -229,13 +221,14 @@ class Cluster:
         return sorted(dead)
 
     def close(self, failed: bool = False) -> None:
-        """Stop the trace, the instances, the controller and the trainer (in that order);
+        """Stop the capacity source (withdrawing what it asked for), the instances, the
+        controller and the trainer (in that order);
         whatever was started, even by a launch that failed half way. failed: a process may
         be dead or stuck in a collective, so the live ones get seconds, not minutes, to
         leave cleanly before they are killed; the reserved cluster is still billed."""
         wait_s = 2.0 if failed else 30.0
-        if self.replay is not None:
-            self.replay.stop()
+        if self.capacity is not None:
+            self.capacity.stop()
         if self.fleet is not None:
             self.fleet.close()
         if self.controller is not None:

@@ -144,14 +144,24 @@ def _preemption_marks(ax: Any, timeline: Timeline) -> list:
     if notices:
         handles += ax.plot([m.x for m in notices], [0.97] * len(notices), "v", color=NOTICE, ms=7,
                            transform=on_top, clip_on=False, ls="",
-                           label=f"preemption with notice ({len(notices)}), shaded until reclaimed")
+                           label=f"preemption with notice ({_by_source(notices)}), shaded until reclaimed")
     if sudden:
         for m in sudden:
             ax.axvline(m.x, color=SUDDEN, lw=0.8, ls=":")
         handles += ax.plot([m.x for m in sudden], [0.97] * len(sudden), "X", color=SUDDEN, ms=7,
                            transform=on_top, clip_on=False, ls="",
-                           label=f"sudden preemption, killed without notice ({len(sudden)})")
+                           label=f"sudden preemption, killed without notice ({_by_source(sudden)})")
     return handles
+
+
+def _by_source(marks: list) -> str:
+    """"3" or, when the log names who decided them, "3: 2 aws, 1 hook"."""
+    counts: dict[str, int] = {}
+    for m in marks:
+        if m.source:
+            counts[m.source] = counts.get(m.source, 0) + 1
+    named = ", ".join(f"{n} {src}" for src, n in sorted(counts.items()))
+    return f"{len(marks)}: {named}" if named else str(len(marks))
 
 
 def _relaunch_lines(ax: Any, timeline: Timeline, offset: float) -> list:

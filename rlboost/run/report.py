@@ -43,6 +43,10 @@ class RunSummary:
 
     usd includes egress_usd: the weight bytes instances pulled from the trainer
     (egress_bytes), at their pool's cost.egress_usd_per_gb.
+
+    pool_empty_s: how long, of the run's pool_span_s (from each launch to its last step),
+    no preemptible instance was placed (the reserved cluster alone); notice_sources counts
+    the notices by what sent them (trace, hook, and each cloud).
     """
 
     steps: int
@@ -70,6 +74,9 @@ class RunSummary:
     delta_pulls: int = 0
     weight_pulls: int = 0
     reward_failures: dict[str, int] | None = None  # samples whose reward function failed, by kind
+    pool_empty_s: float = 0.0
+    pool_span_s: float = 0.0
+    notice_sources: tuple[tuple[str, int], ...] = ()
 
     @property
     def samples_lost(self) -> int:
@@ -103,6 +110,10 @@ class RunSummary:
              if self.reserved_only_usd > 0 else "not enough data to estimate"),
             ("preemptions survived", f"{self.notices + self.sudden} ({self.notices} with notice, "
                                      f"{self.sudden} sudden)"),
+            ("notices by source", ", ".join(f"{n} {src}" for src, n in self.notice_sources) or "none"),
+            ("preemptible pool empty", f"{self.pool_empty_s:,.1f} s of {self.pool_span_s:,.1f} s "
+                                       f"({self.pool_empty_s / self.pool_span_s:.0%})" if self.pool_span_s > 0
+             else "n/a"),
             ("samples lost", f"{self.samples_lost}"),
             ("samples duplicated", f"{self.samples_duplicated}"),
             ("migrations (live / resumed after a loss)", f"{self.migrations} / {self.resumes}"),
@@ -157,7 +168,43 @@ def summarize(run: RunDirectory) -> RunSummary:
         egress_usd=float(last.get("egress_usd", 0.0)),
         delta_pulls=sum(int(m.get("weight_delta_pulls", 0)) for m in metrics),
         weight_pulls=sum(int(m.get("pulls", 0)) for m in metrics),
+        **_pool_empty(events, float(last.get("elapsed_s", 0.0))), notice_sources=_notice_sources(events),
         reward_failures=_reward_failures(metrics))
+
+
+def _notice_sources(events: list[dict]) -> tuple[tuple[str, int], ...]:
+    """Notices per source: a cloud's are counted under its name (aws, gcp, azure)."""
+    counts: dict[str, int] = {}
+    for e in events:
+        if e.get("kind") == "notice":
+            name = e.get("cloud") or e.get("source") or "trace"
+            counts[name] = counts.get(name, 0) + 1
+    return tuple(sorted(counts.items()))
+
+
+def _pool_empty(events: list[dict], end_s: float) -> dict:
+    """Seconds without a placed preemptible instance, from each launch to the next one (or to
+    end_s, the last step's end), read from the counts instance events carry."""
+    empty = span = 0.0
+    since = up = None  # this launch's start, and the instances up since the last event
+    last_t = 0.0
+    for e in sorted(events, key=lambda e: float(e.get("t", 0.0))):
+        t = min(float(e.get("t", 0.0)), end_s)
+        if e.get("kind") == "launch" or since is None:
+            if since is not None:
+                span += last_t - since
+            since, up, last_t = t, 0, t
+        if up == 0:
+            empty += t - last_t
+        last_t = t
+        if "preemptible_up" in e:
+            up = int(e["preemptible_up"])
+    if since is not None and end_s > last_t:
+        empty += (end_s - last_t) if up == 0 else 0.0
+        last_t = end_s
+    if since is not None:
+        span += last_t - since
+    return {"pool_empty_s": empty, "pool_span_s": span}
 
 
 def _reward_failures(metrics: list[dict]) -> dict[str, int] | None:

@@ -66,13 +66,15 @@ class Segment:
 class Mark:
     """A preemption (kind "notice" or "sudden") or a relaunch ("resume", "restart") at x.
     A notice's until_x is where its instance was reclaimed, or its launch ended (None if
-    the log ends first)."""
+    the log ends first). source: who decided a preemption (events' `source`, a cloud by its
+    name: trace, aws, gcp, azure, hook, node; "" in logs without it)."""
 
     kind: str
     x: float
     instance: str | None = None
     until_x: float | None = None
     inferred: bool = False  # a relaunch read from the events of a log without launch records
+    source: str = ""
 
 
 @dataclass(slots=True)
@@ -101,6 +103,10 @@ def read_timeline(metrics: list[dict[str, Any]], events: list[dict[str, Any]]) -
     for e in events:
         builder.apply(e, x_of(e))
     return Timeline("step" if clock is not None else "minutes", builder.close(end), builder.marks, clock)
+
+
+def _source(e: dict[str, Any]) -> str:
+    return str(e.get("cloud") or e.get("source") or "")
 
 
 def _pool(e: dict[str, Any]) -> str:
@@ -138,7 +144,7 @@ class _Builder:
         elif kind == "notice":
             self.serving.discard(iid)
             self.notices[iid] = len(self.marks)
-            self.marks.append(Mark("notice", x, iid))
+            self.marks.append(Mark("notice", x, iid, source=_source(e)))
         elif kind in ("gone", "death"):
             self._end(e, x, iid)
         self._point(x)
@@ -149,7 +155,7 @@ class _Builder:
             self.ended = True
             return
         if e.get("kind") == "death":
-            self.marks.append(Mark("sudden", x, iid))
+            self.marks.append(Mark("sudden", x, iid, source=_source(e)))
         if iid in self.notices:  # the notice's grace period ends here
             self._close_notice(iid, x)
         self.up.pop(iid, None)
@@ -164,7 +170,7 @@ class _Builder:
 
     def _close_notice(self, iid: str, x: float) -> None:
         i = self.notices.pop(iid)
-        self.marks[i] = Mark("notice", self.marks[i].x, iid, until_x=x)
+        self.marks[i] = Mark("notice", self.marks[i].x, iid, until_x=x, source=self.marks[i].source)
 
     def _end_launch(self, x: float) -> None:
         """The launch's line and its grace periods still running end at x."""

@@ -1,0 +1,146 @@
+"""Preemption notices as one record from any source: a cloud's metadata service (AWS, GCP,
+Azure) or a node's shutdown hook (`rlboost notice`). One small interface, one class per
+source beside it (aws.py, gcp.py, azure.py), chosen by name (factory.build_watcher); `auto`
+probes each cloud's endpoint once, with a short timeout.
+
+Stdlib only: a notice watcher runs in a light actor on every preemptible node, and
+`rlboost notice` must start in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Protocol
+
+from rlboost.validate import check_format_version, require
+
+NOTICE_FORMAT_VERSION = 1
+CLOUDS = ("aws", "gcp", "azure")
+NOTICE_SOURCES = ("auto", *CLOUDS, "none")
+# A node's Ray label that overrides cluster.notice_source for that node (a cluster that spans
+# clouds, or on-premises nodes beside spot ones): `ray start --labels='{"rlboost.io/notice-source": "gcp"}'`.
+SOURCE_LABEL = "rlboost.io/notice-source"
+MAX_BODY = 64 << 10  # a metadata answer is a few hundred bytes
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Notice:
+    """This node goes away in grace_s seconds (as read on the node when the notice came).
+
+    >>> Notice(source="aws", grace_s=118.5, detail="terminate").grace_s
+    118.5
+
+    source: aws, gcp, azure (the cloud's metadata service) or hook (`rlboost notice`).
+    A duration, not a time, crosses machines, so the nodes' clocks need not agree.
+    """
+
+    source: str
+    grace_s: float
+    detail: str = ""
+    format_version: int = NOTICE_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        check_format_version(self, NOTICE_FORMAT_VERSION)
+        require(self.source in (*CLOUDS, "hook"), "Notice.source", f"one of {(*CLOUDS, 'hook')}", self.source)
+        require(self.grace_s >= 0, "Notice.grace_s", ">= 0", self.grace_s)
+
+
+@dataclass(kw_only=True, slots=True)
+class NoticeConfig:
+    """Where each node's notice watcher asks, and how often.
+
+    The base URLs are the clouds' own metadata addresses; point them elsewhere for a proxy
+    or a test server (tests use 127.0.0.1 only).
+    """
+
+    aws_url: str = "http://169.254.169.254"
+    """AWS instance metadata (IMDSv2) base URL"""
+    gcp_url: str = "http://metadata.google.internal"
+    """GCP metadata server base URL"""
+    azure_url: str = "http://169.254.169.254"
+    """Azure instance metadata (Scheduled Events) base URL"""
+    probe_timeout_s: float = 0.5
+    """how long `auto` waits for each metadata endpoint's answer"""
+    poll_s: float = 2.0
+    """seconds between two questions to AWS or Azure (GCP's server answers when the value changes)"""
+    gcp_grace_s: float = 30.0
+    """warning a GCP preemption gives (GCP's notice carries no time), seconds"""
+    azure_grace_s: float = 30.0
+    """warning an Azure Preempt event without NotBefore gives, seconds"""
+    hook: bool = True
+    """each node listens for `rlboost notice` from its shutdown hook"""
+    hook_dir: str | None = None
+    """folder of the nodes' notice sockets (None: rlboost-notices-UID in the temporary folder)"""
+
+    def __post_init__(self) -> None:
+        for name in ("aws_url", "gcp_url", "azure_url"):
+            url = getattr(self, name)
+            require(isinstance(url, str) and url.startswith(("http://", "https://")), f"cluster.notices.{name}",
+                    "an http:// or https:// URL", url)
+        require(0 < self.probe_timeout_s <= 30, "cluster.notices.probe_timeout_s", "in (0, 30]", self.probe_timeout_s)
+        require(0 < self.poll_s <= 60, "cluster.notices.poll_s", "in (0, 60]", self.poll_s)
+        for name in ("gcp_grace_s", "azure_grace_s"):
+            require(0 <= getattr(self, name) <= 3600, f"cluster.notices.{name}", "in [0, 3600]", getattr(self, name))
+        require(self.hook_dir is None or bool(self.hook_dir), "cluster.notices.hook_dir", "None or a folder",
+                self.hook_dir)
+
+
+class NoticeWatcher(Protocol):
+    """One source of a node's preemption notices."""
+
+    name: str
+
+    def next(self, timeout_s: float) -> Notice | None:
+        """Wait up to about timeout_s for a notice; None when none came meanwhile. A source that
+        fails to answer is retried at the next call (logged), never fatal."""
+
+    def close(self) -> None:
+        """Stop waiting (a call in progress returns within its timeout)."""
+
+
+class NoNotices:
+    """`none`: the node's cloud gives no notice (only its shutdown hook can)."""
+
+    name = "none"
+
+    def __init__(self, config: NoticeConfig | None = None):
+        self._stop = threading.Event()
+
+    @classmethod
+    def probe(cls, config: NoticeConfig) -> bool:
+        return True
+
+    def next(self, timeout_s: float) -> Notice | None:
+        self._stop.wait(timeout_s)
+        return None
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def http(method: str, url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, str, dict]:
+    """(status, body, headers) of one request; a 4xx/5xx answer is a status, not an error.
+    OSError (URLError, timeouts) when the server cannot be reached."""
+    request = urllib.request.Request(url, method=method, headers=headers,
+                                     data=b"" if method in ("PUT", "POST") else None)
+    # the metadata services are link-local: a proxy from the environment must not see them
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout_s) as answer:
+            return answer.status, answer.read(MAX_BODY).decode("utf-8", "replace"), dict(answer.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(MAX_BODY).decode("utf-8", "replace"), dict(err.headers or {})
+
+
+def json_or_none(text: str) -> dict | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

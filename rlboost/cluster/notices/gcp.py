@@ -1,0 +1,58 @@
+"""GCP preemption notices from the metadata server: instance/preempted (header
+`Metadata-Flavor: Google`) turns TRUE about 30 seconds before a spot or preemptible VM is
+stopped; with ?wait_for_change=true the server answers only when the value changes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from rlboost.cluster.notices.base import Notice, NoticeConfig, http
+
+PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
+PROBE_PATH = "/computeMetadata/v1/instance/id"
+HEADERS = {"Metadata-Flavor": "Google"}
+log = logging.getLogger(__name__)
+
+
+class GcpNotices:
+    name = "gcp"
+
+    def __init__(self, config: NoticeConfig):
+        self.config = config
+        self.base = config.gcp_url.rstrip("/")
+        self._etag: str | None = None  # the value last seen: wait for a change from it
+        self._stop = threading.Event()
+
+    @classmethod
+    def probe(cls, config: NoticeConfig) -> bool:
+        try:
+            status, _, headers = http("GET", config.gcp_url.rstrip("/") + PROBE_PATH, HEADERS,
+                                      config.probe_timeout_s)
+        except OSError:
+            return False
+        # the metadata server names itself in its answers; anything else at the address is not it
+        return status == 200 and headers.get("Metadata-Flavor") == "Google"
+
+    def next(self, timeout_s: float) -> Notice | None:
+        if self._stop.is_set():
+            return None
+        wait = max(1, int(timeout_s))
+        query = "" if self._etag is None else f"?wait_for_change=true&timeout_sec={wait}&last_etag={self._etag}"
+        try:
+            status, body, headers = http("GET", self.base + PREEMPTED_PATH + query, HEADERS, wait + 5.0)
+        except OSError as exc:
+            log.warning("GCP metadata at %s did not answer: %r", self.base, exc)
+            self._stop.wait(min(timeout_s, self.config.poll_s))
+            return None
+        if status != 200:
+            log.warning("GCP instance/preempted answered %d %r; ignored", status, body[:200])
+            self._stop.wait(min(timeout_s, self.config.poll_s))
+            return None
+        self._etag = headers.get("ETag") or self._etag or "NONE"
+        if body.strip().upper() == "TRUE":
+            return Notice(source="gcp", grace_s=self.config.gcp_grace_s, detail="preempted")
+        return None
+
+    def close(self) -> None:
+        self._stop.set()

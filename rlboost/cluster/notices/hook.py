@@ -1,0 +1,188 @@
+"""The shutdown hook's notice: `rlboost notice --grace S`, run on a node by its shutdown hook
+(a Kubernetes preStop, a systemd unit, cloud-init), tells the run that this node goes away
+in S seconds. Each node's notice agent listens on a Unix socket of its own in a folder only
+its user may enter; the command sends one JSON line and reads the agent's answers: the run
+took the notice (at once), and, with --wait, its instances have drained.
+
+    request  {"format_version": 1, "grace_s": 20.0, "wait": true}
+    answers  {"format_version": 1, "taken": true}   then, with wait, {"format_version": 1, "drained": true}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import stat
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rlboost.cluster.notices.base import Notice
+
+HOOK_FORMAT_VERSION = 1
+MAX_LINE = 4096
+READ_TIMEOUT_S = 5.0  # a client that sends no whole line within this is dropped
+TAKE_TIMEOUT_S = 5.0  # how long an agent waits for the run to take a hook's notice before it says so
+MAX_GRACE_S = 24 * 3600.0
+log = logging.getLogger(__name__)
+
+
+def default_hook_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"rlboost-notices-{os.getuid()}"
+
+
+def socket_path(folder: str | os.PathLike | None, node_id: str) -> Path:
+    """The notice socket of a node (its id's first 16 hex digits: a Unix socket path is short)."""
+    return Path(folder or default_hook_dir()) / f"{node_id[:16]}.sock"
+
+
+def private_folder(folder: Path) -> Path:
+    """Create the folder (mode 0700) or check an existing one: it must be ours and closed to
+    others, or anyone on the machine could announce a node's end or listen in its place."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{folder} must be a folder of user {os.getuid()} closed to others (mode 0700)")
+    return folder
+
+
+@dataclass(slots=True)
+class _Pending:
+    notice: Notice
+    received: float  # time.monotonic() on this node
+    taken: threading.Event
+    drained: threading.Event
+
+
+class HookListener:
+    """Accepts `rlboost notice` on the node's socket; on_notice(pending) queues each one."""
+
+    def __init__(self, path: Path, on_notice: Callable[[_Pending], None]):
+        self.path = path
+        self.on_notice = on_notice
+        private_folder(path.parent)
+        path.unlink(missing_ok=True)  # left by an agent that was killed
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        os.chmod(path, 0o600)
+        self._server.listen(16)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="notice-hook", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                request = _read_request(conn)
+            except (OSError, ValueError) as exc:
+                _send(conn, {"error": str(exc)})
+                return
+            pending = _Pending(Notice(source="hook", grace_s=request["grace_s"], detail="rlboost notice"),
+                               time.monotonic(), threading.Event(), threading.Event())
+            self.on_notice(pending)
+            if not pending.taken.wait(TAKE_TIMEOUT_S):
+                _send(conn, {"taken": False, "error": f"no run took the notice within {TAKE_TIMEOUT_S:g} s; "
+                                                      "it waits on the node for the run"})
+                return
+            _send(conn, {"taken": True})
+            if request["wait"]:
+                pending.drained.wait(max(0.0, request["grace_s"] - (time.monotonic() - pending.received)))
+                _send(conn, {"drained": pending.drained.is_set()})
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self._server.close()
+        finally:
+            self.path.unlink(missing_ok=True)
+
+
+def _read_request(conn: socket.socket) -> dict:
+    conn.settimeout(READ_TIMEOUT_S)
+    data = b""
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    while b"\n" not in data:
+        if len(data) > MAX_LINE or time.monotonic() > deadline:
+            raise ValueError(f"a notice request is one JSON line under {MAX_LINE} bytes")
+        chunk = conn.recv(MAX_LINE)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        request = json.loads(data.split(b"\n", 1)[0])
+    except ValueError:
+        raise ValueError("a notice request is one JSON line") from None
+    if not isinstance(request, dict) or request.get("format_version") != HOOK_FORMAT_VERSION:
+        raise ValueError(f"a notice request carries format_version {HOOK_FORMAT_VERSION}")
+    grace = request.get("grace_s")
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= MAX_GRACE_S:
+        raise ValueError(f"grace_s must be a number of seconds in [0, {MAX_GRACE_S:g}], got {grace!r}")
+    return {"grace_s": float(grace), "wait": bool(request.get("wait", False))}
+
+
+def _send(conn: socket.socket, answer: dict) -> None:
+    try:
+        conn.sendall(json.dumps({"format_version": HOOK_FORMAT_VERSION, **answer}).encode() + b"\n")
+    except OSError:  # the command gave up: nothing to tell
+        pass
+
+
+# -- the command's side --------------------------------------------------------------------
+
+
+def node_sockets(folder: str | os.PathLike | None) -> list[Path]:
+    """The notice sockets of the runs' nodes on this machine."""
+    where = Path(folder or default_hook_dir())
+    return sorted(where.glob("*.sock")) if where.is_dir() else []
+
+
+def pick_socket(folder: str | os.PathLike | None, node: str | None) -> Path:
+    """The socket of the one node on this machine (or of the node whose id starts with `node`);
+    ValueError saying what is there otherwise."""
+    where = Path(folder or default_hook_dir())
+    found = [p for p in node_sockets(where) if node is None or p.stem.startswith(node[:16])]
+    if not found:
+        named = f" for node {node}" if node else ""
+        raise ValueError(f"no rlboost run listens for notices on this machine{named} (no socket in {where})")
+    if len(found) > 1:
+        raise ValueError(f"{len(found)} Ray nodes of rlboost runs on this machine ({', '.join(p.stem for p in found)}): "
+                         "name one with --node")
+    return found[0]
+
+
+def send_notice(path: Path, grace_s: float, wait: bool = False) -> dict:
+    """Announce this node's end in grace_s seconds; returns the agent's last answer
+    ({"taken": bool, "drained": bool with wait}). OSError when no agent listens there."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(TAKE_TIMEOUT_S + 5.0)
+        conn.connect(str(path))
+        conn.sendall(json.dumps({"format_version": HOOK_FORMAT_VERSION, "grace_s": grace_s, "wait": wait}).encode()
+                     + b"\n")
+        answers = []
+        reader = conn.makefile("rb")
+        for _ in range(2 if wait else 1):
+            if wait and answers and answers[-1].get("taken"):
+                conn.settimeout(grace_s + 5.0)
+            line = reader.readline(MAX_LINE)
+            if not line:
+                break
+            answers.append(json.loads(line))
+            if not answers[-1].get("taken", True) or "error" in answers[-1]:
+                break
+    if not answers:
+        raise OSError(f"the notice agent at {path} closed the connection without an answer")
+    merged = {k: v for a in answers for k, v in a.items()}
+    return merged
