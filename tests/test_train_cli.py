@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 SHORT = [
     "--set", "run.steps=3", "--set", "run.progress=false", "--set", "run.checkpoint_every=10",
     "--set", "model.warmup_steps=10", "--set", "task.groups_per_step=8", "--set", "task.group_size=4",
@@ -36,7 +38,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _train(tmp_path: Path, *args: str, timeout: float = 150) -> Path:
+def _train(tmp_path: Path, *args: str, timeout: float = 300) -> Path:
     # cwd=tmp_path: the installed package is imported, not the source tree
     tmp_path.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *args], cwd=tmp_path,
@@ -49,9 +51,22 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_short_run_survives_both_preemptions_and_resumes(tmp_path):
-    run = _train(tmp_path, *SHORT)
-    metrics = _jsonl(run / "metrics.jsonl")
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory) -> tuple[Path, Path]:
+    """One shortened run with both preemptions, read by the tests below (each run spends
+    most of its time starting Ray and its processes): its folder and run directory."""
+    base = tmp_path_factory.mktemp("preempted")
+    return base, _train(base, *SHORT)
+
+
+def _first_steps(run: Path, steps: int = 3) -> list[dict]:
+    return [m for m in _jsonl(run / "metrics.jsonl") if m["step"] <= steps]  # before any resume
+
+
+@pytest.mark.xdist_group("preempted")
+def test_short_run_survives_both_preemptions_and_resumes(preempted):
+    tmp_path, run = preempted
+    metrics = _first_steps(run)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         # every sample of the step trained on exactly once, none lost or duplicated
@@ -89,15 +104,16 @@ def test_short_run_survives_both_preemptions_and_resumes(tmp_path):
     assert not list(run.glob(".rendezvous-*"))  # each launch removes its rendezvous file
 
 
-def test_preemptions_change_nothing_the_trainer_sees(tmp_path):
+@pytest.mark.xdist_group("preempted")
+def test_preemptions_change_nothing_the_trainer_sees(preempted, tmp_path):
     """Sampling depends only on (seed, sample, position) and resumed samples continue from
     their last token, so a run with both preemptions trains on exactly what a run without
     them does: the same rewards step by step."""
     calm = [a.replace("notice@2,kill@3", "") for a in SHORT]  # no preemption
-    preempted = _jsonl(_train(tmp_path / "a", *SHORT) / "metrics.jsonl")
-    undisturbed = _jsonl(_train(tmp_path / "b", *calm) / "metrics.jsonl")
-    assert [m["reward_mean"] for m in preempted] == [m["reward_mean"] for m in undisturbed]
-    assert [m["total_tokens"] for m in preempted] == [m["total_tokens"] for m in undisturbed]
+    disturbed = _first_steps(preempted[1])
+    undisturbed = _jsonl(_train(tmp_path, *calm) / "metrics.jsonl")
+    assert [m["reward_mean"] for m in disturbed] == [m["reward_mean"] for m in undisturbed]
+    assert [m["total_tokens"] for m in disturbed] == [m["total_tokens"] for m in undisturbed]
 
 
 def _wait_for(stream, text: str, timeout: float) -> str:
