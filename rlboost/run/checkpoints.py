@@ -16,6 +16,7 @@ from rlboost import env
 from rlboost.config.overrides import from_dict, to_dict
 from rlboost.config.run import RunConfig
 from rlboost.errors import ConfigError
+from rlboost.inputs import printable, read_json
 from rlboost.run.directory import CONFIG_FILE, RunDirectory
 from rlboost.trainer.checkpoint import (
     COMPLETE_MARKER,
@@ -69,9 +70,9 @@ def read_run_config(path: str) -> RunConfig:
     if not file.is_file():
         raise ConfigError(f"{path} is not a run directory (no {CONFIG_FILE})")
     try:
-        return from_dict(RunConfig, json.loads(file.read_text()))
-    except ValueError as exc:
-        raise ConfigError(f"{file} cannot be read back: {exc}") from None
+        return from_dict(RunConfig, read_json(file))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # damaged, or not what rlboost writes
+        raise ConfigError(f"{file} cannot be read back: {printable(exc)}") from None
 
 
 def last_checkpoint_step(run: RunDirectory) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rlboost.inputs import printable
 from rlboost.run.directory import RunDirectory
 from rlboost.run.plots import plot_run
 
@@ -134,9 +135,15 @@ class RunSummary:
                 f"lost and redone, billed")
 
     def markdown(self, title: str) -> str:
-        lines = [f"# {title}", "", "| | |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in self.rows()]
+        lines = [f"# {printable(title)}", "", "| | |", "|---|---|"]
+        lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in self.rows()]
         return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """A table cell of summary.md: what came from the run's files (causes, sources, kinds)
+    with control characters escaped and pipes that would end the cell quoted."""
+    return printable(text).replace("|", "\\|")
 
 
 def summarize(run: RunDirectory) -> RunSummary:
@@ -250,14 +257,16 @@ def write_report(run: RunDirectory, *, echo: bool = True) -> RunSummary:
     if echo:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title=f"rlboost run {run.path.name}", show_header=False)
+        # Text, not str: rich would read [...] in a run's own strings as markup
+        table = Table(title=Text(f"rlboost run {printable(run.path.name)}"), show_header=False)
         table.add_column(style="bold")
         table.add_column()
         for key, value in summary.rows():
-            table.add_row(key, value)
+            table.add_row(Text(printable(key)), Text(printable(value)))
         Console().print(table)
-        Console().print(f"run directory: {run.path}  (plots in {run.plots_dir})")
+        Console().print(Text(f"run directory: {printable(run.path)}  (plots in {printable(run.plots_dir)})"))
     return summary
 
 
