@@ -12,7 +12,6 @@ from rlboost.models import ModelConfig, empty_model
 from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.engine import RolloutEngine
 
-
 # engines that come from an optional package, and the extra that installs it
 _PACKAGES = {"sglang": ("sglang", "rlboost[sglang]"), "vllm": ("vllm", "rlboost[vllm]")}
 

@@ -173,8 +173,25 @@ class StepProgress:
     def update(self, rec: dict) -> None:
         self.bar.set_postfix_str(
             f"reward={rec['reward_mean']:.3f} tok/s={rec['tokens_per_s']:.0f} up={rec['instances_up']} "
-            f"offload={rec['offload_share']:.0%} pull={rec['weight_pull_s']:.2f}s", refresh=False)
+            f"offload={rec['offload_share']:.0%} pull={rec['weight_pull_s']:.2f}s{delta_note(rec)}", refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:
         self.bar.close()
+
+
+def delta_note(rec: dict) -> str:
+    """The progress line's word on the latest delta: its size, or why it was declined.
+
+    >>> delta_note({"publish_delta": {"declined": True, "values_changed": 0.97}})
+    ' delta=declined (97% of values changed)'
+    """
+    d = rec.get("publish_delta") or {}
+    if "target" not in d and "declined" not in d:
+        return ""
+    changed = d.get("values_changed")
+    if d.get("declined"):
+        return f" delta=declined ({changed:.0%} of values changed)" if changed is not None else " delta=declined"
+    if d.get("bytes"):
+        return f" delta={d['target_bytes'] / d['bytes']:.0f}x smaller"
+    return ""
