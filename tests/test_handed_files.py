@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_cli_errors import _make_checkpoint, _make_run
 
 from rlboost.cli import main
 from rlboost.trainer.checkpoint import file_sizes
-from test_cli_errors import _make_checkpoint, _make_run
 
 SECRET_SIZE = 123457  # a size no message may give away
 
