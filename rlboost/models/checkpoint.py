@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -200,6 +201,11 @@ def _write_checkpoint(model: DecoderLM, root: Path, max_shard_bytes: int | None,
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     stored_dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     dataclasses.replace(model.config, extra={**model.config.extra, "torch_dtype": stored_dtype}).save(root)
+    # safetensors writes its files 0600 (a temporary file renamed into place): give them the
+    # mode every other file of the checkpoint gets from the umask
+    mode = stat.S_IMODE((root / "config.json").stat().st_mode)
+    for shard in root.glob("model*.safetensors"):
+        os.chmod(shard, mode)
     if tokenizer is not None:
         tokenizer.save(root)
 
