@@ -134,7 +134,7 @@ class RunSummary:
         if not self.deltas_served and not self.deltas_declined:
             return "none published"
         text = (f"{self.deltas_served} served ({self.delta_ratio:,.1f}x smaller than the full version, median), "
-                f"{self.deltas_declined} declined")
+                if self.deltas_served else "none served, ") + f"{self.deltas_declined} declined"
         if self.deltas_declined:
             text += (f"; declined: {changed or 'most values changed'}, so a delta would be larger than "
                      "transfer.delta_max_fraction of the version (deltas pay off when few bits change: "
