@@ -26,8 +26,8 @@ def test_a_local_run_starts_its_own_cluster_beside_another_one(tmp_path):
     The other cluster is stopped by killing only the processes its `ray start` started."""
     import json
     import os
-    import socket
     import shutil
+    import socket
     import subprocess
     import sys
     import tempfile
