@@ -36,7 +36,8 @@ class RunDirectory:
         for name in _OWN_ENTRIES:
             if (self.path / name).is_symlink():
                 raise ValueError(f"{self.path / name} is a symbolic link: a run directory's files stay in it")
-        (self.path / "plots").mkdir(exist_ok=True)  # checkpoints/ comes with the first checkpoint
+        (self.path / "checkpoints").mkdir(exist_ok=True)
+        (self.path / "plots").mkdir(exist_ok=True)
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
         self._step = self._next_step()
