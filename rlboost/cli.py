@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rlboost.inputs import printable
 from rlboost.run.outcome import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 
 # what a user can fix: bad values, missing or damaged files, a missing optional package
@@ -35,20 +36,20 @@ def _train(args: argparse.Namespace) -> int:
     from rlboost.run.job import preflight, train
     from rlboost.run.outcome import ending_lines, exit_code, stopped_lines
 
+    started = []  # train() says when the run's processes start: an error after that is the run's
     try:
         config = _run_config(args)
         preflight(config)
-    except _BAD_INPUT as exc:
-        return _bad_input(args, exc)
-    try:
-        result = train(config, resume=args.resume, quiet=not args.debug)
-    except ConfigError as exc:  # found while preparing, before any process started
-        return _bad_input(args, exc)
+        result = train(config, resume=args.resume, quiet=not args.debug, on_start=lambda: started.append(True))
     except RunHalted as exc:
         if args.debug:
             raise
         _say(*ending_lines(exc))
         return exit_code(exc)
+    except _BAD_INPUT as exc:
+        if started and not isinstance(exc, ConfigError):
+            raise  # raised inside a started run, where rlboost expects none of these: a bug
+        return _bad_input(args, exc)
     if result.stopped:
         _say(*stopped_lines(result))
         return EXIT_INTERRUPTED
@@ -91,7 +92,11 @@ def _report(args: argparse.Namespace) -> int:
 
     if not (Path(args.run_dir) / METRICS_FILE).is_file():
         raise FileNotFoundError(f"{args.run_dir} is not a run directory with metrics ({METRICS_FILE})")
-    write_report(RunDirectory(args.run_dir))
+    try:
+        write_report(RunDirectory(args.run_dir))
+    except (TypeError, KeyError, AttributeError, IndexError) as exc:  # a line of the wrong shape
+        raise ValueError(f"{args.run_dir}: its metrics or events hold values of a kind rlboost does not write "
+                         f"({type(exc).__name__}: {exc}); --debug shows where") from exc
     return EXIT_OK
 
 
@@ -169,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The one boundary where every expected error becomes its line and exit code."""
     args = build_parser().parse_args(argv)
     try:
         if args.func is _train:  # tells bad input from a bug itself: the run may have started
@@ -192,7 +198,7 @@ def _bad_input(args: argparse.Namespace, exc: BaseException) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+    text = printable(" ".join(str(exc).split()))  # file names and values may come from a handed-over file
     if isinstance(exc, ModuleNotFoundError) and "pip install" not in text:
         text += f" (install it: pip install {exc.name})" if exc.name else ""
     return text or type(exc).__name__
@@ -200,7 +206,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _say(*lines: str) -> None:
     for line in lines:
-        print(line, file=sys.stderr, flush=True)
+        print(printable(line), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -159,3 +159,63 @@ def test_the_installed_command_prints_no_traceback(user_env):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "rlboost train: --set run.steps=x: expected an integer, e.g. run.steps=60"]
+
+
+def _one_line_exit_2(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    lines = _lines(capsys)
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("name, content", [
+    ("missing.json", None),
+    ("random.json", bytes(range(256)) * 3),
+    ("random.csv", bytes(range(256)) * 3),
+    ("empty.json", b""),
+    ("shape.json", b'{"foo": 1}'),
+    ("list.json", b"[1, 2, 3]"),
+    ("deep.json", b"[" * 100_000),
+    ("rows.csv", b"time,count\n0,1\n5,many\n"),
+])
+def test_a_bad_trace_file_is_one_line_before_anything_starts(user_env, capsys, name, content):
+    path = user_env / name
+    if content is not None:
+        path.write_bytes(content)
+    line = _one_line_exit_2(["train", "--set", f"cluster.trace={path}"], capsys)
+    assert name in line
+    assert not (user_env / "runs").exists()
+
+
+def test_a_run_root_that_is_a_regular_file_is_one_line(user_env, monkeypatch, capsys):
+    (user_env / "afile").write_text("")
+    monkeypatch.setenv("RLBOOST_RUN_ROOT", str(user_env / "afile" / "runs"))
+    line = _one_line_exit_2(["train", "--set", "run.steps=1"], capsys)
+    assert "RLBOOST_RUN_ROOT" in line and "afile" in line
+
+
+def test_a_run_root_on_a_read_only_mount_is_one_line(user_env):
+    """A real read-only bind mount, in a mount namespace of the command's own (unshare), so
+    nothing of it outlives the test."""
+    source, target = user_env / "src", user_env / "ro"
+    source.mkdir()
+    target.mkdir()
+    if subprocess.run(["unshare", "--mount", "--map-root-user", "true"], capture_output=True).returncode != 0:
+        pytest.skip("this machine lets no process make a mount namespace (unshare), so no read-only mount")
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(target / "runs"), RLBOOST_CACHE=str(user_env / "cache"))
+    script = (f"mount --bind -o ro {source} {target} && exec {sys.executable} -m rlboost.cli train "
+              "--set run.steps=1")
+    proc = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], cwd=user_env, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Read-only file system" in lines[0] and "RLBOOST_RUN_ROOT" in lines[0], lines
+
+
+def test_an_engine_package_that_is_missing_is_named_before_the_gpu_count(user_env, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is installed here")
+    line = _one_line_exit_2(["train", "--recipe", "qwen3_gpu", "--set", "rollout.backend=sglang"], capsys)
+    assert "sglang" in line and "pip install 'rlboost[sglang]'" in line and "GPUs" not in line

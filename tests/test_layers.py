@@ -23,7 +23,7 @@ LAYERS = [
     ["rlboost.migration"],
     ["rlboost.transfer"],
     ["rlboost.models", "rlboost.tasks"],
-    ["rlboost.errors", "rlboost.env", "rlboost.validate", "rlboost.timing", "rlboost._C", "rlboost"],
+    ["rlboost.errors", "rlboost.env", "rlboost.validate", "rlboost.inputs", "rlboost.timing", "rlboost._C", "rlboost"],
 ]
 
 

@@ -173,3 +173,39 @@ def test_joining_a_cluster_from_the_environment_with_a_loopback_config_is_refuse
     assert main(["train"]) == 2  # tiny_cpu binds loopback: useless across machines
     assert "transfer.bind_host" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # no run directory was made
+
+
+def test_two_ctrl_c_a_moment_apart_stop_at_once(tmp_path):
+    """The second press lands while the driver waits in ray.get, where Python runs its
+    handler once a second: it must still count, stop the run within seconds and say how to
+    resume (exit 130), and the run's processes must not outlive it."""
+    from own_processes import descendants, kill_leftovers, started_at
+
+    args = [a.replace("run.steps=3", "run.steps=200").replace("run.progress=false", "run.progress=true")
+            for a in SHORT]
+    proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", *args], cwd=tmp_path,
+                            env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    processes: dict[int, int | None] = {}
+    try:
+        _wait_for(proc.stderr, "| 1/200", timeout=120)
+        processes = {pid: started_at(pid) for pid in descendants(proc.pid)}
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        stopped_s = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = err.decode(errors="replace").strip().splitlines()
+    assert proc.returncode == 130, "\n".join(lines[-30:])
+    assert any(line.startswith("rlboost train: interrupted in step ") for line in lines[-2:]), lines[-3:]
+    assert "rlboost train --resume " in lines[-1] or "start the run again" in lines[-1], lines[-3:]
+    print(f"stopped {stopped_s:.1f} s after the second Ctrl-C")  # the figure; no timing assertion
+    deadline = time.monotonic() + 60  # Ray's reaper ends the local cluster once the driver is gone
+    while any(started_at(p) == s for p, s in processes.items()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [p for p, s in processes.items() if s is not None and started_at(p) == s]
+    kill_leftovers(processes)
+    assert left == [], f"processes of the run outlived it: {left}"

@@ -63,3 +63,32 @@ def test_report_of_a_directory_without_metrics_fails_cleanly(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert not (tmp_path / "nothing").exists()
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_the_summary_says_why_deltas_were_declined(tmp_path):
+    run = RunDirectory(tmp_path / "deltas")
+    for step, changed in ((1, 0.98), (2, 1.0), (3, 0.99)):
+        run.append_metrics({"step": step, "reward_mean": 0.5, "publish_delta": {
+            "base": step, "target": step + 1, "declined": True, "bytes": 1, "target_bytes": 4096,
+            "values_changed": changed}})
+    row = dict(summarize(run).rows())["weight deltas"]
+    assert row.startswith("none served, 3 declined; declined: 99.0% of the values changed"), row
+    assert "transfer.delta_max_fraction" in row
+
+
+def test_the_share_of_changed_values_is_sampled_from_each_version():
+    import torch
+
+    from rlboost.transfer.delta import changed_share, sample_values
+    from rlboost.transfer.manifest import Manifest
+
+    a = {"w": torch.arange(100_000, dtype=torch.float32), "b": torch.ones(1000, dtype=torch.bfloat16)}
+    manifest = Manifest.build(1, a)
+    flat = torch.zeros(manifest.total_bytes, dtype=torch.uint8)
+    views = {s.name: flat[s.offset:s.offset + s.nbytes].view(getattr(torch, s.dtype)) for s in manifest.tensors}
+    for name, t in a.items():
+        views[name].copy_(t)
+    before = sample_values(flat, manifest)
+    views["w"][::4] += 1.0  # a quarter of w's values, none of b's
+    share = changed_share(before, sample_values(flat, manifest))
+    assert abs(share - 0.25 * 400_000 / 402_000) < 0.01

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from rlboost.cluster.availability import AvailabilityTrace
+from rlboost.inputs import parse_json, read_json
 
 DATA = Path(__file__).with_name("data")
 SAMPLE_TRACE = DATA / "spot_sample.csv"
@@ -25,7 +26,7 @@ def read_skypilot_json(path: str | Path) -> AvailabilityTrace:
     """`{"metadata": {"gap_seconds": 300}, "data": [counts...]}` (skypilot-org/spot-traces)."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        doc = read_json(path)
         gap, data = float(doc["metadata"]["gap_seconds"]), doc["data"]
         counts = [int(c) for c in data]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -36,10 +37,14 @@ def read_skypilot_json(path: str | Path) -> AvailabilityTrace:
 
 
 def _csv_rows(path: Path):
-    with path.open(newline="") as f:
-        for line_no, row in enumerate(csv.reader(f), 1):
-            if row and not row[0].lstrip().startswith("#") and any(x.strip() for x in row):
-                yield line_no, [x.strip() for x in row]
+    line_no = 0
+    try:
+        with path.open(newline="") as f:
+            for line_no, row in enumerate(csv.reader(f), 1):
+                if row and not row[0].lstrip().startswith("#") and any(x.strip() for x in row):
+                    yield line_no, [x.strip() for x in row]
+    except (UnicodeDecodeError, csv.Error) as exc:  # binary bytes, NUL characters
+        raise ValueError(f"{path} line {line_no + 1}: not a text CSV file ({exc})") from None
 
 
 def read_count_csv(path: str | Path, duration_s: float | None = None) -> AvailabilityTrace:
@@ -119,11 +124,15 @@ def read_spotserve_segment(path: str | Path) -> AvailabilityTrace:
     path = Path(path)
     alive: set[str] = set()
     steps, end = [], None
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a text file ({exc})") from None
+    for line_no, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            t_ms, action, *more = json.loads(line)
+            t_ms, action, *more = parse_json(line, f"{path} line {line_no}")
             t = float(t_ms) / 1000.0
             if action == "DONE":
                 end = t

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from rlboost.inputs import inside, parse_json, read_json
 from rlboost.models.byte_tokenizer import ByteTokenizer
 from rlboost.models.config import ModelConfig
 from rlboost.models.decoder import DecoderLM
@@ -24,6 +26,7 @@ from rlboost.models.layers import RotaryEmbedding
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # some old checkpoints store this buffer
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -75,15 +78,17 @@ def verify_checkpoint_dir(directory: str | Path) -> None:
     if not (root / "config.json").is_file():
         raise FileNotFoundError(f"{root} holds no config.json (not a model checkpoint directory)")
     try:
-        json.loads((root / "config.json").read_text())
+        read_json(root / "config.json")
     except (OSError, ValueError) as exc:
         raise ValueError(f"{root / 'config.json'} is not valid JSON ({exc})") from None
     index = root / INDEX_FILE
     if index.is_file():
         try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as exc:
-            raise ValueError(f"{index} is not a valid safetensors index ({exc!r})") from None
+            names = sorted(set(read_json(index)["weight_map"].values()))
+            for name in names:
+                inside(root, name)  # a shard listed as ../elsewhere is refused, never looked at
+        except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
+            raise ValueError(f"{index} is not a valid safetensors index ({exc})") from None
     elif (root / SINGLE_FILE).is_file():
         names = [SINGLE_FILE]
     else:
@@ -102,13 +107,13 @@ def verify_safetensors(path: str | Path) -> None:
     with open(path, "rb") as f:
         raw = f.read(8)
         n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
-        if n < 2 or 8 + n > size:
+        if n < 2 or 8 + n > size or n > MAX_HEADER_BYTES:
             raise ValueError(f"{path} is truncated or not a safetensors file ({size} bytes)")
         try:
-            header = json.loads(f.read(n))
+            header = parse_json(f.read(n), f"{path}'s header")
             end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
                       default=0)
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise ValueError(f"{path} has a damaged header ({exc!r})") from None
     if size < 8 + n + end:
         raise ValueError(f"{path} is truncated: {size} of {8 + n + end} bytes")
@@ -196,6 +201,11 @@ def _write_checkpoint(model: DecoderLM, root: Path, max_shard_bytes: int | None,
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     stored_dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     dataclasses.replace(model.config, extra={**model.config.extra, "torch_dtype": stored_dtype}).save(root)
+    # safetensors writes its files 0600 (a temporary file renamed into place): give them the
+    # mode every other file of the checkpoint gets from the umask
+    mode = stat.S_IMODE((root / "config.json").stat().st_mode)
+    for shard in root.glob("model*.safetensors"):
+        os.chmod(shard, mode)
     if tokenizer is not None:
         tokenizer.save(root)
 

@@ -4,12 +4,28 @@ model being trained, with no weights of its own yet (version 0): an instance pul
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import time
 from typing import Callable
 
 from rlboost.models import ModelConfig, empty_model
 from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.engine import RolloutEngine
+
+# engines that come from an optional package, and the extra that installs it
+_PACKAGES = {"sglang": ("sglang", "rlboost[sglang]"), "vllm": ("vllm", "rlboost[vllm]")}
+
+
+def check_installed(config: RolloutConfig) -> None:
+    """ModuleNotFoundError saying what to install when config.backend names an engine whose
+    package is not installed here (checked before anything else about the machine)."""
+    if config.backend in _PACKAGES:
+        module, extra = _PACKAGES[config.backend]
+        if importlib.util.find_spec(module) is None:
+            error = ModuleNotFoundError(f"rollout.backend={config.backend} needs the {module} package, which is not "
+                                        f"installed: pip install '{extra}' (or --set rollout.backend=embedded)")
+            error.name = module
+            raise error
 
 
 def build_engine(config: RolloutConfig, *, model_dir: str, kind: str = "preemptible") -> RolloutEngine:

@@ -16,6 +16,7 @@ from rlboost import env
 from rlboost.config.overrides import from_dict, to_dict
 from rlboost.config.run import RunConfig
 from rlboost.errors import ConfigError
+from rlboost.inputs import printable, read_json
 from rlboost.run.directory import CONFIG_FILE, RunDirectory
 from rlboost.trainer.checkpoint import (
     COMPLETE_MARKER,
@@ -47,13 +48,14 @@ def open_run(config: RunConfig, resume: str | None, echo: Callable[[str], None])
         torch.manual_seed(config.run.seed)
         return run, 1
     point = choose_resume_point(Path(resume) / "checkpoints")
+    run = RunDirectory(Path(resume).resolve())  # workers are handed absolute paths
+    run.metrics(), run.events()  # damaged lines are refused before anything is said or changed
     if point.step >= config.run.steps:
         raise ConfigError(f"{resume} has finished its {config.run.steps} steps (checkpoint {point.path.name}); "
                           f"to train on, raise run.steps: --set run.steps={point.step + config.run.steps}")
     for why in point.skipped:
         echo(f"skipped {why}")
     echo(f"resuming {resume} from checkpoint {point.path.name} (step {point.step + 1} of {config.run.steps} next)")
-    run = RunDirectory(Path(resume).resolve())  # workers are handed absolute paths
     saved = read_state(point.path)
     run.truncate_metrics(point.step)  # what came after the checkpoint is redone
     run.truncate_events(float(saved["elapsed_s"]))
@@ -69,9 +71,12 @@ def read_run_config(path: str) -> RunConfig:
     if not file.is_file():
         raise ConfigError(f"{path} is not a run directory (no {CONFIG_FILE})")
     try:
-        return from_dict(RunConfig, json.loads(file.read_text()))
-    except ValueError as exc:
-        raise ConfigError(f"{file} cannot be read back: {exc}") from None
+        data = read_json(file)
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise ValueError("expected an object of config sections, each an object")
+        return from_dict(RunConfig, data)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # damaged, or not what rlboost writes
+        raise ConfigError(f"{file} cannot be read back: {printable(exc)}") from None
 
 
 def last_checkpoint_step(run: RunDirectory) -> int | None:

@@ -15,11 +15,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from rlboost.inputs import printable, read_json, read_jsonl
+
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.md"
 LAUNCH_REASONS = ("start", "resume", "restart")
+# what a run writes into its folder: none may be a symbolic link, or a crafted directory
+# would have `report` or `--resume` write (or read) a file elsewhere
+_OWN_ENTRIES = (CONFIG_FILE, METRICS_FILE, EVENTS_FILE, SUMMARY_FILE, "checkpoints", "plots", "driver.log")
 
 
 class RunDirectory:
@@ -28,6 +33,9 @@ class RunDirectory:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        for name in _OWN_ENTRIES:
+            if (self.path / name).is_symlink():
+                raise ValueError(f"{self.path / name} is a symbolic link: a run directory's files stay in it")
         (self.path / "checkpoints").mkdir(exist_ok=True)
         (self.path / "plots").mkdir(exist_ok=True)
         self._t0 = time.monotonic()
@@ -39,7 +47,11 @@ class RunDirectory:
     def create(cls, root: str | os.PathLike[str], name: str) -> RunDirectory:
         """A new directory `name-YYYYmmdd-HHMMSS[-N]` under root. The folder is created
         exclusively, so runs started in the same second never share one."""
-        Path(root).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(root).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a regular file, a read-only file system, no permission
+            raise OSError(exc.errno, f"cannot make run directories under {root} (RLBOOST_RUN_ROOT): "
+                                     f"{exc.strerror}") from None
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for suffix in range(1, 10_000):
             path = Path(root) / (f"{name}-{stamp}" if suffix == 1 else f"{name}-{stamp}-{suffix}")
@@ -47,6 +59,9 @@ class RunDirectory:
                 path.mkdir()
             except FileExistsError:
                 continue
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot make a run directory under {root} (RLBOOST_RUN_ROOT): "
+                                         f"{exc.strerror}") from None
             return cls(path)
         raise FileExistsError(f"no free run directory name for {name}-{stamp} under {root}")
 
@@ -55,7 +70,7 @@ class RunDirectory:
         _atomic_write(self.path / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
 
     def read_config(self) -> dict[str, Any]:
-        return json.loads((self.path / CONFIG_FILE).read_text())
+        return read_json(self.path / CONFIG_FILE)
 
     # -- metrics and events --------------------------------------------------------------
     def append_metrics(self, record: dict[str, Any]) -> None:
@@ -136,6 +151,8 @@ class RunDirectory:
     def staging_dir(self, step: int) -> Path:
         """An empty folder to write checkpoint `step` into before commit_checkpoint(step)."""
         staging = self.path / "checkpoints" / f".step_{step:06d}.tmp"
+        if staging.is_symlink():
+            staging.unlink()
         shutil.rmtree(staging, ignore_errors=True)  # a leftover of an interrupted save
         staging.mkdir(parents=True)
         return staging
@@ -179,13 +196,20 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of metrics.jsonl or events.jsonl: ValueError naming the file and line for
+    one that is not a JSON object with an integer step (and, for events, a numeric t and a
+    kind), as rlboost writes them."""
     if not path.exists():
         return
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                yield json.loads(line)
+    for number, record in read_jsonl(path):
+        step, t, kind = record.get("step"), record.get("t", 0.0), record.get("kind", "")
+        if path.name == EVENTS_FILE and ("t" not in record or "kind" not in record):
+            raise ValueError(f"{path} line {number}: an event needs t and kind")
+        if ((step is not None or path.name == METRICS_FILE) and (isinstance(step, bool) or not isinstance(step, int))
+                or isinstance(t, bool) or not isinstance(t, (int, float)) or not isinstance(kind, str)):
+            raise ValueError(f"{path} line {number}: step must be an integer, t a number and kind a string, "
+                             f"got {printable(repr(step))[:40]}, {printable(repr(t))[:40]}, {printable(repr(kind))[:40]}")
+        yield record
 
 
 def _fsync_dir(path: Path) -> None:
@@ -206,6 +230,11 @@ def _fsync_tree(root: Path) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    """Write a new file and rename it over `path` (never through a link that a crafted
+    directory may have left where the temporary file goes)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
     os.replace(tmp, path)

@@ -18,11 +18,12 @@ from rlboost.cluster.session import RaySession, join_address
 from rlboost.config.run import RunConfig, check_multi_node
 from rlboost.errors import ConfigError, RunFailed, RunInterrupted
 from rlboost.models.checkpoint import verify_checkpoint_dir
+from rlboost.rollout.factory import check_installed
 from rlboost.run.checkpoints import checkpoint_state, last_checkpoint_step, open_run, resume_weights, save_checkpoint
 from rlboost.run.directory import RunDirectory
 from rlboost.run.launch import Cluster, TracePlan, capacity_kind, gpu_needs, plan_trace, ray_settings
 from rlboost.run.metrics import Phases, step_record
-from rlboost.run.outcome import RecoverableFailure, RunResult, failure_summary, halted, recoverable
+from rlboost.run.outcome import RecoverableFailure, RunResult, ending_lines, failure_summary, halted, recoverable
 from rlboost.run.report import write_report
 from rlboost.run.supervisor import Supervisor
 from rlboost.run.terminal import DRIVER_LOG, StepProgress, StopSignal, driver_output, say
@@ -37,8 +38,11 @@ def preflight(config: RunConfig) -> None:
     ConfigError (or FileNotFoundError) naming the field or file."""
     if join_address(config.cluster.address):  # from the config or the environment
         check_multi_node(config)  # its GPUs are checked once joined
-    else:
+    else:  # the engine's package first: without it, the GPU count is not the problem
+        check_installed(config.rollout)
         check_local(gpu_needs(config), local_gpus())
+    if capacity_kind(config) == "trace":
+        plan_trace(config, config.run.steps, step_s=1.0)  # reads the trace file: a bad one is refused here
     check_trackers(config.run.trackers)
     if capacity_kind(config) == "live" and config.cluster.initial_preemptible:
         raise ConfigError("cluster.initial_preemptible places preemptible instances itself; with live capacity the "
@@ -51,20 +55,24 @@ def preflight(config: RunConfig) -> None:
 
 
 def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str], None] = say,
-          quiet: bool = True) -> RunResult:
+          quiet: bool = True, on_start: Callable[[], None] = lambda: None) -> RunResult:
     """Run (or resume) a training run. Expected failures of a started run raise RunFailed
     (RunInterrupted for a second Ctrl-C), naming the step and the checkpoint to resume
     from; a new run that ends before its first step leaves no run directory behind.
-    quiet: what Ray and native code print goes to the run directory's driver.log."""
+    quiet: what Ray and native code print goes to the run directory's driver.log.
+    on_start: called once everything is checked, as the run's first process starts (what
+    fails before it is bad input; after it, the run's own failure)."""
     preflight(config)  # refused before anything starts
     run, first = open_run(config, resume, echo)
-    trackers = None
+    trackers = stop = None
     try:
         launch = prepare_launch(config, run, first)
         trackers = open_trackers(config.run.trackers, run.path, run.read_config(), wandb_mode=config.run.wandb_mode)
         run.on_metrics(trackers.log_step)
+        on_start()
         try:
-            with driver_output(run.path / DRIVER_LOG, enabled=quiet) as terminal, StopSignal(terminal) as stop:
+            with driver_output(run.path / DRIVER_LOG, enabled=quiet) as terminal, \
+                    StopSignal(terminal, last_words=lambda: _interrupted_lines(run)) as stop:
                 done = supervise(config, run, launch, terminal, stop)
         finally:
             if run.metrics():  # what the run did so far: plots and summary, even when it failed
@@ -75,7 +83,15 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
         if resume is None and not run.metrics():
             shutil.rmtree(run.path, ignore_errors=True)
         raise
+    finally:
+        if stop is not None:
+            stop.disarm()  # the command prints its own last lines from here
     return RunResult(run, done, stopped=done < config.run.steps)
+
+
+def _interrupted_lines(run: RunDirectory) -> list[str]:
+    """What a run stopped at once says when its processes take too long to close."""
+    return ending_lines(halted(RunInterrupted, "interrupted", run, run.step, last_checkpoint_step(run)))
 
 
 def supervise(config: RunConfig, run: RunDirectory, launch: Launch, terminal: TextIO, stop: StopSignal) -> int:

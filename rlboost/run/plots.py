@@ -8,6 +8,7 @@ Reads only the run directory (metrics.jsonl, events.jsonl, config.json when pres
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,12 @@ def _finish_step_axis(ax: Any) -> None:
 def _save(fig: Any, out: Path, caption: str) -> Path:
     fig.tight_layout()
     fig.text(0.01, -0.01, textwrap.fill(caption, 120), ha="left", va="top", fontsize=8, color="0.25")
-    fig.savefig(out, dpi=110, bbox_inches="tight")  # tight: the caption and outer legend included
+    # into a new file renamed over `out`: a link left in a handed-over run directory is
+    # replaced, never written through
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as f:
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")  # tight: the caption and outer legend included
+    os.replace(tmp, out)
     plt.close(fig)
     return out

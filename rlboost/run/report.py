@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rlboost.inputs import printable
 from rlboost.run.directory import RunDirectory
 from rlboost.run.plots import plot_run
 
@@ -77,6 +78,10 @@ class RunSummary:
     pool_empty_s: float = 0.0
     pool_span_s: float = 0.0
     notice_sources: tuple[tuple[str, int], ...] = ()
+    deltas_served: int = 0     # published versions whose delta was served,
+    deltas_declined: int = 0   # and those whose delta was declined (larger than transfer.delta_max_fraction)
+    delta_ratio: float = 0.0   # median full size / delta size of the served ones
+    values_changed: float | None = None  # median share of values changed per version (sampled)
 
     @property
     def samples_lost(self) -> int:
@@ -104,6 +109,7 @@ class RunSummary:
             ("weight egress (pulled from the trainer, in tokens per dollar)",
              f"{self.egress_bytes / 1e9:,.3f} GB, {dollars(self.egress_usd)}; {self.delta_pulls} of "
              f"{self.weight_pulls} pulls took a delta"),
+            ("weight deltas", self._deltas()),
             ("tokens per dollar, reserved only (estimate: the same tokens at the reserved "
              "engines' measured rate)", f"{self.reserved_only_tokens_per_usd:,.0f} "
                                         f"({gain:+.0%} with preemptible instances)"
@@ -121,6 +127,22 @@ class RunSummary:
             *self._reward_failures(),
         ]
 
+    def _deltas(self) -> str:
+        """How the published versions travelled, and why deltas were declined."""
+        changed = (f"{self.values_changed:.1%} of the values changed per version (median)"
+                   if self.values_changed is not None else "")
+        if not self.deltas_served and not self.deltas_declined:
+            return "none published"
+        text = (f"{self.deltas_served} served ({self.delta_ratio:,.1f}x smaller than the full version, median), "
+                if self.deltas_served else "none served, ") + f"{self.deltas_declined} declined"
+        if self.deltas_declined:
+            text += (f"; declined: {changed or 'most values changed'}, so a delta would be larger than "
+                     "transfer.delta_max_fraction of the version (deltas pay off when few bits change: "
+                     "bfloat16 weights at small learning rates)")
+        elif changed:
+            text += f"; {changed}"
+        return text
+
     def _reward_failures(self) -> list[tuple[str, str]]:
         if self.reward_failures is None:  # an older run directory, or a task's own reward
             return []
@@ -134,9 +156,15 @@ class RunSummary:
                 f"lost and redone, billed")
 
     def markdown(self, title: str) -> str:
-        lines = [f"# {title}", "", "| | |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in self.rows()]
+        lines = [f"# {printable(title)}", "", "| | |", "|---|---|"]
+        lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in self.rows()]
         return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """A table cell of summary.md: what came from the run's files (causes, sources, kinds)
+    with control characters escaped and pipes that would end the cell quoted."""
+    return printable(text).replace("|", "\\|")
 
 
 def summarize(run: RunDirectory) -> RunSummary:
@@ -169,7 +197,30 @@ def summarize(run: RunDirectory) -> RunSummary:
         delta_pulls=sum(int(m.get("weight_delta_pulls", 0)) for m in metrics),
         weight_pulls=sum(int(m.get("pulls", 0)) for m in metrics),
         **_pool_empty(events, float(last.get("elapsed_s", 0.0))), notice_sources=_notice_sources(events),
-        reward_failures=_reward_failures(metrics))
+        reward_failures=_reward_failures(metrics), **delta_summary(metrics))
+
+
+def delta_summary(metrics: list[dict]) -> dict:
+    """Served and declined deltas of the published versions (each counted once), with the
+    median size ratio and share of values changed, from metrics' publish_delta."""
+    deltas = {}
+    for m in metrics:
+        d = m.get("publish_delta")
+        if isinstance(d, dict) and "target" in d and "error" not in d:
+            deltas[d["target"]] = d
+    served = [d for d in deltas.values() if not d.get("declined")]
+    ratios = [float(d["target_bytes"]) / float(d["bytes"]) for d in served if float(d.get("bytes", 0)) > 0]
+    changed = [float(d["values_changed"]) for d in deltas.values() if d.get("values_changed") is not None]
+    return {"deltas_served": len(served), "deltas_declined": len(deltas) - len(served),
+            "delta_ratio": _median(ratios) or 0.0, "values_changed": _median(changed)}
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def _notice_sources(events: list[dict]) -> tuple[tuple[str, int], ...]:
@@ -250,14 +301,16 @@ def write_report(run: RunDirectory, *, echo: bool = True) -> RunSummary:
     if echo:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title=f"rlboost run {run.path.name}", show_header=False)
+        # Text, not str: rich would read [...] in a run's own strings as markup
+        table = Table(title=Text(f"rlboost run {printable(run.path.name)}"), show_header=False)
         table.add_column(style="bold")
         table.add_column()
         for key, value in summary.rows():
-            table.add_row(key, value)
+            table.add_row(Text(printable(key)), Text(printable(value)))
         Console().print(table)
-        Console().print(f"run directory: {run.path}  (plots in {run.plots_dir})")
+        Console().print(Text(f"run directory: {printable(run.path)}  (plots in {printable(run.plots_dir)})"))
     return summary
 
 

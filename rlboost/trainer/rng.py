@@ -36,6 +36,22 @@ def capture(device: torch.device) -> dict:
     return state
 
 
+def check(state: object) -> None:
+    """ValueError unless `state` is what capture() returns (read back from a checkpoint),
+    so a damaged file is refused before any rank starts."""
+    if not isinstance(state, dict) or state.get("format_version") != RNG_FORMAT_VERSION:
+        raise ValueError(f"expected a random state of format_version {RNG_FORMAT_VERSION}")
+    numpy_state = state.get("numpy")
+    if (not isinstance(state.get("torch"), torch.Tensor) or state["torch"].dtype != torch.uint8
+            or not isinstance(numpy_state, tuple) or len(numpy_state) != 5
+            or not isinstance(numpy_state[1], torch.Tensor)):
+        raise ValueError("its torch or numpy state is not as rlboost writes it")
+    try:
+        random.Random().setstate(state.get("python"))
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError("its Python random state is not one") from None
+
+
 def restore(state: dict, device: torch.device) -> None:
     """Set this process's generators to a state capture() returned."""
     if state.get("format_version") != RNG_FORMAT_VERSION:

@@ -17,7 +17,7 @@ from rlboost.errors import TransferClosed
 from rlboost.transfer import descriptors
 from rlboost.transfer.closing import Closing
 from rlboost.transfer.config import ServerConfig, TransferConfig, advertised_host, format_address
-from rlboost.transfer.delta import DeltaEncoder, delta_key, is_delta_key
+from rlboost.transfer.delta import DeltaEncoder, changed_share, delta_key, is_delta_key, sample_values
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.server import start_server
 
@@ -45,6 +45,8 @@ class WeightPublisher(Closing):
         self._last: Manifest | None = None  # the latest committed version, the next delta's base
         use_deltas = (config.delta and server is None) if deltas is None else deltas
         self._deltas = DeltaEncoder(self._store, config) if use_deltas else None
+        self._sample: list[torch.Tensor] | None = None  # of the latest version: see sample_values
+        self._changed: dict[int, float | None] = {}  # version -> share of values changed since its base
         self._closed = False
 
     @property
@@ -75,8 +77,15 @@ class WeightPublisher(Closing):
         self._check_open()
         if version not in self._staged:
             raise ValueError(f"version {version} was not staged")
-        manifest, _ = self._staged[version]
+        manifest, region = self._staged[version]
         base = self._delta_base(manifest)
+        if self._deltas is not None:  # a few values of each version: why a delta pays off, or not
+            sample, previous = sample_values(descriptors.region_tensor(region), manifest), self._sample
+            self._sample = sample
+            if base is not None and previous is not None:
+                self._changed[version] = changed_share(previous, sample)
+                for old in [v for v in self._changed if v < version - 64]:
+                    del self._changed[old]
         manifest = replace(manifest, delta_base=base)  # tells pullers that holding `base` pays off
         try:
             native = self._store.commit(version, self.config.chunk_bytes, manifest.to_bytes(),
@@ -101,9 +110,13 @@ class WeightPublisher(Closing):
         return self._deltas is None or self._deltas.wait_idle(timeout)
 
     def delta_stats(self) -> list[dict]:
-        """The latest deltas, oldest first: base, target, bytes, target_bytes, encode_s
-        (encoding alone, native threads), total_s (with tagging), or an error."""
-        return self._deltas.stats() if self._deltas is not None else []
+        """The latest deltas, oldest first: base, target, declined, bytes, target_bytes,
+        encode_s (encoding alone, native threads), total_s (with tagging), values_changed
+        (the share of the target's values whose bits differ from the base's, sampled), or
+        an error."""
+        if self._deltas is None:
+            return []
+        return [{**d, "values_changed": self._changed.get(d["target"])} for d in self._deltas.stats()]
 
     def publish(self, version: int, named_tensors: Mapping[str, torch.Tensor]) -> Manifest:
         """Copies tensors (any device) into staging and serves them as `version`."""

@@ -182,3 +182,14 @@ def test_empty_model_allocates_parameters_directly_in_the_asked_dtype():
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     # only the rotary table (head_dim / 2 floats) may be float32, never a parameter-sized tensor
     assert seen.float32_elements < 4096
+
+
+def test_weights_are_written_with_the_mode_of_every_other_file(tmp_path):
+    import stat
+
+    from rlboost.models.checkpoint import build_tiny_checkpoint
+
+    root = build_tiny_checkpoint(tmp_path / "m", hidden_size=16, intermediate_size=32, num_layers=1,
+                                 num_heads=2, num_kv_heads=1, head_dim=8)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in root.iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == modes["config.json"], modes
