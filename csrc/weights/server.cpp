@@ -92,6 +92,7 @@ ServerStats WeightServer::stats() const {
   s.protocol_errors = protocol_errors_;
   s.leases_expired = leases_expired_;
   s.leases_revoked = leases_revoked_;
+  s.encrypted_connections = encrypted_;
   std::lock_guard<std::mutex> lock(mu_);
   s.connections_refused = admission_.refused;
   s.connections_evicted = admission_.evicted_idle;
@@ -147,8 +148,9 @@ void WeightServer::Serve(ServerConn* conn) {
   // Everything a client can cause ends here: its connection closes, nothing else.
   try {
     Socket& s = conn->socket;
-    Status st = ServerHandshake(s, opts_.secret, self_, Deadline::After(opts_.handshake_timeout_s),
-                                [&](uint64_t id) { return Admit(conn, id); }, &conn->session_key);
+    Status st = ServerHandshake(s, opts_.secret, self_, opts_.encrypt, Deadline::After(opts_.handshake_timeout_s),
+                                [&](uint64_t id) { return Admit(conn, id); });
+    if (st.ok() && s.seal()->encrypts()) ++encrypted_;
     if (st.ok()) st = ServeFrames(conn);
     if (st.code() == Code::kAuth) ++auth_failures_;
     if (st.code() == Code::kProtocol) ++protocol_errors_;
@@ -168,7 +170,6 @@ Status WeightServer::ServeFrames(ServerConn* c) {
   Socket& s = c->socket;
   ServiceConnection conn;
   conn.socket = &s;
-  conn.session_key = c->session_key;
   conn.revoke = [this, c] {
     if (!c->evicted.exchange(true)) ++leases_revoked_;
     c->Evict();
@@ -225,8 +226,7 @@ Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, Ser
       std::string encoded;
       Status st = store_->EncodedManifest(version, &encoded);
       if (!st.ok()) return SendError(s, st, h.request_id, d);
-      return SendFrame(s, FrameType::kManifest, 0, h.request_id,
-                       SealManifest(conn.session_key, h.request_id, std::move(encoded)), d);
+      return SendFrame(s, FrameType::kManifest, 0, h.request_id, encoded, d);  // MACed or sealed like every frame
     }
     default:
       break;
@@ -235,6 +235,8 @@ Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, Ser
   // TCP only (an "auto" puller then falls back to TCP).
   bool paced_away = limiter_ != nullptr &&
                     (h.type == FrameType::kShmOpenRequest || h.type == FrameType::kUcxOpenRequest);
+  // UCX moves bytes outside this connection, unencrypted: not for a sealed one.
+  paced_away = paced_away || (h.type == FrameType::kUcxOpenRequest && s.seal() != nullptr && s.seal()->encrypts());
   for (auto& svc : services_) {
     if (!paced_away && svc->Handles(h.type)) {
       conn.request_id = h.request_id;

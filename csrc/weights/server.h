@@ -39,6 +39,7 @@ struct ServerOptions {
   double lease_timeout_s = 60.0;     // the longest a connection may hold a region lease
   AdmissionLimits limits;
   int ucx_port = 0;  // UCX listener (when built); 0: any free port
+  EncryptPolicy encrypt = EncryptPolicy::kAuto;  // transfer.encrypt (frame_seal.h)
 };
 
 struct ServerStats {
@@ -56,6 +57,7 @@ struct ServerStats {
   uint64_t active_connections = 0;
   uint64_t leases_expired = 0;  // connections closed because their lease ran out
   uint64_t leases_revoked = 0;  // ... because the leased version was retired
+  uint64_t encrypted_connections = 0;  // logins whose frames are sealed (AES-256-GCM)
 };
 
 class WeightServer {
@@ -100,7 +102,8 @@ class WeightServer {
   AdmissionCounts admission_;  // guarded by mu_
 
   std::atomic<uint64_t> bytes_sent_{0}, chunks_sent_{0}, not_held_{0}, accepted_{0}, deadlines_missed_{0},
-      auth_failures_{0}, protocol_errors_{0}, leases_expired_{0}, leases_revoked_{0};
+      auth_failures_{0}, protocol_errors_{0}, leases_expired_{0}, leases_revoked_{0},
+      encrypted_{0};
 };
 
 }  // namespace rlboost

@@ -38,7 +38,6 @@ struct ServerConn {
   std::atomic<bool> authenticated{false};
   std::atomic<int> state{static_cast<int>(ConnState::kHandshake)};
   std::atomic<int64_t> since_ns{0};  // steady clock: when `state` began
-  SessionKey session_key{};
 
   ConnState current() const { return static_cast<ConnState>(state.load()); }
   double InStateFor() const;
