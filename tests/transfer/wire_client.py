@@ -187,7 +187,10 @@ class HostileSourceForTests:
     a puller resolved it); "pending_silent" says it does not hold the version (a peer that
     has not started it) and never answers a held-chunk request (`have_requested` is set
     when the first arrives); "stalls" answers its first four chunk requests and no later
-    one (a source that stalled mid-version).
+    one (a source that stalled mid-version); "fifo_region" claims to be on this host and
+    answers a shared-memory request with `region_fd` of this process (a FIFO, in the tests);
+    "huge_version" announces a 2 GiB version in a small manifest; "huge_manifest" announces
+    a 100 MiB manifest frame and sends none of it.
     """
 
     def __init__(self, behavior: str, secret: bytes, payload: bytes, region_fd: int = -1):
@@ -395,5 +398,9 @@ class TaggedProxyForTests:
                         body = new
                 dst.sendall(head + body + tag)
         except (ConnectionError, OSError):
-            src.close()
-            dst.close()
+            for s in (src, dst):  # shut down first: a close alone would not wake the other pump
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
