@@ -77,6 +77,7 @@ class WeightPuller(Closing):
     def set_sources(self, sources: str | Sequence[str]) -> None:
         """Replaces the sources used by later pulls (e.g. once peers' relays are known)."""
         self._sources = self._parse(sources)
+        warn_if_clear_text(self.config, [h for h, _ in self._sources])
 
     @property
     def relay_address(self) -> str | None:
