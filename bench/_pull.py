@@ -101,14 +101,17 @@ class PullSession:
     """rlboost pull over one transport into the shared destination (relay off)."""
 
     def __init__(self, publisher: Publisher, transport: str, dst: np.ndarray,
-                 overrides: dict | None = None):
+                 overrides: dict | None = None, encrypt: bool = False):
         import torch
 
         from rlboost.transfer import WeightPuller
 
+        overrides = {**(overrides or {}), **({"encrypt": "on"} if encrypt else {})}
         self.publisher, self.into = publisher, torch.from_numpy(dst)
         self.puller = WeightPuller([publisher.address], _config(run_secret(), transport, overrides=overrides))
         self.key, self.peer, self.note = f"{transport}_pull", f"rlboost pull ({transport})", ""
+        if encrypt:  # the puller asks, so the publisher seals (AES-256-GCM) every frame and chunk
+            self.key, self.peer = f"{transport}_enc_pull", f"rlboost pull ({transport}, AES-256-GCM)"""
         self.sender_pids = (publisher.child.proc.pid,)
         self.version = 0
 

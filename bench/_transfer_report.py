@@ -29,6 +29,7 @@ def _ratio(num: dict[int, float], den: dict[int, float], sizes) -> dict[str, flo
 # ratio name -> (comparison, threshold) that the transfer core is meant to meet
 TARGETS = {
     "tcp_pull/socket": (">=", 1.0),
+    "tcp_enc_pull/tcp_pull": (">=", 0.7),
     "shm_pull/memcpy": (">=", 0.5),
     "tcp_pull/gloo": (">", 1.0),
     "tcp_pull/ray_cross_node": (">", 1.0),
@@ -53,6 +54,7 @@ def compute_ratios(rows: list[Row], provisions: list[Provision]) -> dict[str, di
     large = [n for n in sizes if n >= LARGE]
     out = {
         "tcp_pull/socket": _ratio(by.get("tcp_pull", {}), by.get("socket", {}), sizes),
+        "tcp_enc_pull/tcp_pull": _ratio(by.get("tcp_enc_pull", {}), by.get("tcp_pull", {}), sizes),
         "shm_pull/memcpy": _ratio(by.get("shm_pull", {}), memcpy, sizes),
         "tcp_pull/ucxx_tcp": _ratio(by.get("tcp_pull", {}), by.get("ucxx_tcp", {}), sizes),
         "shm_pull/ucxx_auto": _ratio(by.get("shm_pull", {}), by.get("ucxx_auto", {}), sizes),
@@ -61,8 +63,9 @@ def compute_ratios(rows: list[Row], provisions: list[Provision]) -> dict[str, di
         "socket/memcpy": _ratio(by.get("socket", {}), memcpy, sizes),
     }
     cpu = {key: {r.nbytes: r.cpu_per_gb for r in rows if r.key == key and r.cpu_per_gb}
-           for key in ("tcp_pull", "socket", "shm_pull", "memcpy_numpy")}
+           for key in ("tcp_pull", "tcp_enc_pull", "socket", "shm_pull", "memcpy_numpy")}
     out["cpu per GB: tcp_pull/socket"] = _ratio(cpu["tcp_pull"], cpu["socket"], sizes)
+    out["cpu per GB: tcp_enc_pull/tcp_pull"] = _ratio(cpu["tcp_enc_pull"], cpu["tcp_pull"], sizes)
     out["cpu per GB: shm_pull/memcpy"] = _ratio(cpu["shm_pull"], cpu["memcpy_numpy"], sizes)
     # Each pull against the peers that move bytes the same way: TCP between hosts (Ray's
     # object manager across nodes), shared memory on one host (Ray's plasma).

@@ -84,6 +84,12 @@ their own.
   run's secret: what no one without the secret can forge; there is no weaker mode). tcp models a transfer between hosts (over loopback its
   connections use a 1 MiB send buffer; toward other hosts the kernel autotunes it); shm
   maps the publisher's region and copies out of it; ucx is UCX get over its TCP transport.
+  Every frame after the login carries a MAC under the login's keys (wire format 4).
+- rlboost pull (tcp, AES-256-GCM): the same tcp pull with transfer.encrypt=on, so the
+  publisher seals every frame and chunk (OpenSSL's libcrypto): it encrypts 256 KiB at a
+  time as it sends, the puller decrypts each piece in place as it lands and hashes it
+  for the chunk's tag while it is in cache. What a pull between hosts costs with
+  encrypt=auto; set against the plaintext tcp pull of the same run.
 - provisioning: a trainer publisher whose egress is capped, and N newcomer processes told
   to pull at the same instant; the figure is 'go' -> the last newcomer holds the verified
   version. With relay each newcomer serves what it holds and gets the trainer and every
@@ -224,7 +230,14 @@ def _pull_sessions(stack, path: str, biggest: int, dst, missing: list[Missing],
                 for t in TRANSPORTS if t not in built]
     publisher = _pull.Publisher(path, biggest)
     stack.callback(publisher.close)
-    return [_pull.PullSession(publisher, t, dst, pull_config) for t in TRANSPORTS if t in built]
+    sessions = [_pull.PullSession(publisher, t, dst, pull_config) for t in TRANSPORTS if t in built]
+    from rlboost import _C
+
+    if _C.HAS_AEAD:
+        sessions.append(_pull.PullSession(publisher, "tcp", dst, pull_config, encrypt=True))
+    else:
+        missing.append(Missing("rlboost pull (tcp, AES-256-GCM)", "built without libcrypto (HAS_AEAD False)"))
+    return sessions
 
 
 def _ray_sessions(stack, path: str, biggest: int, dst) -> list:

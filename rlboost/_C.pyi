@@ -10,6 +10,7 @@ from typing_extensions import Buffer
 
 HAS_UCX: bool
 HAS_CUDA: bool
+HAS_AEAD: bool
 STATUS_CODES: dict[str, int]
 WIRE: dict[str, int]
 DELTA: dict[str, int]
@@ -68,7 +69,7 @@ class WeightServer:
     def __init__(self, *, store: VersionStore, host: str, port: int, secret: bytes, egress_bytes_per_s: int = 0,
                  max_connections: int = 256, max_connections_per_peer: int = 96, max_connections_per_host: int = 192,
                  max_handshakes: int = 128, handshake_timeout_s: float = 2.0, frame_timeout_s: float = 30.0,
-                 send_timeout_s: float = 300.0, lease_timeout_s: float = 60.0) -> None: ...
+                 send_timeout_s: float = 300.0, lease_timeout_s: float = 60.0, encrypt: int = 1) -> None: ...
     @property
     def host(self) -> str: ...
     @property
@@ -106,7 +107,8 @@ class ConnectionPool:
 class Puller:
     def __init__(self, *, sources: Sequence[tuple[str, int]], secret: bytes, transport: str, streams: int,
                  max_in_flight: int, request_timeout_s: float, connect_timeout_s: float, reconnect_attempts: int,
-                 self_server_id: int = 0, pool: ConnectionPool | None = None, relay_poll_ms: int = 500) -> None: ...
+                 self_server_id: int = 0, pool: ConnectionPool | None = None, relay_poll_ms: int = 500,
+                 encrypt: int = 1, max_version_bytes: int = 1099511627776) -> None: ...
     def resolve(self, version: int, timeout_s: float, source_timeout_s: float) -> PullPlan: ...
     def await_version(self, version: int, timeout_s: float) -> bool: ...
     def start(self, plan: PullPlan, address: int, nbytes: int, relay: VersionStore | None, registration: int,

@@ -20,7 +20,7 @@ _BAD_INPUT = (ValueError, OSError, ModuleNotFoundError)
 def _info(_args: argparse.Namespace) -> int:
     from rlboost import _C, __version__
 
-    print(f"rlboost {__version__}: HAS_UCX={_C.HAS_UCX} HAS_CUDA={_C.HAS_CUDA}")
+    print(f"rlboost {__version__}: HAS_UCX={_C.HAS_UCX} HAS_CUDA={_C.HAS_CUDA} HAS_AEAD={_C.HAS_AEAD}")
     return EXIT_OK
 
 

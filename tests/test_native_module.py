@@ -19,6 +19,14 @@ def test_build_flags_are_booleans():
 
     assert isinstance(_C.HAS_UCX, bool)
     assert isinstance(_C.HAS_CUDA, bool)
+    assert isinstance(_C.HAS_AEAD, bool)
+
+
+def test_rlboost_info_says_whether_frames_can_be_sealed():
+    from rlboost import _C
+
+    out = subprocess.run([sys.executable, "-m", "rlboost.cli", "info"], check=True, capture_output=True, text=True)
+    assert f"HAS_AEAD={_C.HAS_AEAD}" in out.stdout
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,11 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("HAS_UCX") = false;
 #endif
+#ifdef RLBOOST_HAS_AEAD
+  m.attr("HAS_AEAD") = true;
+#else
+  m.attr("HAS_AEAD") = false;
+#endif
 #ifdef RLBOOST_HAS_CUDA
   m.attr("HAS_CUDA") = true;
 #else

@@ -61,7 +61,8 @@ py::dict ServerStatsDict(const ServerStats& s) {
                   py::arg("protocol_errors") = s.protocol_errors,
                   py::arg("active_connections") = s.active_connections,
                   py::arg("leases_expired") = s.leases_expired,
-                  py::arg("leases_revoked") = s.leases_revoked);
+                  py::arg("leases_revoked") = s.leases_revoked,
+                  py::arg("encrypted_connections") = s.encrypted_connections);
 }
 
 void BindRecords(py::module_& m) {
@@ -212,8 +213,9 @@ void BindStoreAndServer(py::module_& m) {
       .def(py::init([](std::shared_ptr<VersionStore> store, const std::string& host, int port, py::bytes secret,
                        uint64_t egress, int max_connections, int max_connections_per_peer,
                        int max_connections_per_host, int max_handshakes, double handshake_timeout_s,
-                       double frame_timeout_s, double send_timeout_s, double lease_timeout_s) {
+                       double frame_timeout_s, double send_timeout_s, double lease_timeout_s, int encrypt) {
              ServerOptions o;
+             o.encrypt = static_cast<EncryptPolicy>(encrypt);
              o.host = host;
              o.port = port;
              o.secret = secret;
@@ -241,7 +243,7 @@ void BindStoreAndServer(py::module_& m) {
            py::arg("max_connections_per_peer") = 96, py::arg("max_connections_per_host") = 192,
            py::arg("max_handshakes") = 128, py::arg("handshake_timeout_s") = 2.0,
            py::arg("frame_timeout_s") = 30.0, py::arg("send_timeout_s") = 300.0,
-           py::arg("lease_timeout_s") = 60.0)
+           py::arg("lease_timeout_s") = 60.0, py::arg("encrypt") = 1)
       .def_property_readonly("host", &WeightServer::host)
       .def_property_readonly("port", &WeightServer::port)
       .def_property_readonly("server_id", &WeightServer::server_id)
@@ -294,9 +296,12 @@ void BindPuller(py::module_& m) {
       .def(py::init([](std::vector<std::pair<std::string, int>> sources, py::bytes secret,
                        const std::string& transport, int streams, int max_in_flight,
                        double request_timeout_s, double connect_timeout_s, int reconnect_attempts,
-                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool, uint32_t relay_poll_ms) {
+                       uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool, uint32_t relay_poll_ms,
+                       int encrypt, uint64_t max_version_bytes) {
              PullOptions o;
              o.secret = secret;
+             o.encrypt = static_cast<EncryptPolicy>(encrypt);
+             o.max_version_bytes = max_version_bytes;
              o.transport = transport;
              o.streams = streams;
              o.max_in_flight = max_in_flight;
@@ -311,7 +316,8 @@ void BindPuller(py::module_& m) {
            }), py::kw_only(), py::arg("sources"), py::arg("secret"), py::arg("transport"), py::arg("streams"),
            py::arg("max_in_flight"), py::arg("request_timeout_s"), py::arg("connect_timeout_s"),
            py::arg("reconnect_attempts"), py::arg("self_server_id") = 0, py::arg("pool") = nullptr,
-           py::arg("relay_poll_ms") = 500)
+           py::arg("relay_poll_ms") = 500, py::arg("encrypt") = 1,
+           py::arg("max_version_bytes") = kDefaultMaxVersionBytes)
       .def("resolve", [](Puller& p, int64_t version, double timeout_s, double source_timeout_s) {
             auto plan = std::make_unique<PullPlan>();
             ThrowIfError(p.Resolve(version, timeout_s, source_timeout_s, plan.get()));
@@ -406,7 +412,8 @@ void BindUtilities(py::module_& m) {
       py::arg("error") = static_cast<int>(FrameType::kError),
       py::arg("reply_ok") = static_cast<int>(ReplyStatus::kOk),
       py::arg("reply_not_held") = static_cast<int>(ReplyStatus::kNotHeld),
-      py::arg("reply_unknown_version") = static_cast<int>(ReplyStatus::kUnknownVersion));
+      py::arg("reply_unknown_version") = static_cast<int>(ReplyStatus::kUnknownVersion),
+      py::arg("frame_tag_bytes") = kFrameTagBytes);
 }
 
 }  // namespace

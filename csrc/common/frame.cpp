@@ -53,7 +53,7 @@ bool IsClientFrame(FrameType type) {
 
 uint64_t MaxFrameBody(FrameType type) {
   switch (type) {
-    case FrameType::kHello: return kNonceBytes + 8;  // nonce, client id
+    case FrameType::kHello: return kNonceBytes + 8 + 4;  // nonce, client id, flags
     case FrameType::kChallenge: return 2 * kNonceBytes;
     case FrameType::kAuth: return kNonceBytes;
     case FrameType::kWelcome: return 256;

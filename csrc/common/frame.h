@@ -13,8 +13,9 @@ namespace rlboost {
 
 constexpr uint32_t kWireMagic = 0x57424C52u;  // bytes "RLBW"
 // 2: client proves first, MACed manifests. 3: chunks checked by keyed tags (no longer
-// crc32c), the client names itself in the hello.
-constexpr uint16_t kWireFormatVersion = 3;
+// crc32c), the client names itself in the hello. 4: every frame after the login MACed or
+// sealed under keys bound to that login (transport/tcp/frame_seal.h).
+constexpr uint16_t kWireFormatVersion = 4;
 constexpr size_t kFrameHeaderBytes = 24;
 
 constexpr uint32_t kMinChunkBytes = 4096;
@@ -31,7 +32,7 @@ enum class FrameType : uint16_t {
   kAuth = 3,             // client: proof that it knows the secret
   kWelcome = 4,          // server: identity (host, process, server id), proof that it knows the secret
   kManifestRequest = 5,  // client: version (-1 = latest)
-  kManifest = 6,         // server: encoded manifest + session MAC (handshake.h)
+  kManifest = 6,         // server: encoded manifest
   kChunkRequest = 7,     // client: version, chunk index
   kChunk = 8,            // server: prefix + chunk bytes (or a not-held status)
   kHaveRequest = 9,      // client: version, generation already known, wait ms

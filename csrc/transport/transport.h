@@ -64,6 +64,7 @@ class SourceLink {
   virtual const std::string& host() const = 0;
   virtual int port() const = 0;
   virtual const std::string& secret() const = 0;
+  virtual EncryptPolicy encrypt() const = 0;
   virtual const PeerIdentity& peer() const = 0;
   // One request/response on the control connection (serialized with other calls).
   virtual Status Call(FrameType request, const std::string& body, FrameType response,
@@ -139,7 +140,6 @@ struct ServiceConnection {
   uint64_t request_id = 0;
   std::vector<std::pair<int64_t, RegionLease>> region_leases;
   std::vector<std::shared_ptr<void>> state;  // anything else a service keeps per connection
-  SessionKey session_key{};                   // from the handshake (see handshake.h)
   std::function<void()> revoke;              // ends this connection (for LeaseRegion)
   size_t leases() const { return region_leases.size() + state.size(); }
 };

@@ -34,7 +34,7 @@ namespace {
 
 // Errors that say the source itself is unusable for this version; retrying won't help.
 bool Permanent(Code c) {
-  return c == Code::kUnknownVersion || c == Code::kProtocol || c == Code::kAuth ||
+  return c == Code::kUnknownVersion || c == Code::kProtocol || c == Code::kAuth || c == Code::kIntegrity ||
          c == Code::kInvalidArgument || c == Code::kInternal;
 }
 
@@ -293,7 +293,7 @@ void PullJob::RunWatcher(size_t s) {
   // Long polls get a connection of their own: on the control connection each would hold
   // up the lanes' requests there (a transport's region lease) for up to a poll period.
   std::unique_ptr<SourceSession> poll;
-  Status st = SourceSession::Open(src.session->host(), src.session->port(), opts_.secret, opts_.pool,
+  Status st = SourceSession::Open(src.session->host(), src.session->port(), opts_.session(), opts_.pool,
                                   src.session->peer().server_id, &polls_stop_,
                                   Deadline::After(opts_.connect_timeout_s), &poll);
   const double poll_s = opts_.have_wait_ms / 1000.0;

@@ -28,6 +28,8 @@ namespace rlboost {
 
 struct PullOptions {
   std::string secret;
+  EncryptPolicy encrypt = EncryptPolicy::kAuto;
+  uint64_t max_version_bytes = kDefaultMaxVersionBytes;
   std::string transport = "auto";  // auto | tcp | shm | ucx
   int streams = 4;
   int max_in_flight = 2;
@@ -37,6 +39,8 @@ struct PullOptions {
   uint32_t have_wait_ms = 500;  // long poll of a relay's held chunks (kMaxHaveWaitMs at most)
   // Connections kept between pulls (null: every pull connects anew).
   std::shared_ptr<ConnectionPool> pool;
+
+  SessionOptions session() const { return SessionOptions{secret, encrypt, max_version_bytes}; }
 };
 
 // One source, resolved for the version being pulled. A source still pulling the version

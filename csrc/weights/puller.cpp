@@ -27,6 +27,7 @@ namespace {
 int Severity(Code c) {
   switch (c) {
     case Code::kAuth: return 6;
+    case Code::kIntegrity: return 6;
     case Code::kProtocol: return 5;
     case Code::kUnknownVersion: return 4;
     case Code::kTimeout: return 3;
@@ -57,7 +58,7 @@ Status Puller::Resolve(int64_t version, double timeout_s, double source_timeout_
     Probe& p = probes[i];
     Deadline sd = d.Min(Deadline::After(source_timeout_s));
     Deadline cd = sd.Min(Deadline::After(opts_.connect_timeout_s));
-    p.status = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.secret, opts_.pool, 0,
+    p.status = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.session(), opts_.pool, 0,
                                    nullptr, cd, &p.session);
     if (p.status.ok() && self_server_id_ != 0 && p.session->peer().server_id == self_server_id_) {
       p.status = Status(Code::kInvalidArgument, "this process's own relay");
@@ -159,7 +160,7 @@ Status Puller::Await(int64_t version, double timeout_s, bool* found) {
   ForEachParallel(sources_.size(), [&](size_t i) {
     // Not from the pool: a poll the first answer interrupts cannot be given back.
     std::unique_ptr<SourceSession> s;
-    Status st = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.secret, nullptr, 0, &done,
+    Status st = SourceSession::Open(sources_[i].host, sources_[i].port, opts_.session(), nullptr, 0, &done,
                                     d.Min(Deadline::After(opts_.connect_timeout_s)), &s);
     if (st.ok() && self_server_id_ != 0 && s->peer().server_id == self_server_id_) return;
     while (st.ok() && !any && !d.Expired()) {

@@ -1,7 +1,6 @@
 // WeightServer: accept loop, per-connection frame loop and request dispatch.
 #include "weights/server.h"
 
-#include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,22 +12,6 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace rlboost {
-namespace {
-
-std::string PeerHost(const Socket& s) {
-  struct sockaddr_storage addr;
-  socklen_t len = sizeof(addr);
-  char host[NI_MAXHOST] = "";
-  if (getpeername(s.fd(), reinterpret_cast<struct sockaddr*>(&addr), &len) != 0 ||
-      getnameinfo(reinterpret_cast<struct sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
-                  NI_NUMERICHOST) != 0) {
-    return "";
-  }
-  return host;
-}
-
-}  // namespace
-
 WeightServer::WeightServer(const ServerOptions& opts, std::shared_ptr<VersionStore> store)
     : opts_(opts), store_(std::move(store)), services_(MakeTransportServices(ServiceOptions{opts.host, opts.ucx_port})) {
   if (opts_.egress_bytes_per_s > 0) limiter_ = std::make_unique<RateLimiter>(opts_.egress_bytes_per_s);
@@ -86,17 +69,18 @@ ServerStats WeightServer::stats() const {
   s.bytes_sent = bytes_sent_;
   s.chunks_sent = chunks_sent_;
   s.not_held_replies = not_held_;
-  s.connections_accepted = accepted_;
-  s.deadlines_missed = deadlines_missed_;
-  s.auth_failures = auth_failures_;
-  s.protocol_errors = protocol_errors_;
+  s.connections_accepted = logins_.accepted;
+  s.deadlines_missed = deadlines_missed_ + logins_.timed_out;
+  s.auth_failures = auth_failures_ + logins_.auth_failures;
+  s.protocol_errors = protocol_errors_ + logins_.protocol_errors;
   s.leases_expired = leases_expired_;
   s.leases_revoked = leases_revoked_;
+  s.encrypted_connections = encrypted_;
   std::lock_guard<std::mutex> lock(mu_);
   s.connections_refused = admission_.refused;
   s.connections_evicted = admission_.evicted_idle;
   s.stalled_evicted = admission_.evicted_stalled;
-  s.handshakes_dropped = admission_.handshakes_dropped;
+  s.handshakes_dropped = logins_.dropped;
   for (auto& c : conns_) s.active_connections += c->done || c->evicted ? 0 : 1;
   return s;
 }
@@ -113,42 +97,41 @@ void WeightServer::ReapLocked() {
 }
 
 void WeightServer::AcceptLoop() {
-  while (!closing_) {
-    Socket s;
-    Status st = AcceptTcp(listener_, &s);
-    if (closing_ || st.code() == Code::kClosed) return;
-    if (!st.ok()) {
-      // Out of descriptors or a transient error: back off briefly instead of spinning.
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      continue;
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    ReapLocked();
-    auto conn = std::make_unique<ServerConn>();
-    conn->peer_host = PeerHost(s);
-    conn->accepted_at = Deadline::Clock::now();
-    conn->Enter(ConnState::kHandshake);
-    // Only authenticated connections count toward max_connections (see Admit).
-    MakeHandshakeRoomLocked(conns_, conn->peer_host, opts_.limits, &admission_);
-    ++accepted_;
-    conn->socket = std::move(s);
-    ServerConn* raw = conn.get();
-    conns_.push_back(std::move(conn));
-    raw->thread = std::thread([this, raw] { Serve(raw); });
-  }
+  LoginLimits limits;
+  limits.slots = opts_.limits.max_handshakes;
+  limits.per_host = opts_.limits.max_handshakes_per_host;
+  limits.timeout_s = opts_.handshake_timeout_s;
+  LoginStage stage(listener_, opts_.secret, self_, opts_.encrypt, limits, &logins_,
+                   [this](Socket s, uint64_t id, const std::string& host, const std::string& welcome,
+                          std::shared_ptr<FrameSeal> seal) { OnLogin(std::move(s), id, host, welcome, std::move(seal)); });
+  stage.Run(closing_);
 }
 
-bool WeightServer::Admit(ServerConn* conn, uint64_t client_id) {
+void WeightServer::OnLogin(Socket s, uint64_t client_id, const std::string& host, const std::string& welcome,
+                           std::shared_ptr<FrameSeal> seal) {
+  // A proven client: it takes an authenticated slot (closing an idle or stalled connection
+  // if a cap is reached) and gets a thread of its own, which sends the welcome.
+  TuneForBulk(s.fd());
   std::lock_guard<std::mutex> lock(mu_);
-  return AdmitLocked(conns_, conn, client_id, opts_.limits, &admission_);
+  if (closing_) return;
+  ReapLocked();
+  auto conn = std::make_unique<ServerConn>();
+  conn->peer_host = host;
+  conn->accepted_at = Deadline::Clock::now();
+  conn->socket = std::move(s);
+  if (!AdmitLocked(conns_, conn.get(), client_id, opts_.limits, &admission_)) return;  // closed, unwelcomed
+  if (seal->encrypts()) ++encrypted_;
+  ServerConn* raw = conn.get();
+  conns_.push_back(std::move(conn));
+  raw->thread = std::thread([this, raw, welcome, seal] { Serve(raw, welcome, seal); });
 }
 
-void WeightServer::Serve(ServerConn* conn) {
+void WeightServer::Serve(ServerConn* conn, const std::string& welcome, std::shared_ptr<FrameSeal> seal) {
   // Everything a client can cause ends here: its connection closes, nothing else.
   try {
     Socket& s = conn->socket;
-    Status st = ServerHandshake(s, opts_.secret, self_, Deadline::After(opts_.handshake_timeout_s),
-                                [&](uint64_t id) { return Admit(conn, id); }, &conn->session_key);
+    Status st = SendFrame(s, FrameType::kWelcome, 0, 0, welcome, Deadline::After(opts_.handshake_timeout_s));
+    s.set_seal(std::move(seal));
     if (st.ok()) st = ServeFrames(conn);
     if (st.code() == Code::kAuth) ++auth_failures_;
     if (st.code() == Code::kProtocol) ++protocol_errors_;
@@ -168,7 +151,6 @@ Status WeightServer::ServeFrames(ServerConn* c) {
   Socket& s = c->socket;
   ServiceConnection conn;
   conn.socket = &s;
-  conn.session_key = c->session_key;
   conn.revoke = [this, c] {
     if (!c->evicted.exchange(true)) ++leases_revoked_;
     c->Evict();
@@ -225,8 +207,7 @@ Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, Ser
       std::string encoded;
       Status st = store_->EncodedManifest(version, &encoded);
       if (!st.ok()) return SendError(s, st, h.request_id, d);
-      return SendFrame(s, FrameType::kManifest, 0, h.request_id,
-                       SealManifest(conn.session_key, h.request_id, std::move(encoded)), d);
+      return SendFrame(s, FrameType::kManifest, 0, h.request_id, encoded, d);  // MACed or sealed like every frame
     }
     default:
       break;
@@ -235,6 +216,8 @@ Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, Ser
   // TCP only (an "auto" puller then falls back to TCP).
   bool paced_away = limiter_ != nullptr &&
                     (h.type == FrameType::kShmOpenRequest || h.type == FrameType::kUcxOpenRequest);
+  // UCX moves bytes outside this connection, unencrypted: not for a sealed one.
+  paced_away = paced_away || (h.type == FrameType::kUcxOpenRequest && s.seal() != nullptr && s.seal()->encrypts());
   for (auto& svc : services_) {
     if (!paced_away && svc->Handles(h.type)) {
       conn.request_id = h.request_id;

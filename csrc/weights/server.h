@@ -1,8 +1,10 @@
 // WeightServer: serves the versions of a VersionStore to authenticated pullers on one
-// TCP port. One thread per connection; each connection's failures (a wrong secret, a
-// malformed frame, a vanished peer) close that connection only. Every login and every
-// frame has a deadline for the whole of it. Authenticated connections are capped in all,
-// per client process and per peer address; unauthenticated ones have caps of their own;
+// TCP port. Logins are stepped by one thread for all of them, with budgets per address and
+// slots kept for addresses that logged in recently (transport/tcp/login_stage.h); each
+// authenticated connection then has a thread of its own. A connection's failures (a wrong
+// secret, a malformed or unauthentic frame, a vanished peer) close that connection only.
+// Every login and every frame has a deadline for the whole of it. Authenticated
+// connections are capped in all, per client process and per peer address;
 // when a newcomer would pass a cap, a connection stalled mid-frame, idle or long-polling
 // goes first (server_conn.h). A connection holding a region lease closes when the lease
 // expires or is revoked (version_store.h), so no peer pins memory for long.
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "transport/tcp/handshake.h"
+#include "transport/tcp/login_stage.h"
 #include "transport/tcp/socket.h"
 #include "transport/transport.h"
 #include "weights/rate_limiter.h"
@@ -39,6 +42,7 @@ struct ServerOptions {
   double lease_timeout_s = 60.0;     // the longest a connection may hold a region lease
   AdmissionLimits limits;
   int ucx_port = 0;  // UCX listener (when built); 0: any free port
+  EncryptPolicy encrypt = EncryptPolicy::kAuto;  // transfer.encrypt (frame_seal.h)
 };
 
 struct ServerStats {
@@ -56,6 +60,7 @@ struct ServerStats {
   uint64_t active_connections = 0;
   uint64_t leases_expired = 0;  // connections closed because their lease ran out
   uint64_t leases_revoked = 0;  // ... because the leased version was retired
+  uint64_t encrypted_connections = 0;  // logins whose frames are sealed (AES-256-GCM)
 };
 
 class WeightServer {
@@ -76,9 +81,10 @@ class WeightServer {
  private:
   WeightServer(const ServerOptions& opts, std::shared_ptr<VersionStore> store);
   void AcceptLoop();
-  void Serve(ServerConn* conn);
+  void OnLogin(Socket s, uint64_t client_id, const std::string& host, const std::string& welcome,
+               std::shared_ptr<FrameSeal> seal);
+  void Serve(ServerConn* conn, const std::string& welcome, std::shared_ptr<FrameSeal> seal);
   Status ServeFrames(ServerConn* conn);
-  bool Admit(ServerConn* conn, uint64_t client_id);
   Status Dispatch(const FrameHeader& h, const std::string& body, ServerConn* c, ServiceConnection& conn);
   Status ServeChunk(const FrameHeader& h, const std::string& body, Socket& s);
   Status ServeHave(const FrameHeader& h, const std::string& body, ServerConn* c);
@@ -98,9 +104,11 @@ class WeightServer {
   mutable std::mutex mu_;
   ConnList conns_;
   AdmissionCounts admission_;  // guarded by mu_
+  LoginCounts logins_;
 
-  std::atomic<uint64_t> bytes_sent_{0}, chunks_sent_{0}, not_held_{0}, accepted_{0}, deadlines_missed_{0},
-      auth_failures_{0}, protocol_errors_{0}, leases_expired_{0}, leases_revoked_{0};
+  std::atomic<uint64_t> bytes_sent_{0}, chunks_sent_{0}, not_held_{0}, deadlines_missed_{0},
+      auth_failures_{0}, protocol_errors_{0}, leases_expired_{0}, leases_revoked_{0},
+      encrypted_{0};
 };
 
 }  // namespace rlboost

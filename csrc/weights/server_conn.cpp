@@ -100,25 +100,4 @@ bool AdmitLocked(ConnList& conns, ServerConn* c, uint64_t peer_id, const Admissi
   return true;
 }
 
-void MakeHandshakeRoomLocked(ConnList& conns, const std::string& host, const AdmissionLimits& lim,
-                             AdmissionCounts* counts) {
-  // The oldest unauthenticated connection (from `host` when that host is at its own cap)
-  // is closed; with the login deadline, silent sockets can neither fill the server nor
-  // keep authenticated pullers out.
-  for (bool per_host : {true, false}) {
-    int cap = per_host ? lim.max_handshakes_per_host : lim.max_handshakes;
-    ServerConn* oldest = nullptr;
-    int count = 0;
-    for (auto& c : conns) {
-      if (c->authenticated || !Open(*c) || (per_host && c->peer_host != host)) continue;
-      ++count;
-      if (oldest == nullptr || c->accepted_at < oldest->accepted_at) oldest = c.get();
-    }
-    if (count >= cap && oldest != nullptr) {
-      oldest->Evict();
-      ++counts->handshakes_dropped;
-    }
-  }
-}
-
 }  // namespace rlboost

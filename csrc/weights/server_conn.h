@@ -38,7 +38,6 @@ struct ServerConn {
   std::atomic<bool> authenticated{false};
   std::atomic<int> state{static_cast<int>(ConnState::kHandshake)};
   std::atomic<int64_t> since_ns{0};  // steady clock: when `state` began
-  SessionKey session_key{};
 
   ConnState current() const { return static_cast<ConnState>(state.load()); }
   double InStateFor() const;
@@ -62,7 +61,6 @@ struct AdmissionCounts {
   uint64_t refused = 0;          // newcomers turned away: nobody could go
   uint64_t evicted_idle = 0;     // idle or long-polling connections closed for a newcomer
   uint64_t evicted_stalled = 0;  // busy ones (the most stalled) closed for one
-  uint64_t handshakes_dropped = 0;
 };
 
 using ConnList = std::list<std::unique_ptr<ServerConn>>;
@@ -71,9 +69,4 @@ using ConnList = std::list<std::unique_ptr<ServerConn>>;
 // within every cap; false only when no connection there can be closed.
 bool AdmitLocked(ConnList& conns, ServerConn* c, uint64_t peer_id, const AdmissionLimits& lim,
                  AdmissionCounts* counts);
-// Under the server's lock: a newcomer from `host` is about to handshake; the oldest
-// unauthenticated connection goes when it would pass a handshake cap.
-void MakeHandshakeRoomLocked(ConnList& conns, const std::string& host, const AdmissionLimits& lim,
-                             AdmissionCounts* counts);
-
 }  // namespace rlboost

@@ -1,19 +1,28 @@
 // Control-connection requests: manifest, held bitmap, and transport control calls.
 #include "weights/session.h"
 
+#include <algorithm>
+
 #include "common/bytes.h"
 #include "transport/tcp/frame_io.h"
 #include "transport/tcp/handshake.h"
 
 namespace rlboost {
 
-Status SourceSession::Open(const std::string& host, int port, const std::string& secret,
+uint64_t MaxManifestBody(uint64_t max_version_bytes) {
+  const uint64_t chunks = max_version_bytes / kMinChunkBytes + 1;
+  const uint64_t meta = std::min<uint64_t>(kMaxManifestMeta, (uint64_t{1} << 20) + max_version_bytes / 1024);
+  return std::min<uint64_t>(MaxFrameBody(FrameType::kManifest), 128 + kChunkTagBytes * chunks + meta);
+}
+
+Status SourceSession::Open(const std::string& host, int port, const SessionOptions& opts,
                            std::shared_ptr<ConnectionPool> pool, uint64_t server_id,
                            Interrupt* interrupt, Deadline d, std::unique_ptr<SourceSession>* out) {
-  std::unique_ptr<SourceSession> s(new SourceSession(host, port, secret, std::move(pool)));
+  std::unique_ptr<SourceSession> s(new SourceSession(host, port, opts, std::move(pool)));
   s->interrupt_ = interrupt;
   Connection c;
-  RLB_RETURN_IF_ERROR(ConnectAuthenticated(s->pool_.get(), host, port, secret, server_id, d, &c, interrupt));
+  RLB_RETURN_IF_ERROR(ConnectAuthenticated(s->pool_.get(), host, port, opts.secret, opts.encrypt, server_id, d,
+                                           &c, interrupt));
   s->socket_ = std::move(c.socket);
   s->peer_ = c.peer;
   s->reused_ = c.reused;
@@ -34,7 +43,7 @@ Status SourceSession::Call(FrameType request, const std::string& body, FrameType
   // A kept connection the source closed while it was idle: connect afresh and ask again
   // (every control request is a read, or a lease the closed connection already ended).
   Connection c;
-  RLB_RETURN_IF_ERROR(ConnectAuthenticated(nullptr, host_, port_, secret_, 0, d, &c, interrupt_));
+  RLB_RETURN_IF_ERROR(ConnectAuthenticated(nullptr, host_, port_, opts_.secret, opts_.encrypt, 0, d, &c, interrupt_));
   socket_ = std::move(c.socket);
   peer_ = c.peer;
   reused_ = false;
@@ -52,6 +61,12 @@ Status SourceSession::CallOnce(FrameType request, const std::string& body, Frame
   if (st.ok() && h.type != response && h.type != FrameType::kError) {
     st = Status(Code::kProtocol, std::string("expected a ") + FrameTypeName(response) + " frame, got " +
                                      FrameTypeName(h.type));
+  }
+  if (st.ok() && h.type == FrameType::kManifest && h.length > MaxManifestBody(opts_.max_version_bytes)) {
+    // Refused before the body is allocated: no honest version within the bound needs it.
+    st = Status(Code::kProtocol, "manifest of " + std::to_string(h.length) + " bytes is larger than any version " +
+                                     "within transfer.max_version_bytes (" + std::to_string(opts_.max_version_bytes) +
+                                     ") needs");
   }
   if (st.ok()) st = RecvBody(socket_, h, reply, d);
   if (st.ok() && h.type != FrameType::kError && h.request_id != id) {
@@ -86,8 +101,12 @@ Status SourceSession::FetchManifest(int64_t version, Manifest* out, Deadline d) 
   FrameHeader h;
   RLB_RETURN_IF_ERROR(Call(FrameType::kManifestRequest, EncodeVersionBody(version), FrameType::kManifest,
                            &h, &reply, d));
-  RLB_RETURN_IF_ERROR(OpenManifest(peer_.session_key, h.request_id, &reply));
   RLB_RETURN_IF_ERROR(DecodeManifest(reinterpret_cast<const uint8_t*>(reply.data()), reply.size(), out));
+  if (out->total_bytes > opts_.max_version_bytes) {
+    return Status(Code::kProtocol, "source announced version " + std::to_string(out->version) + " of " +
+                                       std::to_string(out->total_bytes) + " bytes, more than transfer.max_version_bytes (" +
+                                       std::to_string(opts_.max_version_bytes) + ")");
+  }
   if (version >= 0 && out->version != version) {
     return Status(Code::kProtocol, "source answered with another version's manifest");
   }

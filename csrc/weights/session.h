@@ -18,12 +18,27 @@
 
 namespace rlboost {
 
+// The default bound on a version's payload: larger announcements are refused before
+// anything is allocated for them (transfer.max_version_bytes).
+constexpr uint64_t kDefaultMaxVersionBytes = uint64_t{1} << 40;
+
+struct SessionOptions {
+  std::string secret;
+  EncryptPolicy encrypt = EncryptPolicy::kAuto;
+  uint64_t max_version_bytes = kDefaultMaxVersionBytes;
+};
+
+// The largest manifest body a version of at most max_version_bytes needs (smallest
+// chunks, one tag each, and a tensor table of a few hundred bytes per MiB), within the
+// format's own bound.
+uint64_t MaxManifestBody(uint64_t max_version_bytes);
+
 class SourceSession : public SourceLink {
  public:
   // pool may be null (then the connection closes with the session). server_id: the
   // server this must reach (0: any); another one there (the source restarted) is kPeerLost.
   // interrupt (may be null): see set_interrupt().
-  static Status Open(const std::string& host, int port, const std::string& secret,
+  static Status Open(const std::string& host, int port, const SessionOptions& opts,
                      std::shared_ptr<ConnectionPool> pool, uint64_t server_id, Interrupt* interrupt,
                      Deadline d, std::unique_ptr<SourceSession>* out);
   // Gives a healthy connection back to the pool.
@@ -36,7 +51,8 @@ class SourceSession : public SourceLink {
 
   const std::string& host() const override { return host_; }
   int port() const override { return port_; }
-  const std::string& secret() const override { return secret_; }
+  const std::string& secret() const override { return opts_.secret; }
+  EncryptPolicy encrypt() const override { return opts_.encrypt; }
   const PeerIdentity& peer() const override { return peer_; }
   Status Call(FrameType request, const std::string& body, FrameType response,
               FrameHeader* reply_header, std::string* reply, Deadline d) override;
@@ -48,13 +64,13 @@ class SourceSession : public SourceLink {
   void Discard() { broken_ = true; }
 
  private:
-  SourceSession(std::string host, int port, std::string secret, std::shared_ptr<ConnectionPool> pool)
-      : host_(std::move(host)), port_(port), secret_(std::move(secret)), pool_(std::move(pool)) {}
+  SourceSession(std::string host, int port, SessionOptions opts, std::shared_ptr<ConnectionPool> pool)
+      : host_(std::move(host)), port_(port), opts_(std::move(opts)), pool_(std::move(pool)) {}
   Status CallOnce(FrameType request, const std::string& body, FrameType response,
                   FrameHeader* reply_header, std::string* reply, Deadline d);
   std::string host_;
   int port_;
-  std::string secret_;
+  SessionOptions opts_;
   std::shared_ptr<ConnectionPool> pool_;
   PeerIdentity peer_;
   std::mutex mu_;  // one call at a time

@@ -17,12 +17,16 @@ import os
 import secrets
 import socket
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from rlboost import env
 from rlboost.validate import require
 
 TRANSPORTS = ("auto", "tcp", "shm", "ucx")
+ENCRYPT = ("auto", "on", "off")
+ENCRYPT_CODES = {"off": 0, "auto": 1, "on": 2}  # as the native core takes them
+_MAX_VERSION_BYTES = 1 << 40  # 1 TiB: any model's weights fit; a run may set its model's size
 _MIN_CHUNK = 4096
 _MAX_CHUNK = 256 << 20
 _MAX_TIMEOUT_S = 3600.0  # longer deadlines are a mistake, not a need
@@ -52,6 +56,31 @@ def run_secret() -> bytes:
     whose processes are not all started by one driver), else a fresh random one. Call it
     once per run and pass the result to every process of the run."""
     return env.secret() or new_secret()
+
+
+def _has_aead() -> bool:
+    """Whether the native core was built with AES-256-GCM (OpenSSL's libcrypto)."""
+    from rlboost import _C
+
+    return bool(_C.HAS_AEAD)
+
+
+_warned_clear_text = False
+
+
+def warn_if_clear_text(config: "TransferConfig", hosts: list[str]) -> None:
+    """Warns, once per process, when encrypt is "auto" but this build cannot encrypt and
+    bytes would leave loopback (a server bound off loopback, a source on another host)."""
+    global _warned_clear_text
+    if _warned_clear_text or config.encrypt != "auto" or _has_aead():
+        return
+    away = [h for h in hosts if not is_loopback(h)]
+    if away:
+        _warned_clear_text = True
+        warnings.warn(f"transfer.encrypt=auto: this build has no libcrypto (rlboost info: HAS_AEAD=False), so "
+                      f"weights to and from {away[0]} cross the network in clear text (MACed, not encrypted); "
+                      "install libssl-dev and reinstall rlboost, or keep the traffic on a private network",
+                      stacklevel=3)
 
 
 def is_loopback(host: str) -> bool:
@@ -153,6 +182,10 @@ class TransferConfig:
     """host peers dial (None: bind_host, or the node's address when bound to 0.0.0.0)"""
     transport: str = "auto"
     """auto (same host: shm, else tcp), tcp, shm or ucx (RLBOOST_TRANSPORT overrides)"""
+    encrypt: str = "auto"
+    """seal every frame and chunk with AES-256-GCM: auto (when the peer is off loopback), on (always; refuse peers that cannot), off (only when the peer asks)"""
+    max_version_bytes: int = _MAX_VERSION_BYTES
+    """largest version a puller takes; a larger announcement is refused before anything is allocated for it"""
     streams: int = 4
     """parallel streams per source"""
     chunk_bytes: int = 8 << 20
@@ -214,6 +247,12 @@ class TransferConfig:
         if self.transport == "auto" and env.transport():
             self.transport = env.transport()
         require(self.transport in TRANSPORTS, "transport", f"one of {TRANSPORTS}", self.transport)
+        require(self.encrypt in ENCRYPT, "encrypt", f"one of {ENCRYPT}", self.encrypt)
+        require(self.encrypt != "on" or _has_aead(), "encrypt",
+                "auto or off in a build without OpenSSL's libcrypto (rlboost info: HAS_AEAD=False; install "
+                "libssl-dev and reinstall rlboost for 'on')", self.encrypt)
+        require(isinstance(self.max_version_bytes, int) and 1 <= self.max_version_bytes <= 1 << 50,
+                "max_version_bytes", "an int in [1, 2**50]", self.max_version_bytes)
         require(bool(self.bind_host), "bind_host", "a host name or address", self.bind_host)
         require(self.advertise_host is None or (bool(self.advertise_host) and self.advertise_host not in WILDCARD_HOSTS),
               "advertise_host", "None or a host peers can dial (not 0.0.0.0 or ::)", self.advertise_host)

@@ -18,7 +18,14 @@ from rlboost import _C
 from rlboost.errors import ProtocolError, TransferClosed
 from rlboost.transfer import descriptors
 from rlboost.transfer.closing import Closing
-from rlboost.transfer.config import TransferConfig, advertised_host, format_address, parse_address
+from rlboost.transfer.config import (
+    ENCRYPT_CODES,
+    TransferConfig,
+    advertised_host,
+    format_address,
+    parse_address,
+    warn_if_clear_text,
+)
 from rlboost.transfer.delta import is_delta_key
 from rlboost.transfer.delta_pull import DeltaHooks, DeltaPullHandle
 from rlboost.transfer.manifest import Manifest
@@ -36,6 +43,7 @@ class WeightPuller(Closing):
         self.config = config = config if config is not None else TransferConfig()
         self._secret = config.require_secret()
         self._sources = self._parse(sources)
+        warn_if_clear_text(config, [h for h, _ in self._sources])
         self._relayed: dict[int, tuple[torch.Tensor, object | None]] = {}
         # Relayed versions left behind while peers still read them: served until their
         # last read ends, then released (see _spare_for).
@@ -69,6 +77,7 @@ class WeightPuller(Closing):
     def set_sources(self, sources: str | Sequence[str]) -> None:
         """Replaces the sources used by later pulls (e.g. once peers' relays are known)."""
         self._sources = self._parse(sources)
+        warn_if_clear_text(self.config, [h for h, _ in self._sources])
 
     @property
     def relay_address(self) -> str | None:
@@ -202,7 +211,8 @@ class WeightPuller(Closing):
         return _C.Puller(sources=sources, secret=self._secret, transport=c.transport, streams=streams,
                          max_in_flight=max_in_flight, request_timeout_s=c.request_timeout_s,
                          connect_timeout_s=c.connect_timeout_s, reconnect_attempts=reconnects,
-                         self_server_id=self._self_id, pool=self._pool, relay_poll_ms=c.relay_poll_ms)
+                         self_server_id=self._self_id, pool=self._pool, relay_poll_ms=c.relay_poll_ms,
+                         encrypt=ENCRYPT_CODES[c.encrypt], max_version_bytes=c.max_version_bytes)
 
     @property
     def _self_id(self) -> int:

@@ -18,7 +18,7 @@ import torch
 from rlboost import _C
 from rlboost.transfer import WeightPuller
 
-from .wire_client import HEADER, W, client_handshake, connect, frame, recv_exact, recv_frame
+from .wire_client import HEADER, W, client_handshake, connect, frame, recv_frame, recv_sealed
 
 # --------------------------------------------------------------------------- CRC forging
 _POLY = 0x82F63B78  # CRC-32C, reflected
@@ -90,14 +90,15 @@ class ChunkForgingProxyForTests:
                 t.start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, from_server: bool) -> None:
+        frames = 0
         try:
             while True:
-                head = recv_exact(src, W["header_bytes"])
+                head, body, tag = recv_sealed(src, frames >= 2)  # login frames carry no tag
+                frames += 1
                 _, _, ftype, status, length, _ = HEADER.unpack(head)
-                body = recv_exact(src, length)
                 if from_server and ftype == W["chunk"] and status == W["reply_ok"] and length > 20:
-                    body = body[:16] + self._forge(body[16:])
-                dst.sendall(head + body)
+                    body = body[:16] + self._forge(body[16:])  # the frame's tag covers only the prefix
+                dst.sendall(head + body + tag)
         except (ConnectionError, OSError):
             src.close()
             dst.close()
@@ -244,7 +245,7 @@ class LeaseHoarderForTests:
             try:
                 if self.sock is None:
                     self.sock = connect(self.address)
-                    client_handshake(self.sock, self.secret)
+                    self.sock = client_handshake(self.sock, self.secret)
                 self.sock.sendall(frame(W["shm_open_request"], struct.pack("<q", version), request_id=version))
                 ftype, status, _, _ = _C.parse_frame(recv_frame(self.sock))
                 self.granted += ftype == W["shm_open"] and status == W["reply_ok"]

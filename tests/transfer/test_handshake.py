@@ -1,7 +1,7 @@
-"""The connect handshake proves the client first and keys a MAC over each manifest reply:
+"""The connect handshake proves the client first and keys a MAC over every later frame:
 a stranger learns nothing to test secret guesses against, a server without the secret
 is refused, and an on-path swap of weights (manifest and chunk rewritten to agree) is
-caught as AuthError instead of loading the attacker's bytes."""
+caught by the manifest frame's MAC (IntegrityError) instead of loading the attacker's bytes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from rlboost import _C
-from rlboost.errors import AuthError, ProtocolError
+from rlboost.errors import AuthError, IntegrityError, ProtocolError
 from rlboost.transfer import WeightPuller
 
 from .helpers import make_config
@@ -21,10 +21,11 @@ from .wire_client import (
     W,
     connect,
     frame,
+    hello_body,
     is_closed_by_peer,
     proof,
-    recv_exact,
     recv_frame,
+    recv_sealed,
     server_handshake_rest,
 )
 
@@ -32,7 +33,7 @@ from .wire_client import (
 def test_server_proves_nothing_to_a_client_that_has_not_proven_itself(served):
     pub, _ = served
     with connect(pub.address) as s:
-        s.sendall(frame(W["hello"], bytes(40)))  # a nonce and client id the client chose
+        s.sendall(frame(W["hello"], hello_body(bytes(32), 0)))  # a nonce and client id the client chose
         ftype, _, _, body = _C.parse_frame(recv_frame(s))
         assert ftype == W["challenge"] and len(body) == 32  # a fresh nonce, no proof over ours
         s.sendall(frame(W["auth"], proof(b"a guess", b"rlboost-client-proof-v2", bytes(32), body)))
@@ -102,14 +103,15 @@ class WeightSwappingProxyForTests:
             threading.Thread(target=self._pump, args=(up, down, True), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, from_server: bool) -> None:
+        frames = 0
         try:
             while True:
-                head = recv_exact(src, W["header_bytes"])
+                head, body, tag = recv_sealed(src, frames >= 2)  # login frames carry no tag
+                frames += 1
                 magic, fmt, ftype, status, length, rid = HEADER.unpack(head)
-                body = recv_exact(src, length)
                 if from_server:
                     body = self._rewrite(ftype, body)
-                dst.sendall(HEADER.pack(magic, fmt, ftype, status, len(body), rid) + body)
+                dst.sendall(HEADER.pack(magic, fmt, ftype, status, len(body), rid) + body + tag)
         except (ConnectionError, OSError):
             src.close()
             dst.close()
@@ -117,12 +119,9 @@ class WeightSwappingProxyForTests:
     def _rewrite(self, ftype: int, body: bytes) -> bytes:
         if ftype == W["chunk"] and struct.unpack_from("<I", body, 8)[0] == 0 and len(body) > 16:
             return body[:16] + bytes([body[16] ^ 0xFF]) + body[17:]
-        if ftype == W["manifest"]:
-            for mac_len in (32, 0):  # with or without a trailing session MAC
-                manifest, mac = body[: len(body) - mac_len], body[len(body) - mac_len:]
-                if _C.crc32c(manifest[:-4], 0) == struct.unpack("<I", manifest[-4:])[0]:
-                    self.tampered.set()
-                    return self._swap_tag0(manifest) + mac
+        if ftype == W["manifest"] and _C.crc32c(body[:-4], 0) == struct.unpack("<I", body[-4:])[0]:
+            self.tampered.set()
+            return self._swap_tag0(body)
         return body
 
     def _swap_tag0(self, manifest: bytes) -> bytes:
@@ -132,12 +131,12 @@ class WeightSwappingProxyForTests:
                            tags=tags, meta=m.meta).encode()
 
 
-def test_on_path_weight_swap_is_caught_by_the_manifest_mac(served):
+def test_on_path_weight_swap_is_caught_by_the_manifest_frames_mac(served):
     pub, blob = served
     proxy = WeightSwappingProxyForTests(pub.address, blob.numpy().tobytes())
     try:
         with WeightPuller(proxy.address, make_config(transport="tcp", reconnect_attempts=0)) as puller:
-            with pytest.raises(AuthError, match="MAC"):
+            with pytest.raises(IntegrityError, match="MAC"):
                 puller.pull(1, timeout=30)
         assert proxy.tampered.is_set()
     finally:

@@ -44,7 +44,7 @@ def test_hostile_first_frame_gets_protocol_error_and_closed_connection(served, r
 def test_truncated_frame_closes_only_that_connection(served):
     pub, blob = served
     with connect(pub.address) as bystander:
-        client_handshake(bystander, SECRET)
+        bystander = client_handshake(bystander, SECRET)
         with connect(pub.address) as s:
             s.sendall(frame(W["hello"], bytes(32))[:10])
             s.shutdown(socket.SHUT_WR)
@@ -66,7 +66,7 @@ def test_truncated_frame_closes_only_that_connection(served):
 def test_hostile_frames_after_authentication(served, raw):
     pub, blob = served
     with connect(pub.address) as s:
-        client_handshake(s, SECRET)
+        s = client_handshake(s, SECRET)
         s.sendall(raw)
         with pytest.raises(ProtocolError):
             _C.parse_frame(recv_frame(s))
@@ -77,7 +77,7 @@ def test_hostile_frames_after_authentication(served, raw):
 def test_requests_for_unknown_versions_and_chunks_are_answered_not_fatal(served):
     pub, blob = served
     with connect(pub.address) as s:
-        client_handshake(s, SECRET)
+        s = client_handshake(s, SECRET)
         s.sendall(frame(W["manifest_request"], struct.pack("<q", 42), request_id=1))
         with pytest.raises(VersionMismatch):
             _C.parse_frame(recv_frame(s))

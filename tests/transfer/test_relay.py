@@ -59,7 +59,7 @@ def test_relay_answers_not_held_for_chunks_it_lacks():
         region = _C.Region.create(3 * 4096)
         store.add_partial(_C.Manifest(version=5, total_bytes=3 * 4096, chunk_bytes=4096, tags=bytes(48), meta=b""), region)
         with connect(f"127.0.0.1:{server.port}") as s:
-            client_handshake(s, SECRET)
+            s = client_handshake(s, SECRET)
             s.sendall(frame(W["chunk_request"], struct.pack("<qI", 5, 1), request_id=1))
             ftype, status, _, body = _C.parse_frame(recv_frame(s))
             assert (ftype, status, len(body)) == (W["chunk"], W["reply_not_held"], 16)
@@ -120,7 +120,7 @@ def test_a_peer_that_never_reads_its_chunk_does_not_keep_the_relay_from_its_next
             v1 = relay.pull(1)
             reader = connect(relay.relay_address)
             reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            client_handshake(reader, SECRET)
+            reader = client_handshake(reader, SECRET)
             reader.sendall(frame(W["chunk_request"], struct.pack("<qI", 1, 0), request_id=1))  # never read
             try:
                 # Pulling into v1's memory itself (no second buffer: a caller's tensor) retires
@@ -135,7 +135,7 @@ def stuck_reader(address: str, version: int) -> socket.socket:
     """A peer that asks for chunk 0 of `version` and never reads the reply."""
     reader = connect(address)
     reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    client_handshake(reader, SECRET)
+    reader = client_handshake(reader, SECRET)
     reader.sendall(frame(W["chunk_request"], struct.pack("<qI", version, 0), request_id=1))
     return reader
 
@@ -202,7 +202,7 @@ def test_a_peer_that_takes_a_shared_memory_lease_and_goes_quiet_loses_it():
             relay.pull(1)
             peer = connect(relay.relay_address, timeout=60)
             try:
-                client_handshake(peer, SECRET)
+                peer = client_handshake(peer, SECRET)
                 peer.sendall(frame(W["shm_open_request"], struct.pack("<q", 1), request_id=1))
                 assert HEADER.unpack(recv_frame(peer)[: W["header_bytes"]])[3] == W["reply_ok"]
                 assert relay.stats()["reads_in_flight"] == {1: 1}  # the lease pins version 1

@@ -60,7 +60,7 @@ def _ucx_open(sock, request_id: int) -> None:
 def test_registrations_per_connection_are_capped(publisher, config):
     publisher.publish(1, {"blob": torch.zeros(1 << 16, dtype=torch.uint8)})
     sock = connect(publisher.address)
-    client_handshake(sock, config.secret)
+    sock = client_handshake(sock, config.secret)
     for rid in range(1, MAX_REGISTRATIONS_PER_CONNECTION + 1):
         _ucx_open(sock, rid)
         ftype, status, got_rid, _ = _C.parse_frame(recv_frame(sock))

@@ -34,10 +34,17 @@ SharedMapping::~SharedMapping() {
 }
 
 Status SharedMapping::Create(uint64_t nbytes, std::unique_ptr<SharedMapping>* out) {
-  int fd = memfd_create("rlboost-weights", MFD_CLOEXEC);
+  int fd = memfd_create("rlboost-weights", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Errno("memfd_create");
   if (ftruncate(fd, static_cast<off_t>(nbytes)) != 0) {
     Status s = Errno("ftruncate(" + std::to_string(nbytes) + ")");
+    close(fd);
+    return s;
+  }
+  // Sealed at its size: a puller that maps it can rely on every page staying there (a
+  // region that could shrink would fault its reads), and checks the seal (OpenRemote).
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    Status s = Errno("sealing the shared region");
     close(fd);
     return s;
   }
@@ -188,18 +195,46 @@ class RemoteMappingCache {
   bool reaper_running_ = false;
 };
 
+// Opens the source's descriptor without blocking and without side effects whatever it
+// names (O_PATH: a FIFO or a device is never opened for reading), checks that it is a
+// sealed memfd of at least nbytes, and only then opens it for reading through this
+// process's own descriptor of the same file, so nothing can be swapped in between.
+Status OpenRegionFile(const std::string& path, uint64_t nbytes, int* out, struct stat* st) {
+  int pathfd = open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (pathfd < 0) return Errno("open " + path);
+  if (fstat(pathfd, st) != 0 || !S_ISREG(st->st_mode)) {
+    close(pathfd);
+    return Status(Code::kProtocol, "the shared region the source named is not a memory file");
+  }
+  std::string self = "/proc/self/fd/" + std::to_string(pathfd);
+  int fd = open(self.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  close(pathfd);
+  if (fd < 0) return Errno("open " + path);
+  struct stat again;
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (fstat(fd, &again) != 0 || again.st_ino != st->st_ino || again.st_dev != st->st_dev ||
+      static_cast<uint64_t>(again.st_size) < nbytes) {
+    close(fd);
+    return Status(Code::kProtocol, "shared region is smaller than announced");
+  }
+  // A region that could shrink under our mapping would fault (SIGBUS) on the next read.
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    close(fd);
+    return Status(Code::kProtocol, "the shared region is not sealed against shrinking");
+  }
+  *st = again;
+  *out = fd;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status SharedMapping::OpenRemote(uint32_t pid, int fd, uint64_t nbytes,
                                  std::shared_ptr<SharedMapping>* out) {
   std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  int local = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (local < 0) return Errno("open " + path);
+  int local = -1;
   struct stat st;
-  if (fstat(local, &st) != 0 || static_cast<uint64_t>(st.st_size) < nbytes) {
-    close(local);
-    return Status(Code::kProtocol, "shared region is smaller than announced");
-  }
+  RLB_RETURN_IF_ERROR(OpenRegionFile(path, nbytes, &local, &st));
   *out = RemoteMappingCache::Get().Acquire(st.st_dev, st.st_ino, nbytes);
   if (*out != nullptr) {
     close(local);

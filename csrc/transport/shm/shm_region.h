@@ -19,7 +19,10 @@ class SharedMapping {
   // A new zero-filled, writable region of nbytes (pages populated up front, because
   // first-touch faults would otherwise dominate the first write).
   static Status Create(uint64_t nbytes, std::unique_ptr<SharedMapping>* out);
-  // Maps another process's region read-only through /proc/<pid>/fd/<fd>. Mappings are
+  // Maps another process's region read-only through /proc/<pid>/fd/<fd>, which must name
+  // a memfd (or regular file) of at least nbytes sealed against shrinking; anything else
+  // (a FIFO, a device, a socket) is refused without being opened for reading (kProtocol),
+  // so no announcement can block the puller. Mappings are
   // shared per memfd while in use and kept a few seconds after their last use (a
   // publisher reuses its regions across versions, and a fresh mapping pays page faults on
   // the first copy); an idle mapping is dropped as soon as the source retires the region,

@@ -74,8 +74,8 @@ size_t ConnectionPool::idle() const {
 }
 
 Status ConnectAuthenticated(ConnectionPool* pool, const std::string& host, int port,
-                            const std::string& secret, uint64_t server_id, Deadline d,
-                            Connection* out, Interrupt* interrupt) {
+                            const std::string& secret, EncryptPolicy encrypt, uint64_t server_id,
+                            Deadline d, Connection* out, Interrupt* interrupt) {
   if (pool != nullptr && pool->Take(host, port, server_id, &out->socket, &out->peer)) {
     out->reused = true;
     return Status::Ok();
@@ -90,7 +90,7 @@ Status ConnectAuthenticated(ConnectionPool* pool, const std::string& host, int p
     if (st.ok()) {
       // A source that accepts but never answers would hold us here until the deadline.
       InterruptScope scope(interrupt, out->socket);
-      st = ClientHandshake(out->socket, secret, d, &out->peer);
+      st = ClientHandshake(out->socket, secret, encrypt, d, &out->peer);
     }
     if (st.code() != Code::kPeerLost || d.Expired() || (interrupt != nullptr && interrupt->fired())) break;
   }

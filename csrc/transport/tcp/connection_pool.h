@@ -56,7 +56,7 @@ struct Connection {
 };
 
 Status ConnectAuthenticated(ConnectionPool* pool, const std::string& host, int port,
-                            const std::string& secret, uint64_t server_id, Deadline d,
-                            Connection* out, Interrupt* interrupt = nullptr);
+                            const std::string& secret, EncryptPolicy encrypt, uint64_t server_id,
+                            Deadline d, Connection* out, Interrupt* interrupt = nullptr);
 
 }  // namespace rlboost

@@ -1,5 +1,10 @@
 // Frame send/receive helpers shared by the server, the control session and TCP streams.
+// After the login every frame carries the tag of its connection's seal (frame_seal.h).
 #include "transport/tcp/frame_io.h"
+
+#include <cstring>
+
+#include "transport/tcp/frame_seal.h"
 
 namespace rlboost {
 
@@ -12,8 +17,26 @@ Status SendFrame(Socket& s, FrameType type, uint32_t status, uint64_t request_id
   h.request_id = request_id;
   uint8_t head[kFrameHeaderBytes];
   EncodeFrameHeader(h, head);
-  struct iovec iov[2] = {{head, kFrameHeaderBytes}, {const_cast<void*>(body), n}};
-  return s.SendV(iov, n > 0 ? 2 : 1, d);
+  FrameSeal* seal = s.seal();
+  if (seal == nullptr) {
+    struct iovec iov[2] = {{head, kFrameHeaderBytes}, {const_cast<void*>(body), n}};
+    return s.SendV(iov, n > 0 ? 2 : 1, d);
+  }
+  FrameCipher& c = seal->send();
+  c.Begin(head);
+  std::string sealed;
+  const void* out = body;
+  if (c.encrypts() && n > 0) {
+    sealed.resize(n);
+    c.Cover(static_cast<const uint8_t*>(body), reinterpret_cast<uint8_t*>(&sealed[0]), n);
+    out = sealed.data();
+  } else {
+    c.Cover(static_cast<const uint8_t*>(body), nullptr, n);
+  }
+  uint8_t tag[kFrameTagBytes];
+  c.Tag(tag);
+  struct iovec iov[3] = {{head, kFrameHeaderBytes}, {const_cast<void*>(out), n}, {tag, kFrameTagBytes}};
+  return s.SendV(iov, 3, d);
 }
 
 Status SendError(Socket& s, const Status& err, uint64_t request_id, Deadline d) {
@@ -23,13 +46,43 @@ Status SendError(Socket& s, const Status& err, uint64_t request_id, Deadline d) 
 Status RecvHeader(Socket& s, FrameHeader* h, Deadline d) {
   uint8_t head[kFrameHeaderBytes];
   RLB_RETURN_IF_ERROR(s.RecvAll(head, kFrameHeaderBytes, d));
+  if (s.seal() != nullptr) std::memcpy(s.seal()->received_head, head, kFrameHeaderBytes);
   return DecodeFrameHeader(head, h);
+}
+
+namespace {
+
+Status FrameNotAuthentic(const FrameHeader& h, bool server_side) {
+  if (server_side) {
+    return Status(Code::kAuth, std::string("a ") + FrameTypeName(h.type) +
+                                   " frame does not carry the MAC of the client that logged in (relayed, "
+                                   "replayed or injected)");
+  }
+  return Status(Code::kIntegrity, std::string("a ") + FrameTypeName(h.type) +
+                                      " frame does not verify under this connection's key (MAC): altered, "
+                                      "replayed or injected on the way");
+}
+
+}  // namespace
+
+Status RecvTag(Socket& s, const FrameHeader& h, Deadline d) {
+  FrameSeal* seal = s.seal();
+  if (seal == nullptr) return Status::Ok();
+  uint8_t tag[kFrameTagBytes];
+  RLB_RETURN_IF_ERROR(s.RecvAll(tag, kFrameTagBytes, d));
+  return seal->recv().Check(tag) ? Status::Ok() : FrameNotAuthentic(h, seal->server_side());
 }
 
 Status RecvBody(Socket& s, const FrameHeader& h, std::string* body, Deadline d) {
   body->resize(h.length);  // bounded by DecodeFrameHeader
-  if (h.length == 0) return Status::Ok();
-  return s.RecvAll(&(*body)[0], h.length, d);
+  if (h.length > 0) RLB_RETURN_IF_ERROR(s.RecvAll(&(*body)[0], h.length, d));
+  FrameSeal* seal = s.seal();
+  if (seal == nullptr) return Status::Ok();
+  FrameCipher& c = seal->recv();
+  c.Begin(seal->received_head);
+  auto* p = reinterpret_cast<uint8_t*>(&(*body)[0]);
+  c.Cover(p, p, h.length);
+  return RecvTag(s, h, d);
 }
 
 Status RecvExpected(Socket& s, FrameType expected, FrameHeader* h, std::string* body, Deadline d) {

@@ -19,6 +19,9 @@ inline Status SendFrame(Socket& s, FrameType type, uint32_t status, uint64_t req
 Status SendError(Socket& s, const Status& err, uint64_t request_id, Deadline d);
 
 Status RecvHeader(Socket& s, FrameHeader* h, Deadline d);
+// After a frame's body has been received (and given to the seal's receiving side): reads
+// and checks its tag. OK at once on a connection not sealed yet (during the login).
+Status RecvTag(Socket& s, const FrameHeader& h, Deadline d);
 Status RecvBody(Socket& s, const FrameHeader& h, std::string* body, Deadline d);
 
 // Receives one frame that must be `expected`; an error frame becomes its Status, any

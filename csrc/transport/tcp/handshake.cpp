@@ -1,5 +1,5 @@
-// HMAC challenge-response, client first: client nonce -> server nonce -> client proof ->
-// welcome + server proof; then a session key from both nonces MACs manifest replies.
+// Login (wire format 4): client proof first, HKDF-derived proofs and frame keys over the
+// whole exchange (see handshake.h).
 #include "transport/tcp/handshake.h"
 
 #include <unistd.h>
@@ -18,30 +18,46 @@
 namespace rlboost {
 namespace {
 
-constexpr char kServerLabel[] = "rlboost-server-proof-v3";
-constexpr char kClientLabel[] = "rlboost-client-proof-v3";
-constexpr char kSessionLabel[] = "rlboost-session-key-v3";
-constexpr char kManifestLabel[] = "rlboost-manifest-mac-v3";
+constexpr char kClientLabel[] = "rlboost-v4 client proof";
+constexpr char kServerLabel[] = "rlboost-v4 server proof";
+constexpr char kKeysLabel[] = "rlboost-v4 frame keys";
+constexpr size_t kHelloBytes = kNonceBytes + 8 + 4;
 
-// What both proofs and the session key bind: the client's hello and the server's nonce.
-struct Exchange {
-  uint8_t client_nonce[kNonceBytes];
-  uint8_t server_nonce[kNonceBytes];
-  uint64_t client_id = 0;
-};
+// Hello flags: what the client asks for and can do.
+constexpr uint32_t kWantsAead = 1;   // its policy asks to seal this connection
+constexpr uint32_t kCanAead = 2;     // it was built with AES-256-GCM
+constexpr uint32_t kRequiresAead = 4;  // its policy is "on"
 
-Digest256 Proof(const std::string& secret, const char* label, const Exchange& x) {
-  std::string msg(label);
-  msg.append(reinterpret_cast<const char*>(x.client_nonce), kNonceBytes);
-  msg.append(reinterpret_cast<const char*>(x.server_nonce), kNonceBytes);
-  ByteWriter(&msg).U64(x.client_id);
-  return HmacSha256(secret, msg.data(), msg.size());
+std::string AsKey(const Digest256& d) { return std::string(reinterpret_cast<const char*>(d.data()), d.size()); }
+
+bool Wants(EncryptPolicy p, bool peer_loopback) {
+  return p == EncryptPolicy::kOn || (p == EncryptPolicy::kAuto && !peer_loopback);
 }
 
-std::string Hello(const Exchange& x) {
-  std::string body(reinterpret_cast<const char*>(x.client_nonce), kNonceBytes);
-  ByteWriter(&body).U64(x.client_id);
-  return body;
+// HKDF-Extract with both nonces as the salt: every login has its own pseudo-random key.
+Digest256 Extract(const std::string& secret, const std::string& hello, const std::string& challenge) {
+  std::string salt = hello.substr(0, kNonceBytes) + challenge;
+  return HmacSha256(salt, secret.data(), secret.size());
+}
+
+Digest256 Mac(const Digest256& prk, const char* label, const std::string& a, const std::string& b,
+              const std::string& c = "") {
+  std::string msg = std::string(label) + a + b + c;
+  return HmacSha256(AsKey(prk), msg.data(), msg.size());
+}
+
+// HKDF-Expand over the whole login: client-to-server key, then server-to-client key.
+void FrameKeys(const Digest256& prk, const std::string& hello, const std::string& challenge,
+               const std::string& proof, const std::string& welcome, Key256* c2s, Key256* s2c) {
+  std::string transcript = hello + challenge + proof + welcome;
+  Digest256 th = Sha256Of(transcript.data(), transcript.size());
+  std::string info = std::string(kKeysLabel) + AsKey(th);
+  std::string m1 = info + '\x01';
+  Digest256 t1 = HmacSha256(AsKey(prk), m1.data(), m1.size());
+  std::string m2 = AsKey(t1) + info + '\x02';
+  Digest256 t2 = HmacSha256(AsKey(prk), m2.data(), m2.size());
+  std::copy(t1.begin(), t1.end(), c2s->begin());
+  std::copy(t2.begin(), t2.end(), s2c->begin());
 }
 
 std::string ReadLink(const char* path) {
@@ -59,6 +75,16 @@ std::array<uint8_t, 16> ComputeHostKey() {
   std::array<uint8_t, 16> key;
   std::copy(d.begin(), d.begin() + 16, key.begin());
   return key;
+}
+
+std::string Identity(const PeerIdentity& id) {
+  std::string out;
+  ByteWriter w(&out);
+  w.U64(id.server_id);
+  w.Raw(id.host_key.data(), id.host_key.size());
+  w.U32(id.pid);
+  w.U32(static_cast<uint32_t>(id.mode));
+  return out;
 }
 
 }  // namespace
@@ -81,90 +107,127 @@ uint64_t LocalClientId() {
   return id;
 }
 
-Status ClientHandshake(Socket& s, const std::string& secret, Deadline d, PeerIdentity* server) {
-  Exchange x;
-  x.client_id = LocalClientId();
-  RLB_RETURN_IF_ERROR(SecureRandom(x.client_nonce, kNonceBytes));
-  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kHello, 0, 0, Hello(x), d));
-  FrameHeader h;
-  std::string body;
-  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kChallenge, &h, &body, d));
-  if (body.size() != kNonceBytes) return Status(Code::kProtocol, "challenge has the wrong size");
-  std::memcpy(x.server_nonce, body.data(), kNonceBytes);
-  Digest256 proof = Proof(secret, kClientLabel, x);
-  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kAuth, 0, 0, proof.data(), proof.size(), d));
-  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kWelcome, &h, &body, d));
+namespace {
+
+Status ParseWelcome(const std::string& body, PeerIdentity* server, std::string* signed_part, uint8_t proof[kMacBytes]) {
   ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
-  uint8_t server_proof[kMacBytes];
+  uint32_t mode;
   RLB_RETURN_IF_ERROR(r.U64(&server->server_id));
   RLB_RETURN_IF_ERROR(r.Raw(server->host_key.data(), server->host_key.size()));
   RLB_RETURN_IF_ERROR(r.U32(&server->pid));
-  RLB_RETURN_IF_ERROR(r.Raw(server_proof, kMacBytes));
+  RLB_RETURN_IF_ERROR(r.U32(&mode));
+  RLB_RETURN_IF_ERROR(r.Raw(proof, kMacBytes));
   RLB_RETURN_IF_ERROR(r.ExpectEnd());
-  Digest256 want = Proof(secret, kServerLabel, x);
-  if (!ConstantTimeEqual(want.data(), server_proof, kMacBytes)) {
-    return Status(Code::kAuth, "the server does not know the shared secret (check RLBOOST_SECRET)");
+  if (mode != static_cast<uint32_t>(SealMode::kMac) && mode != static_cast<uint32_t>(SealMode::kAead)) {
+    return Status(Code::kProtocol, "welcome names an unknown frame mode");
   }
-  server->session_key = Proof(secret, kSessionLabel, x);
+  server->mode = static_cast<SealMode>(mode);
+  *signed_part = body.substr(0, body.size() - kMacBytes);
   return Status::Ok();
-}
-
-Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, Deadline d,
-                       const std::function<bool(uint64_t)>& admit, SessionKey* session_key) {
-  FrameHeader h;
-  std::string body;
-  Exchange x;
-  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kHello, &h, &body, d));
-  if (body.size() != kNonceBytes + 8) return Status(Code::kProtocol, "hello has the wrong size");
-  std::memcpy(x.client_nonce, body.data(), kNonceBytes);
-  std::memcpy(&x.client_id, body.data() + kNonceBytes, 8);
-  RLB_RETURN_IF_ERROR(SecureRandom(x.server_nonce, kNonceBytes));
-  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kChallenge, 0, 0, x.server_nonce, kNonceBytes, d));
-  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kAuth, &h, &body, d));
-  if (body.size() != kMacBytes) return Status(Code::kProtocol, "auth has the wrong size");
-  Digest256 want = Proof(secret, kClientLabel, x);
-  if (!ConstantTimeEqual(want.data(), reinterpret_cast<const uint8_t*>(body.data()), kMacBytes)) {
-    return Status(Code::kAuth, "wrong shared secret");
-  }
-  if (admit && !admit(x.client_id)) return Status(Code::kPeerLost, "no connection slot for this peer");
-  // Only now, to a client that proved it holds the secret, does the server prove itself.
-  Digest256 proof = Proof(secret, kServerLabel, x);
-  std::string welcome;
-  ByteWriter w(&welcome);
-  w.U64(self.server_id);
-  w.Raw(self.host_key.data(), self.host_key.size());
-  w.U32(self.pid);
-  w.Raw(proof.data(), proof.size());
-  *session_key = Proof(secret, kSessionLabel, x);
-  return SendFrame(s, FrameType::kWelcome, 0, 0, welcome, d);
-}
-
-namespace {
-
-Digest256 ManifestMac(const SessionKey& key, uint64_t request_id, const char* data, size_t n) {
-  std::string msg(kManifestLabel);
-  ByteWriter(&msg).U64(request_id);
-  msg.append(data, n);
-  return HmacSha256(std::string(reinterpret_cast<const char*>(key.data()), key.size()), msg.data(), msg.size());
 }
 
 }  // namespace
 
-std::string SealManifest(const SessionKey& key, uint64_t request_id, std::string encoded) {
-  Digest256 mac = ManifestMac(key, request_id, encoded.data(), encoded.size());
-  encoded.append(reinterpret_cast<const char*>(mac.data()), mac.size());
-  return encoded;
+Status ClientHandshake(Socket& s, const std::string& secret, EncryptPolicy policy, Deadline d,
+                       PeerIdentity* server) {
+  uint8_t nonce[kNonceBytes];
+  RLB_RETURN_IF_ERROR(SecureRandom(nonce, kNonceBytes));
+  const bool wants = Wants(policy, PeerIsLoopback(s.fd()));
+  std::string hello(reinterpret_cast<const char*>(nonce), kNonceBytes);
+  ByteWriter w(&hello);
+  w.U64(LocalClientId());
+  w.U32((wants ? kWantsAead : 0) | (AeadBuilt() ? kCanAead : 0) | (policy == EncryptPolicy::kOn ? kRequiresAead : 0));
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kHello, 0, 0, hello, d));
+  FrameHeader h;
+  std::string challenge, body;
+  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kChallenge, &h, &challenge, d));
+  if (challenge.size() != kNonceBytes) return Status(Code::kProtocol, "challenge has the wrong size");
+  const Digest256 prk = Extract(secret, hello, challenge);
+  const std::string proof = AsKey(Mac(prk, kClientLabel, hello, challenge));
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kAuth, 0, 0, proof, d));
+  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kWelcome, &h, &body, d));
+  std::string identity;
+  uint8_t server_proof[kMacBytes];
+  RLB_RETURN_IF_ERROR(ParseWelcome(body, server, &identity, server_proof));
+  Digest256 want = Mac(prk, kServerLabel, hello, challenge, identity);
+  if (!ConstantTimeEqual(want.data(), server_proof, kMacBytes)) {
+    return Status(Code::kAuth, "the server does not know the shared secret (check RLBOOST_SECRET)");
+  }
+  if (server->mode == SealMode::kAead && !AeadBuilt()) {
+    return Status(Code::kProtocol, "the server chose AES-256-GCM, which this build lacks");
+  }
+  if (policy == EncryptPolicy::kOn && server->mode != SealMode::kAead) {
+    return Status(Code::kAuth, "the source does not encrypt (transfer.encrypt=on here; its build lacks "
+                               "libcrypto)");
+  }
+  Key256 c2s, s2c;
+  FrameKeys(prk, hello, challenge, proof, identity, &c2s, &s2c);
+  s.set_seal(std::make_shared<FrameSeal>(server->mode, c2s, s2c, false));
+  return Status::Ok();
 }
 
-Status OpenManifest(const SessionKey& key, uint64_t request_id, std::string* reply) {
-  if (reply->size() < kMacBytes) return Status(Code::kProtocol, "manifest reply is shorter than its MAC");
-  const size_t n = reply->size() - kMacBytes;
-  Digest256 want = ManifestMac(key, request_id, reply->data(), n);
-  if (!ConstantTimeEqual(want.data(), reinterpret_cast<const uint8_t*>(reply->data()) + n, kMacBytes)) {
-    return Status(Code::kAuth, "manifest MAC does not verify: altered on the way, or not from the "
-                               "authenticated source");
+ServerLogin::ServerLogin(const std::string& secret, const PeerIdentity& self, EncryptPolicy policy,
+                         bool peer_loopback)
+    : secret_(secret), self_(self), policy_(policy), peer_loopback_(peer_loopback) {}
+
+Status ServerLogin::OnHello(const std::string& body, std::string* challenge) {
+  if (body.size() != kHelloBytes) return Status(Code::kProtocol, "hello has the wrong size");
+  hello_ = body;
+  std::memcpy(&client_id_, body.data() + kNonceBytes, 8);
+  std::memcpy(&flags_, body.data() + kNonceBytes + 8, 4);
+  challenge_.resize(kNonceBytes);
+  RLB_RETURN_IF_ERROR(SecureRandom(&challenge_[0], kNonceBytes));
+  *challenge = challenge_;
+  return Status::Ok();
+}
+
+Status ServerLogin::OnAuth(const std::string& body) {
+  if (body.size() != kMacBytes) return Status(Code::kProtocol, "auth has the wrong size");
+  prk_ = Extract(secret_, hello_, challenge_);
+  Digest256 want = Mac(prk_, kClientLabel, hello_, challenge_);
+  if (!ConstantTimeEqual(want.data(), reinterpret_cast<const uint8_t*>(body.data()), kMacBytes)) {
+    return Status(Code::kAuth, "wrong shared secret");
   }
-  reply->resize(n);
+  proof_ = body;
+  const bool asked = Wants(policy_, peer_loopback_) || (flags_ & kWantsAead) != 0;
+  const bool both_can = AeadBuilt() && (flags_ & kCanAead) != 0;
+  self_.mode = asked && both_can ? SealMode::kAead : SealMode::kMac;
+  if (self_.mode != SealMode::kAead && policy_ == EncryptPolicy::kOn) {
+    return Status(Code::kAuth, "this server requires encryption (transfer.encrypt=on) and the client's build "
+                               "lacks libcrypto");
+  }
+  if (self_.mode != SealMode::kAead && (flags_ & kRequiresAead) != 0) {
+    return Status(Code::kAuth, "the client requires encryption (transfer.encrypt=on) and this server's build "
+                               "lacks libcrypto");
+  }
+  return Status::Ok();
+}
+
+std::string ServerLogin::Welcome() {
+  welcome_ = Identity(self_);
+  // Only now, to a client that proved it holds the secret, does the server prove itself.
+  return welcome_ + AsKey(Mac(prk_, kServerLabel, hello_, challenge_, welcome_));
+}
+
+std::shared_ptr<FrameSeal> ServerLogin::Seal() const {
+  Key256 c2s, s2c;
+  FrameKeys(prk_, hello_, challenge_, proof_, welcome_, &c2s, &s2c);
+  return std::make_shared<FrameSeal>(self_.mode, s2c, c2s, true);
+}
+
+Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, EncryptPolicy policy,
+                       Deadline d, const std::function<bool(uint64_t)>& admit) {
+  ServerLogin login(secret, self, policy, PeerIsLoopback(s.fd()));
+  FrameHeader h;
+  std::string body, challenge;
+  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kHello, &h, &body, d));
+  RLB_RETURN_IF_ERROR(login.OnHello(body, &challenge));
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kChallenge, 0, 0, challenge, d));
+  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kAuth, &h, &body, d));
+  RLB_RETURN_IF_ERROR(login.OnAuth(body));
+  if (admit && !admit(login.client_id())) return Status(Code::kPeerLost, "no connection slot for this peer");
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kWelcome, 0, 0, login.Welcome(), d));
+  s.set_seal(login.Seal());
   return Status::Ok();
 }
 

@@ -1,30 +1,35 @@
-// Connect-time mutual authentication and a per-connection MAC key.
+// Connect-time mutual authentication, and the keys that bind every later frame to it.
 //
-// hello(client nonce, client id) -> challenge(server nonce) -> auth(client proof) ->
-// welcome(identity, server proof). The client id names the client's process, so a server
-// can cap the connections of one peer; it is covered by both proofs. The client proves first: a server answers a stranger
-// with nothing but a fresh nonce, so nothing it sends lets a stranger test guesses of a
-// weak secret offline. Proofs are HMAC-SHA256(secret, role label | both nonces), so a
-// recorded exchange cannot be replayed and one side's proof cannot be reflected.
+// hello(client nonce, client id, flags) -> challenge(server nonce) -> auth(client proof)
+// -> welcome(server id, host key, pid, mode, server proof). The client proves first: a
+// server answers a stranger with nothing but a fresh nonce, so nothing it sends lets a
+// stranger test guesses of a weak secret offline. Wire format 4 follows HKDF (RFC 5869)
+// over HMAC-SHA256: prk = HMAC(client nonce | server nonce, secret); the client's proof is
+// HMAC(prk, label | hello | challenge), the server's covers the welcome's identity and
+// mode too, so neither can be replayed, reflected or altered; and the two directions'
+// frame keys are expanded from prk over the whole login (both identities, the mode and
+// the client's proof). Everything after the login is MACed or sealed under those keys
+// (frame_seal.h): a relay that passed the four login frames along learns no key, so
+// every request it makes afterwards is refused (AuthError), and every reply it alters is
+// caught by the puller (IntegrityError).
 //
-// Both sides then derive session_key = HMAC-SHA256(secret, key label | both nonces) and
-// MAC the manifest reply with it (request id included). The manifest carries a tag of
-// every chunk (weights/chunk_tag.h), which the puller verifies, so an on-path swap of the
-// manifest or of any chunk's bytes is caught (AuthError, resp. IntegrityError) while the
-// bulk data path stays plain bytes.
+// The mode: sealed (AES-256-GCM) when either side asks for it (transfer.encrypt "on", or
+// "auto" with the peer off loopback) and both can; else MACed. A side set to "on" refuses
+// a connection that would not be sealed.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "common/deadline.h"
+#include "transport/tcp/frame_seal.h"
 #include "transport/tcp/socket.h"
 
 namespace rlboost {
 
-using SessionKey = std::array<uint8_t, 32>;
 constexpr size_t kMacBytes = 32;
 
 // Who a server is: lets a puller tell same-host sources (shared memory) and itself.
@@ -32,7 +37,7 @@ struct PeerIdentity {
   uint64_t server_id = 0;
   std::array<uint8_t, 16> host_key{};  // equal for processes that can share memory
   uint32_t pid = 0;
-  SessionKey session_key{};  // the client side's key for this connection (not sent)
+  SealMode mode = SealMode::kMac;  // of the connection this identity came with
 };
 
 // This process's host key (boot id + pid namespace).
@@ -40,18 +45,40 @@ const std::array<uint8_t, 16>& LocalHostKey();
 // This process's client id: random, drawn again in a forked child.
 uint64_t LocalClientId();
 
-// Fills *server, including its session_key. kAuth when either side lacks the secret.
-// The whole exchange must finish by `d`, however the peer paces its bytes.
-Status ClientHandshake(Socket& s, const std::string& secret, Deadline d, PeerIdentity* server);
-// admit: asked once the client has proven itself, with its client id; false refuses it
-// (kPeerLost, before the server proves itself).
-Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, Deadline d,
-                       const std::function<bool(uint64_t client_id)>& admit, SessionKey* session_key);
+// Fills *server and seals the socket. kAuth when either side lacks the secret (or the
+// encryption one side requires cannot be had). The whole exchange must finish by `d`.
+Status ClientHandshake(Socket& s, const std::string& secret, EncryptPolicy policy, Deadline d,
+                       PeerIdentity* server);
 
-// A manifest reply with this connection's MAC appended (bound to the request id).
-std::string SealManifest(const SessionKey& key, uint64_t request_id, std::string encoded);
-// Checks and strips that MAC: kAuth when it does not verify (tampered on the way, or not
-// sent by the authenticated peer).
-Status OpenManifest(const SessionKey& key, uint64_t request_id, std::string* reply);
+// The server's half of one login, step by step, so a login stage can drive many logins
+// without a thread each: OnHello -> (send challenge) -> OnAuth -> (admit) -> Welcome ->
+// (send it) -> Seal.
+class ServerLogin {
+ public:
+  ServerLogin(const std::string& secret, const PeerIdentity& self, EncryptPolicy policy, bool peer_loopback);
+  Status OnHello(const std::string& body, std::string* challenge);
+  // Checks the client's proof and chooses the mode. kAuth when either fails.
+  Status OnAuth(const std::string& body);
+  uint64_t client_id() const { return client_id_; }
+  std::string Welcome();
+  // The frame seal for this connection (call after Welcome).
+  std::shared_ptr<FrameSeal> Seal() const;
+
+ private:
+  const std::string secret_;
+  PeerIdentity self_;
+  EncryptPolicy policy_;
+  bool peer_loopback_;
+  std::string hello_, challenge_, proof_, welcome_;
+  uint64_t client_id_ = 0;
+  uint32_t flags_ = 0;
+  Digest256 prk_{};
+};
+
+// The blocking server login (a thread per login): admit is asked once the client has
+// proven itself, with its client id; false refuses it (kPeerLost, before the server
+// proves itself).
+Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, EncryptPolicy policy,
+                       Deadline d, const std::function<bool(uint64_t client_id)>& admit);
 
 }  // namespace rlboost

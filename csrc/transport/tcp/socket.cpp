@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "transport/tcp/frame_seal.h"
 #include "transport/tcp/interrupt.h"
 
 namespace rlboost {
@@ -56,6 +57,9 @@ Status PeerClosed() { return Status(Code::kPeerLost, "peer closed the connection
 
 constexpr int kLoopbackSendBuffer = 1 << 20;  // the kernel doubles it for its bookkeeping
 
+
+}  // namespace
+
 bool PeerIsLoopback(int fd) {
   struct sockaddr_storage ss;
   socklen_t len = sizeof(ss);
@@ -68,12 +72,11 @@ bool PeerIsLoopback(int fd) {
   return IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
 }
 
-}  // namespace
-
 Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {
     Close();
     fd_ = o.fd_;
+    seal_ = std::move(o.seal_);
     o.fd_ = -1;
   }
   return *this;
@@ -82,6 +85,7 @@ Socket& Socket::operator=(Socket&& o) noexcept {
 void Socket::Close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  seal_.reset();
 }
 
 void Socket::Shutdown() {
@@ -275,7 +279,7 @@ Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port
     if (!s.valid()) continue;
     int one = 1;
     setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(s.fd(), 128) != 0) {
+    if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(s.fd(), SOMAXCONN) != 0) {
       int err = errno;
       last = Status(Code::kIo, "cannot listen on " + host + ":" + std::to_string(port) + ": " +
                                    std::strerror(err) +

@@ -8,6 +8,7 @@
 
 #include <sys/uio.h>
 
+#include <memory>
 #include <string>
 
 #include "common/deadline.h"
@@ -16,13 +17,14 @@
 namespace rlboost {
 
 class Interrupt;
+class FrameSeal;
 
 class Socket {
  public:
   Socket() = default;
   explicit Socket(int fd) : fd_(fd) {}
   ~Socket() { Close(); }
-  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket(Socket&& o) noexcept : fd_(o.fd_), seal_(std::move(o.seal_)) { o.fd_ = -1; }
   Socket& operator=(Socket&& o) noexcept;
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
@@ -44,6 +46,10 @@ class Socket {
   bool WaitReadable(Deadline d);
   // True when the peer has closed its side or the connection failed; never blocks.
   bool HungUp() const;
+  // The login's frame seal (frame_seal.h): null until the login ends. It travels with the
+  // socket (into and out of a connection pool), so every frame on it stays bound to it.
+  FrameSeal* seal() const { return seal_.get(); }
+  void set_seal(std::shared_ptr<FrameSeal> seal) { seal_ = std::move(seal); }
 
  private:
   Status ApplyTimeout(int option, Deadline d);
@@ -51,6 +57,7 @@ class Socket {
   // inside the deadline), else the error.
   Status AfterFailedCall(int option, const char* what, Deadline d);
   int fd_ = -1;
+  std::shared_ptr<FrameSeal> seal_;
 };
 
 // interrupt (may be null): firing it abandons the connect at once (kClosed).
@@ -60,6 +67,8 @@ Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out,
 Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port);
 // Blocks until a connection arrives or the listener is shut down (then kClosed).
 Status AcceptTcp(Socket& listener, Socket* out);
+// Whether the connection's peer is this machine's loopback (127/8, ::1).
+bool PeerIsLoopback(int fd);
 // TCP_NODELAY, and a shallow send buffer toward loopback peers.
 void TuneForBulk(int fd);
 
