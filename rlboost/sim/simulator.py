@@ -36,7 +36,9 @@ RESERVED_CLUSTER = "reserved-cluster"
 @dataclass(frozen=True, slots=True)
 class SimStep:
     """One simulated step: the controller's metrics, its span in run seconds (start to the next
-    step's start, publish and pulls included), preemptible instances up, dollars so far."""
+    step's start, publish and pulls included), preemptible instances up, dollars so far, and
+    sequence_tokens: prompt + response of every sample (emulated tokens), what the artifact's
+    throughput counts (its metrics.total_tokens are the generated ones)."""
 
     metrics: StepMetrics
     started_s: float
@@ -44,6 +46,7 @@ class SimStep:
     preemptible_up: int
     cost_usd: float
     reserved_usd: float
+    sequence_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -75,6 +78,7 @@ class Simulator:
         self._seq = itertools.count()
         self.version = 0
         self._dirty = True
+        self._sequence_tokens = 0
 
     # -- events --------------------------------------------------------------------------------
 
@@ -190,7 +194,8 @@ class Simulator:
             cost = self.ledger.summary(at_s=self.clock.now())
             up = sum(1 for n in self.table.nodes.values() if n.kind == "preemptible" and n.alive)
             rec = SimStep(metrics=metrics, started_s=started, wall_s=wall, preemptible_up=up,
-                          cost_usd=cost.total_usd, reserved_usd=cost.reserved_usd)
+                          cost_usd=cost.total_usd, reserved_usd=cost.reserved_usd,
+                          sequence_tokens=self._sequence_tokens)
             self.result.steps.append(rec)
             if progress is not None:
                 progress(rec)
@@ -232,6 +237,7 @@ class Simulator:
             groups = sim_groups(step, num_groups=spec.groups_per_step, group_size=spec.group_size,
                                 prompt_len=spec.prompt_tokens, max_new_tokens=spec.max_new_tokens,
                                 engine=spec.rollout.emulated, seed=spec.seed)
+        self._sequence_tokens = sum(g.prompt_len * len(g.lengths) + sum(g.lengths) for g in groups)
         col = SimCollector(groups, min_samples=spec.microbatch_min_samples,
                            max_samples=spec.controller.microbatch_max_samples)
         ctl.start_step(step, col)
