@@ -25,7 +25,7 @@ from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
 from rlboost.rollout.emulated.lengths import LengthConfig
 from rlboost.tasks.config import TaskConfig
-from rlboost.timing import AWS_NOTICE_S, gpu_timing, model_shape, startup_s
+from rlboost.timing import gpu_timing, model_shape, startup_s
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.starting_weights import ModelSource
 from rlboost.transfer.config import ServerConfig, TransferConfig
@@ -108,7 +108,7 @@ def paper_qwen3_8b() -> RunConfig:
         rollout=RolloutConfig(backend="emulated", capacity=CAPACITY, emulated=paper_engine()),
         transfer=TransferConfig(publisher=ServerConfig(egress_bytes_per_s=EGRESS_BYTES_PER_S)),
         cluster=ClusterConfig(reserved_instances=NODE_GPUS // ENGINE_GPUS, max_preemptible=4, initial_preemptible=4,
-                              trace="none", notice_s=_run_s(AWS_NOTICE_S), sudden_fraction=0.0),
+                              trace="none", sudden_fraction=0.0),
         cost=CostConfig(reserved_usd_per_hour=ON_DEMAND_NODE_USD_H,
                         preemptible_usd_per_hour=SPOT_NODE_USD_H * ENGINE_GPUS / NODE_GPUS, time_scale=TIME_SCALE),
         run=RunOptions(name="paper_qwen3_8b", steps=10, checkpoint_every=1000, microbatch_timeout_s=600.0),
@@ -140,15 +140,28 @@ def artifact_setup(config: RunConfig) -> RunConfig:
     return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, emulated=emulated))
 
 
+# The artifact's measured throughput with 1, 2, 3 and 4 workers, tokens/s (prompt + response,
+# each read over a 30-minute phase; PolyRL REPRODUCE.md), over verl's 1,300 x 8 baseline.
+ARTIFACT_MEASURED_TOKENS_PER_S = {0: 10_400.0, 1: 12_000.0, 2: 14_000.0, 3: 16_000.0, 4: 18_000.0}
+
+
+def artifact_workers(config: RunConfig) -> RunConfig:
+    """artifact_setup with the artifact's worker schedule (a file trace, at its own pace): a
+    worker added every 1800 s up to four, then the oldest killed without notice and relaunched
+    1800 s later."""
+    from rlboost.cluster.trace_readers import DATA
+
+    cluster = dataclasses.replace(config.cluster, trace=str(DATA / "artifact_worker_schedule.csv"), max_preemptible=4,
+                                  initial_preemptible=0, trace_duration_s=None)
+    return artifact_setup(dataclasses.replace(config, cluster=cluster))
+
+
 SPOT_TRACE = "aws-spot-4node"  # the bundled measured trace: 9 hours of 4 AWS spot instances
 
 
 def on_spot_trace(config: RunConfig, trace: str = SPOT_TRACE) -> RunConfig:
-    """The run's preemptible instances following a spot trace (a bundled one at its own pace:
-    one trace second is one modelled second), with AWS's two-minute notices."""
-    from rlboost.cluster.traces import SAMPLES, sample_trace
-
-    duration = sample_trace(trace).duration_s if trace in SAMPLES else None
-    cluster = dataclasses.replace(config.cluster, trace=trace, initial_preemptible=0,
-                                  trace_duration_s=_run_s(duration) if duration else None)
+    """The run's preemptible instances following a spot trace, at its own pace (one trace second
+    is one modelled second; a file given later with --set cluster.trace=PATH too), with its
+    cloud's notices (AWS's two minutes for the bundled one)."""
+    cluster = dataclasses.replace(config.cluster, trace=trace, initial_preemptible=0, trace_duration_s=None)
     return dataclasses.replace(config, cluster=cluster)

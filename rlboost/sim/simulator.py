@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rlboost.cluster.cost import CostLedger
-from rlboost.cluster.replay import named_trace, trace_events
+from rlboost.cluster.replay import named_trace, notice_seconds, replay_span, trace_events
 from rlboost.controller.clock import ManualClock
 from rlboost.controller.metrics import StepMetrics
 from rlboost.errors import StepFailed
@@ -54,6 +54,7 @@ class SimResult:
     spec: SimSpec
     steps: list[SimStep] = field(default_factory=list)
     preemptions: dict = field(default_factory=lambda: {"notice": 0, "sudden": 0})
+    trace_pace: str = ""  # how the availability trace was replayed (replay.replay_span), "" without one
     seconds: float = 0.0  # how long the simulation itself took (host seconds)
 
 
@@ -217,8 +218,12 @@ class Simulator:
         trace = named_trace(c.trace, max_count=c.max_preemptible - c.initial_preemptible, seed=c.seed)
         if trace is None:
             return
-        duration = c.trace_duration_s or max(1.0, first_step_s * max(spec.steps - 1, 1) * c.trace_fraction)
-        events = trace_events(trace.compressed_to(duration), notice_s=c.notice_s, sudden_fraction=c.sudden_fraction,
+        fit = max(1.0, first_step_s * max(spec.steps - 1, 1) * c.trace_fraction)
+        duration, pace = replay_span(c, trace, fit_s=fit, time_scale=spec.time_scale)
+        notice = notice_seconds(c, time_scale=spec.time_scale)
+        self.result.trace_pace = (f"trace {c.trace} replayed {pace}; notices {notice * spec.time_scale:g} modelled s, "
+                                  f"{c.sudden_fraction:.0%} of preemptions without one")
+        events = trace_events(trace.compressed_to(duration), notice_s=notice, sudden_fraction=c.sudden_fraction,
                               victim_order=c.victim_order, seed=c.seed)
         now = self.clock.now()
         for ev in events:
