@@ -13,9 +13,8 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.traces import (
     MEASURED,
     SAMPLES,
@@ -28,6 +27,9 @@ from rlboost.cluster.traces import (
     sample_trace,
     synthetic_trace,
 )
+
+if TYPE_CHECKING:  # the fleet imports Ray, which a simulation that only reads traces never needs
+    from rlboost.cluster.fleet import Fleet
 
 
 def named_trace(name: str, *, max_count: int, seed: int = 0) -> AvailabilityTrace | None:

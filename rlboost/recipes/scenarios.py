@@ -57,8 +57,8 @@ SCENARIOS = {s.name: s for s in (
              "whole-group round-robin, group trimming), standalone workers at 0.6 of their memory, one added every "
              "1800 s to four, then the oldest killed and relaunched", lambda: artifact_workers(paper_qwen3_8b()),
              steps=36),
-    Scenario("saturation", "200 preemptible instances for 1000 steps, and where adding instances stops "
-             "paying (the trainer bounds the step)", _static(200), steps=1000, round_s=CONTROLLER_ROUND_S,
+    Scenario("saturation", "200 preemptible instances for 400 steps, and where adding instances stops "
+             "paying (the trainer bounds the step)", _static(200), steps=400, round_s=CONTROLLER_ROUND_S,
              sweep=SATURATION_COUNTS),
 )}
 
