@@ -221,8 +221,9 @@ class Simulator:
         fit = max(1.0, first_step_s * max(spec.steps - 1, 1) * c.trace_fraction)
         duration, pace = replay_span(c, trace, fit_s=fit, time_scale=spec.time_scale)
         notice = notice_seconds(c, time_scale=spec.time_scale)
-        self.result.trace_pace = (f"trace {c.trace} replayed {pace}; notices {notice * spec.time_scale:g} modelled s, "
-                                  f"{c.sudden_fraction:.0%} of preemptions without one")
+        notices = ("no notices (every preemption sudden)" if c.sudden_fraction >= 1.0 else
+                   f"notices {notice * spec.time_scale:g} modelled s, {c.sudden_fraction:.0%} of preemptions without one")
+        self.result.trace_pace = f"trace {c.trace} replayed {pace}; {notices}"
         events = trace_events(trace.compressed_to(duration), notice_s=notice, sudden_fraction=c.sudden_fraction,
                               victim_order=c.victim_order, seed=c.seed)
         now = self.clock.now()
