@@ -92,11 +92,12 @@ MODELS = {
 }
 
 # The one fitted number: the share of peak (HBM bandwidth, FLOP/s, host link) every roofline
-# below reaches. Fitted once so that the RLBoost artifact's reserved-only baseline holds:
-# Qwen3-8B GRPO on one 8x H100 node, 128 prompts x 8 samples, about 10,000 generated tokens/s
-# (Terra-Flux/PolyRL REPRODUCE.md). `python -m rlboost.sim.calibrate` re-derives it by
-# bisection on the simulator's reserved-only run of the paper recipe; everything else is a
-# prediction.
+# below reaches. Fitted once so that the RLBoost artifact's baseline holds: verl's synchronous
+# colocated trainer, Qwen3-8B GRPO on one 8x H100 node, 128 prompts x 8 samples, about 1,300
+# tokens/s per GPU x 8 = 10,400 tokens/s of prompt + response (Terra-Flux/PolyRL REPRODUCE.md).
+# `rlboost simulate --calibrate` re-derives it by bisection on the simulator's reserved-only
+# run of the paper recipe; everything else is a prediction, the artifact's own 1-4 worker
+# curve included (it comes out at 0.63-0.85 of what the artifact measured: README, limitations).
 EFFICIENCY = 0.441
 
 # Forward-pass equivalents per trained token in a GRPO step as verl runs it: old log-probs (1),
