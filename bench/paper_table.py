@@ -30,6 +30,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+ARTIFACT_COUNTS = (1, 2, 3, 4)
 ROWS = ("reserved only", "rlboost, 1 instance", "rlboost, 2 instances", "rlboost, 3 instances",
         "rlboost, 4 instances", "rlboost, spot trace", "reference, spot trace")
 
@@ -77,11 +78,14 @@ def figures(tokens: float, seconds: float, usd: float) -> dict:
 def emulated(config, skip: int) -> dict:
     """One training run through the job's own code path, measured like the simulation."""
     from rlboost.run.job import train
+    from rlboost.run.simulate import task_groups
 
     metrics = train(config).run.metrics()
     scale, block = config.cost.time_scale, config.rollout.emulated.token_block
     rest = metrics[skip:]
-    tokens = sum(int(m["total_tokens"]) for m in rest) * block
+    groups = task_groups(config)  # the same prompts the run drew: their tokens count, as the artifact counts them
+    prompts = sum(len(g.prompt_ids) * g.num_samples for m in rest for g in groups(int(m["step"])))
+    tokens = (sum(int(m["total_tokens"]) for m in rest) + prompts) * block
     seconds = sum(float(m["step_wall_s"]) for m in rest) * scale
     usd = float(metrics[-1]["cost_usd"]) - float(metrics[skip - 1]["cost_usd"])
     return figures(tokens, seconds, usd) | {"preemptions": sum(int(m["preemptions"]) for m in rest)}
@@ -95,7 +99,7 @@ def simulated(config, skip: int, steps: int | None = None) -> dict:
     s = summarize(Simulator(sim_spec(config, steps=steps), groups=task_groups(config)).run(), skip=skip)
     step = s.seconds / s.steps
     return figures(s.tokens, s.seconds, s.usd) | {
-        "preemptions": s.preemptions, "step_s": step, "window_s": s.window_s, "trainer_idle_s": s.trainer_idle_s,
+        "generated_tokens_per_s": s.generated_tokens_per_s, "preemptions": s.preemptions, "step_s": step, "window_s": s.window_s, "trainer_idle_s": s.trainer_idle_s,
         "rollout_end_s": step - s.rollout_idle_s, "train_after_rollout_s": s.rollout_idle_s}
 
 
@@ -103,7 +107,7 @@ def simulated(config, skip: int, steps: int | None = None) -> dict:
 # cap. Inputs a user changes to ask "what about my run", never a fit: the timing model and its
 # one calibration stay as they are.
 WORKLOADS = (
-    ("the artifact's (sample log-sd 0.75, cap 14,336)", []),
+    ("assumed (median 3,000, sample log-sd 0.75, cap 14,336)", []),
     ("lighter tail (sample log-sd 0.5)", ["rollout.emulated.lengths.sample_sigma=0.5"]),
     ("light tail (sample log-sd 0.25)", ["rollout.emulated.lengths.sample_sigma=0.25"]),
     ("responses capped at 8,192 tokens", ["task.max_new_tokens=128"]),
@@ -139,6 +143,34 @@ def where_time_goes(fig: dict) -> str:
             f"+ trainer idle {fig['trainer_idle_s']:.0f} s + training and publishing {busy:.0f} s; the rollout "
             f"ends {fig['rollout_end_s']:.0f} s into the step and {fig['train_after_rollout_s']:.0f} s of training "
             f"follow it (the groups holding capped responses complete last, whole)")
+
+
+def artifact_curve(args: argparse.Namespace) -> list[tuple[int, dict]]:
+    """The published system at 0-4 workers as its artifact ran it (artifact_setup: its
+    mechanisms, standalone workers at 0.6 of their memory), simulated: the timing model's
+    prediction of a curve it was not fitted to (only 0 workers, verl's 10.4k, was)."""
+    from rlboost.recipes.paper_qwen3_8b import artifact_setup
+    from rlboost.run.simulate import with_instances
+
+    base = row_config(ROWS[0], args)
+    out = [(0, simulated(base, args.skip))]
+    for n in ARTIFACT_COUNTS:
+        out.append((n, simulated(artifact_setup(with_instances(base, n)), args.skip)))
+    return out
+
+
+def render_artifact(curve: list[tuple[int, dict]]) -> str:
+    from rlboost.recipes.paper_qwen3_8b import ARTIFACT_MEASURED_TOKENS_PER_S as MEASURED
+
+    lines = ["the artifact's measured curve (PolyRL REPRODUCE.md) and the reference mode's prediction (simulated, "
+             "artifact_setup; 0 workers is the calibration)",
+             f"{'workers':>8}{'measured':>10}{'predicted':>11}{'pred/meas':>10}{'generated':>11}{'window':>8}"
+             f"{'idle':>6}{'step':>6}"]
+    for n, fig in curve:
+        lines.append(f"{n:>8}{MEASURED[n]:>10.0f}{fig['tokens_per_s']:>11.0f}{fig['tokens_per_s'] / MEASURED[n]:>10.2f}"
+                     f"{fig['generated_tokens_per_s']:>11.0f}{fig['window_s']:>8.0f}{fig['trainer_idle_s']:>6.0f}"
+                     f"{fig['step_s']:>6.0f}")
+    return "\n".join(lines)
 
 
 def seeded_trace(args: argparse.Namespace) -> dict:
@@ -194,6 +226,9 @@ def main() -> int:
     from rlboost.recipes.paper_qwen3_8b import TIME_SCALE, TOKEN_BLOCK
 
     t0 = time.perf_counter()
+    curve = artifact_curve(args) if args.fidelity in ("both", "simulated") else None
+    if curve is not None:  # the model's check against a measured system comes before rlboost's rows
+        print(render_artifact(curve), flush=True)
     results: dict = {row: {} for row in ROWS}
     for row in ROWS:
         config = row_config(row, args)
@@ -209,10 +244,11 @@ def main() -> int:
     shape = (f"inputs: reserved = one 8x H100 node on demand, ${args.on_demand_node_usd_h}/h (trainer on 8 GPUs, "
              f"rolling out as 4 TP-2 engines in the local window); preemptible instance = one TP-2 engine, "
              f"{args.instance_share:g} of an 8x H100 spot node (${args.spot_node_usd_h}/h), "
-             f"${args.spot_node_usd_h * args.instance_share:.2f}/h. Qwen3-8B, 128 prompts x 8 samples, responses "
-             f"log-normal (median 3,000 tokens) up to 14,336. time_scale {TIME_SCALE:g}, token_block {TOKEN_BLOCK}; "
+             f"${args.spot_node_usd_h * args.instance_share:.2f}/h. Qwen3-8B, 128 prompts x 8 samples of 320 prompt "
+             f"tokens; response lengths ASSUMED (the artifact publishes none): log-normal, median 3,000 tokens, up to "
+             f"14,336. Tokens are prompt + response per step wall time, as the artifact counts them. time_scale {TIME_SCALE:g}, token_block {TOKEN_BLOCK}; "
              f"steps {args.skip + 1}..{args.steps} counted. {platform.machine()}, {os.cpu_count()} cores.")
-    table = render(args, results, trace, wall) + (f"\nceiling at 4 instances (each adding a fourth of the reserved "
+    table = (render_artifact(curve) + "\n\n" if curve is not None else "") + render(args, results, trace, wall) + (f"\nceiling at 4 instances (each adding a fourth of the reserved "
                                                   f"node's rollout, fully used): {(4 + 4) / 4:.2f}x "
                                                   f"throughput, {fluid_gain(args, 4):.3f}x tokens per $")
     if simulating:
@@ -228,6 +264,8 @@ def main() -> int:
     if trace is not None:
         peers["trace_rlboost_over_reference"] = {"mean": round(trace["mean"], 4), "sd": round(trace["sd"], 4),
                                                  "seeds": args.seeds}
+    if curve is not None:
+        peers["artifact_curve"] = {str(n): round(fig["tokens_per_s"], 1) for n, fig in curve}
     if sens is not None:
         peers["sensitivity_4_instances"] = {name: round(four["tokens_per_s"] / base["tokens_per_s"], 4)
                                             for name, base, four in sens}

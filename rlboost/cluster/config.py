@@ -57,11 +57,11 @@ class ClusterConfig:
     trace: str = "sample"
     """availability trace: sample (bundled), synthetic, none, or a trace file"""
     trace_duration_s: float | None = None
-    """seconds the trace is replayed over (None: trace_fraction of the run at its first step's pace)"""
+    """seconds the trace is replayed over (None: a file or measured trace at its own pace, a synthetic one in trace_fraction of the run)"""
     trace_fraction: float = 0.6
-    """share of the run the trace is compressed into when trace_duration_s is None"""
-    notice_s: float = 8.0
-    """warning a noticed preemption gives, seconds"""
+    """share of the run a synthetic trace is compressed into when trace_duration_s is None"""
+    notice_s: float | None = None
+    """warning a noticed preemption gives, seconds (None: the trace's cloud's, aws 120, gcp and azure 30; else 8)"""
     preempt_busy_wait_s: float = 0.0
     """a trace preemption waits up to this long for its victim to hold samples (0: trace times)"""
     sudden_fraction: float = 0.5
@@ -89,7 +89,7 @@ class ClusterConfig:
         require(self.trace_duration_s is None or self.trace_duration_s > 0, "trace_duration_s",
                 "None or > 0", self.trace_duration_s)
         require(0.0 < self.trace_fraction <= 1.0, "trace_fraction", "in (0, 1]", self.trace_fraction)
-        require(self.notice_s >= 0, "notice_s", ">= 0", self.notice_s)
+        require(self.notice_s is None or self.notice_s >= 0, "notice_s", "None or >= 0", self.notice_s)
         require(self.preempt_busy_wait_s >= 0, "preempt_busy_wait_s", ">= 0", self.preempt_busy_wait_s)
         require(0.0 <= self.sudden_fraction <= 1.0, "sudden_fraction", "in [0, 1]", self.sudden_fraction)
         require(self.victim_order in VICTIM_ORDERS, "victim_order", f"one of {VICTIM_ORDERS}",

@@ -8,12 +8,15 @@ instances than the trace (and its cap) allows.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import threading
 import time
-from typing import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.traces import (
+    MEASURED,
     SAMPLES,
     AvailabilityTrace,
     InstanceEvent,
@@ -24,6 +27,9 @@ from rlboost.cluster.traces import (
     sample_trace,
     synthetic_trace,
 )
+
+if TYPE_CHECKING:  # the fleet imports Ray, which a simulation that only reads traces never needs
+    from rlboost.cluster.fleet import Fleet
 
 
 def named_trace(name: str, *, max_count: int, seed: int = 0) -> AvailabilityTrace | None:
@@ -39,6 +45,61 @@ def named_trace(name: str, *, max_count: int, seed: int = 0) -> AvailabilityTrac
     else:
         trace = load_trace(name)
     return trace.capped(max_count)
+
+
+# Preemption notices by cloud: AWS spot gives two minutes, GCP spot VMs 30 s, Azure spot VMs
+# 30 s (anchors, section C; Azure's Scheduled Events announce an eviction at least 30 s ahead).
+CLOUD_NOTICE_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+DEFAULT_NOTICE_S = 8.0  # run seconds, for a trace of no known cloud and injected notices
+_CLOUD = re.compile(r"(?<![a-z])(aws|gcp|azure)(?![a-z])")
+
+
+def trace_cloud(name: str) -> str | None:
+    """The cloud a trace was measured on, where it says: a SkyPilot JSON's metadata (`cloud`,
+    or its `source`), else the file's name (aws, gcp or azure as a word). None: unknown."""
+    if name in ("none", "synthetic"):
+        return None
+    path = Path(SAMPLES.get(name, name))
+    texts = []
+    if path.suffix == ".json" and path.is_file() and path.stat().st_size < (64 << 20):
+        try:
+            meta = json.loads(path.read_text()).get("metadata", {})
+            texts += [str(meta.get("cloud", "")), str(meta.get("source", ""))]
+        except (OSError, ValueError, AttributeError):
+            pass  # unreadable here: the reader says why when the trace is loaded
+    texts.append(path.name)
+    for text in texts:
+        if m := _CLOUD.search(text.lower()):
+            return m.group(1)
+    return None
+
+
+def notice_seconds(c, *, time_scale: float = 1.0) -> float:
+    """A noticed preemption's warning in run seconds: cluster.notice_s when set, else the
+    trace's cloud's (modelled seconds over time_scale), else DEFAULT_NOTICE_S."""
+    if c.notice_s is not None:
+        return c.notice_s
+    cloud = trace_cloud(c.trace)
+    return CLOUD_NOTICE_S[cloud] / time_scale if cloud else DEFAULT_NOTICE_S
+
+
+def own_pace(name: str) -> bool:
+    """Whether a trace replays at its own pace by default: a file or a measured bundled trace
+    (its seconds are the cluster's); the synthetic samples are compressed into the run."""
+    return name not in ("none", "synthetic") and (name in MEASURED or name not in SAMPLES)
+
+
+def replay_span(c, trace: AvailabilityTrace, *, fit_s: float, time_scale: float = 1.0) -> tuple[float, str]:
+    """Run seconds the trace is replayed over, and the pace in words: cluster.trace_duration_s
+    when set; a file or measured trace at its own pace (one trace second per modelled second,
+    so trace seconds over time_scale); a synthetic sample compressed into fit_s."""
+    if c.trace_duration_s:
+        return c.trace_duration_s, (f"compressed to {c.trace_duration_s * time_scale:,.0f} modelled s "
+                                    f"(cluster.trace_duration_s; the trace lasts {trace.duration_s:,.0f} s)")
+    if own_pace(c.trace):
+        return trace.duration_s / time_scale, f"at its own pace ({trace.duration_s:,.0f} s)"
+    return fit_s, (f"compressed to {fit_s * time_scale:,.0f} modelled s (cluster.trace_fraction "
+                   f"{c.trace_fraction:g} of the run; the trace lasts {trace.duration_s:,.0f} s)")
 
 
 def trace_events(trace: AvailabilityTrace | None, *, notice_s: float, sudden_fraction: float,

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from rlboost.controller.estimates import RateModel
+from rlboost.controller.records import GROUP_STRIDE
+
+DISPATCH_MODES = ("least_work", "group_round_robin")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,8 +39,12 @@ class RouterConfig:
     """most samples stolen per controller round"""
     prefill_tokens_per_s: float = 10000.0
     """prefill rate assumed when pricing a move's re-prefill"""
+    dispatch: str = "least_work"
+    """least_work (each sample where it finishes soonest) or group_round_robin (the published scheduler)"""
 
     def __post_init__(self) -> None:
+        if self.dispatch not in DISPATCH_MODES:
+            raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {self.dispatch!r}")
         if self.retry_budget < 0:
             raise ValueError(f"retry_budget must be >= 0, got {self.retry_budget}")
         if not 0.0 <= self.steal_margin < 1.0:
@@ -84,6 +91,7 @@ class Router:
 
     def __init__(self, config: RouterConfig):
         self.config = config
+        self._turn = 0  # group_round_robin's counter (it runs on across steps, as the published one does)
         self.begin_step(())
 
     def begin_step(self, sample_ids: Iterable[int]) -> None:
@@ -179,6 +187,8 @@ class Router:
         position(sample) the tokens a re-prefill feeds, for instances with a deadline (fits).
         A sample no open instance can run keeps its place in the queue.
         """
+        if self.config.dispatch == "group_round_robin":
+            return self._dispatch_groups(instances, length)
         open_ = [v for v in instances
                  if v.accepts_new and len(self._by_instance.get(v.instance_id, ())) < v.capacity]
         if not self._queue or not open_:
@@ -215,6 +225,31 @@ class Router:
             self.assign(sid, best.instance_id)
             placed.setdefault(best.instance_id, []).append(sid)
         self._queue.extendleft(reversed(waiting))
+        return [Assign(iid, tuple(sids)) for iid, sids in sorted(placed.items())]
+
+    def _dispatch_groups(self, instances: list[InstanceView], length: Callable[[int], int] | None) -> list[Assign]:
+        """The published scheduler (PolyRL state.rs): one request is a prompt's whole group, sent
+        round-robin to an instance with nothing waiting (here: room for the whole group), never
+        to one with a deadline. Rates and outstanding work are not looked at."""
+        views = sorted((v for v in instances if v.accepts_new and v.time_left_s is None), key=lambda v: v.instance_id)
+        load = {v.instance_id: len(self._by_instance.get(v.instance_id, ())) for v in views}
+        placed: dict[str, list[int]] = {}
+        while self._queue and views:
+            gid = self._queue[0] // GROUP_STRIDE
+            group = []
+            while self._queue and self._queue[0] // GROUP_STRIDE == gid:
+                group.append(self._queue.popleft())
+            room = [v for v in views if load[v.instance_id] + len(group) <= v.capacity
+                    and all(self.can_run(sid, v, length) for sid in group)]
+            if not room:
+                self._queue.extendleft(reversed(group))
+                break
+            target = room[self._turn % len(room)]
+            self._turn += 1
+            load[target.instance_id] += len(group)
+            for sid in group:
+                self.assign(sid, target.instance_id)
+            placed.setdefault(target.instance_id, []).extend(group)
         return [Assign(iid, tuple(sids)) for iid, sids in sorted(placed.items())]
 
     @staticmethod

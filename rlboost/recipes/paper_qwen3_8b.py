@@ -25,7 +25,7 @@ from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
 from rlboost.rollout.emulated.lengths import LengthConfig
 from rlboost.tasks.config import TaskConfig
-from rlboost.timing import AWS_NOTICE_S, gpu_timing, startup_s
+from rlboost.timing import gpu_timing, model_shape, startup_s
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.starting_weights import ModelSource
 from rlboost.transfer.config import ServerConfig, TransferConfig
@@ -42,9 +42,18 @@ SPOT_NODE_USD_H = 21.28
 EGRESS_BYTES_PER_S = 1_500_000_000
 # GPU memory an engine holds: SGLang's default static share on an 80 GB GPU on a dedicated
 # preemptible instance; the artifact's colocated rollout on the trainer's GPUs uses 0.6
-# (PolyRL run_async_grpo_pipeline.sh, gpu_memory_utilization).
+# (PolyRL run_async_grpo8b_pipeline.sh, gpu_memory_utilization), and so do its standalone
+# workers (launch_sglang_step.sh, --mem-fraction-static 0.6: "0.9 causes OOM").
 SGLANG_MEMORY_FRACTION = 0.85
-COLOCATED_MEMORY_FRACTION = 0.6  # the transfer cap; the published payload is scaled to match
+COLOCATED_MEMORY_FRACTION = 0.6
+ARTIFACT_WORKER_MEMORY_FRACTION = 0.6
+# What the colocated trainer keeps on each GPU while its engines roll out, as the artifact's
+# verl run configures it (param_offload=False, optimizer_offload=True, use_kl_loss): the actor's
+# fp32 parameters (4 bytes each) and the reference model's bf16 ones (2 bytes), each sharded
+# over the node's 8 GPUs; gradients are freed after the step and the optimizer lives in CPU
+# memory. SGLang sizes its KV pool from what is left (mem_fraction_static of the GPU, less
+# what is already resident), so the colocated engines hold less KV than a whole-GPU worker.
+COLOCATED_TRAINER_BYTES_PER_PARAM = 4 + 2
 # A simulated controller's round at hundreds of instances: 5 modelled seconds (the real loop's
 # poll interval, 0.05 s of the run, is 1.25 s; a round there costs O(instances)).
 CONTROLLER_ROUND_S = 0.2
@@ -63,10 +72,11 @@ def _rate(real_tokens_per_s: float) -> float:
 
 
 def paper_engine() -> EmulatedEngineConfig:
+    resident = COLOCATED_TRAINER_BYTES_PER_PARAM * model_shape("qwen3-8b").params / NODE_GPUS
     return EmulatedEngineConfig(model="qwen3-8b", accelerator="h100-sxm", gpus=ENGINE_GPUS, max_running=CAPACITY,
                                 token_block=TOKEN_BLOCK, time_scale=TIME_SCALE, startup_s=startup_s(),
                                 memory_fraction=SGLANG_MEMORY_FRACTION,
-                                reserved_memory_fraction=COLOCATED_MEMORY_FRACTION,
+                                reserved_memory_fraction=COLOCATED_MEMORY_FRACTION, reserved_resident_bytes=resident,
                                 lengths=LengthConfig(kind="lognormal"))
 
 
@@ -98,7 +108,7 @@ def paper_qwen3_8b() -> RunConfig:
         rollout=RolloutConfig(backend="emulated", capacity=CAPACITY, emulated=paper_engine()),
         transfer=TransferConfig(publisher=ServerConfig(egress_bytes_per_s=EGRESS_BYTES_PER_S)),
         cluster=ClusterConfig(reserved_instances=NODE_GPUS // ENGINE_GPUS, max_preemptible=4, initial_preemptible=4,
-                              trace="none", notice_s=_run_s(AWS_NOTICE_S), sudden_fraction=0.0),
+                              trace="none", sudden_fraction=0.0),
         cost=CostConfig(reserved_usd_per_hour=ON_DEMAND_NODE_USD_H,
                         preemptible_usd_per_hour=SPOT_NODE_USD_H * ENGINE_GPUS / NODE_GPUS, time_scale=TIME_SCALE),
         run=RunOptions(name="paper_qwen3_8b", steps=10, checkpoint_every=1000, microbatch_timeout_s=600.0),
@@ -107,28 +117,51 @@ def paper_qwen3_8b() -> RunConfig:
 
 def with_reference_mechanisms(config: RunConfig) -> RunConfig:
     """The same run with the published system's mechanisms in place of rlboost's: the window
-    moved by a third of the idle-time gap (with its 8B per-count memory), a migrated group
-    trimmed to its shortest member, weights pushed by the trainer alone (no relays), and no
-    use of preemption notices (it learns of a preemption when the instance's stream breaks,
-    PolyRL handlers.rs; reference-implementation.md section 9, item 11): every preemption
-    reaches it as a sudden death at the same moment."""
+    moved by a third of the idle-time gap (with its 8B per-count memory), one request per
+    prompt group sent round-robin to instances with room and never moved once placed (no
+    work stealing), a migrated group trimmed to its shortest member, weights pushed by the
+    trainer alone (no relays), and no use of preemption notices (it learns of a preemption
+    when the instance's stream breaks, PolyRL handlers.rs; reference-implementation.md
+    section 9, item 11): every preemption reaches it as a sudden death at the same moment."""
+    router = dataclasses.replace(config.controller.router, dispatch="group_round_robin", max_moves_per_tick=0)
     controller = dataclasses.replace(
-        config.controller, continuation="trim_group",
+        config.controller, continuation="trim_group", router=router,
         window=dataclasses.replace(config.controller.window, policy="reference"))
     return dataclasses.replace(config, controller=controller,
                                transfer=dataclasses.replace(config.transfer, relay=False),
                                cluster=dataclasses.replace(config.cluster, sudden_fraction=1.0))
 
 
+def artifact_setup(config: RunConfig) -> RunConfig:
+    """The published system as its artifact ran it: its mechanisms (with_reference_mechanisms) on
+    standalone workers that hold 0.6 of their GPUs' memory, as launch_sglang_step.sh starts them."""
+    config = with_reference_mechanisms(config)
+    emulated = dataclasses.replace(config.rollout.emulated, memory_fraction=ARTIFACT_WORKER_MEMORY_FRACTION)
+    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, emulated=emulated))
+
+
+# The artifact's measured throughput with 1, 2, 3 and 4 workers, tokens/s (prompt + response,
+# each read over a 30-minute phase; PolyRL REPRODUCE.md), over verl's 1,300 x 8 baseline.
+ARTIFACT_MEASURED_TOKENS_PER_S = {0: 10_400.0, 1: 12_000.0, 2: 14_000.0, 3: 16_000.0, 4: 18_000.0}
+
+
+def artifact_workers(config: RunConfig) -> RunConfig:
+    """artifact_setup with the artifact's worker schedule (a file trace, at its own pace): a
+    worker added every 1800 s up to four, then the oldest killed without notice and relaunched
+    1800 s later."""
+    from rlboost.cluster.trace_readers import DATA
+
+    cluster = dataclasses.replace(config.cluster, trace=str(DATA / "artifact_worker_schedule.csv"), max_preemptible=4,
+                                  initial_preemptible=0, trace_duration_s=None)
+    return artifact_setup(dataclasses.replace(config, cluster=cluster))
+
+
 SPOT_TRACE = "aws-spot-4node"  # the bundled measured trace: 9 hours of 4 AWS spot instances
 
 
 def on_spot_trace(config: RunConfig, trace: str = SPOT_TRACE) -> RunConfig:
-    """The run's preemptible instances following a spot trace (a bundled one at its own pace:
-    one trace second is one modelled second), with AWS's two-minute notices."""
-    from rlboost.cluster.traces import SAMPLES, sample_trace
-
-    duration = sample_trace(trace).duration_s if trace in SAMPLES else None
-    cluster = dataclasses.replace(config.cluster, trace=trace, initial_preemptible=0,
-                                  trace_duration_s=_run_s(duration) if duration else None)
+    """The run's preemptible instances following a spot trace, at its own pace (one trace second
+    is one modelled second; a file given later with --set cluster.trace=PATH too), with its
+    cloud's notices (AWS's two minutes for the bundled one)."""
+    cluster = dataclasses.replace(config.cluster, trace=trace, initial_preemptible=0, trace_duration_s=None)
     return dataclasses.replace(config, cluster=cluster)

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rlboost.config.run import RunConfig
-from rlboost.recipes.paper_qwen3_8b import CONTROLLER_ROUND_S, on_spot_trace, paper_qwen3_8b, with_reference_mechanisms
+from rlboost.recipes.paper_qwen3_8b import (
+    CONTROLLER_ROUND_S,
+    artifact_workers,
+    on_spot_trace,
+    paper_qwen3_8b,
+    with_reference_mechanisms,
+)
 
 SATURATION_COUNTS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 200)
 
@@ -47,8 +53,12 @@ SCENARIOS = {s.name: s for s in (
     Scenario("paper-trace-reference", "paper-trace with the published mechanisms (1/3 window rule, group "
              "trimming, push without relays)", lambda: with_reference_mechanisms(on_spot_trace(paper_qwen3_8b())),
              steps=40),
-    Scenario("saturation", "200 preemptible instances for 1000 steps, and where adding instances stops "
-             "paying (the trainer bounds the step)", _static(200), steps=1000, round_s=CONTROLLER_ROUND_S,
+    Scenario("artifact", "the published system as its artifact ran: its mechanisms (window table, 1/3 gap rule, "
+             "whole-group round-robin, group trimming), standalone workers at 0.6 of their memory, one added every "
+             "1800 s to four, then the oldest killed and relaunched", lambda: artifact_workers(paper_qwen3_8b()),
+             steps=36),
+    Scenario("saturation", "200 preemptible instances for 400 steps, and where adding instances stops "
+             "paying (the trainer bounds the step)", _static(200), steps=400, round_s=CONTROLLER_ROUND_S,
              sweep=SATURATION_COUNTS),
 )}
 

@@ -21,6 +21,7 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet, process_info
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.placement import GpuNeeds
+from rlboost.cluster.replay import notice_seconds
 from rlboost.cluster.session import RaySettings, actor_options, join_address
 from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
@@ -37,7 +38,7 @@ DEATH_CHECK_S = 3.0  # a dead actor answers at once; a live one busy in a collec
 
 def plan_trace(config: RunConfig, steps: int, step_s: float, duration_s: float | None = None) -> TracePlan:
     """The run's trace plan (capacity/trace.py's plan_trace of its cluster section)."""
-    return plan_cluster_trace(config.cluster, steps, step_s, duration_s)
+    return plan_cluster_trace(config.cluster, steps, step_s, duration_s, time_scale=config.cost.time_scale)
 
 
 def capacity_kind(config: RunConfig) -> str:
@@ -117,7 +118,7 @@ class Cluster:
         self.fleet.start()
         self.capacity = build_capacity(capacity_kind(config), config.cluster, self.fleet,
                                        slot=InstanceSlot(cpus=r.instance_cpus, gpus=r.instance_gpus),
-                                       record=run.append_event, say=self.say)
+                                       record=run.append_event, say=self.say, time_scale=config.cost.time_scale)
         init = None
         if t.rendezvous == "file":  # a folder every rank sees: the run directory on one machine
             folder = Path(t.rendezvous_dir).expanduser() if t.rendezvous_dir else run.path
@@ -191,7 +192,7 @@ class Cluster:
             return
         self.fleet.wait_busy(victim, timeout_s=5.0)  # so the preemption meets work in flight
         if kind == "notice":
-            self.fleet.notice(victim, self.config.cluster.notice_s)
+            self.fleet.notice(victim, notice_seconds(self.config.cluster, time_scale=self.config.cost.time_scale))
         else:
             self.fleet.kill(victim)
 

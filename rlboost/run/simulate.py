@@ -16,13 +16,13 @@ from typing import Callable
 from rlboost import env
 from rlboost.config.overrides import apply_overrides, to_dict
 from rlboost.config.run import RunConfig
-from rlboost.recipes.paper_qwen3_8b import PROMPT_TOKENS
+from rlboost.recipes.paper_qwen3_8b import ARTIFACT_MEASURED_TOKENS_PER_S, PROMPT_TOKENS
 from rlboost.recipes.scenarios import Scenario, get_scenario
 from rlboost.run.directory import RunDirectory
 from rlboost.run.terminal import say
 from rlboost.sim.calibrate import calibrate
 from rlboost.sim.metrics import summarize
-from rlboost.sim.report import SaturationPoint, plot_saturation, plot_steps, step_record, summary_markdown
+from rlboost.sim.report import SaturationPoint, headline, plot_saturation, plot_steps, step_record, summary_markdown
 from rlboost.sim.simulator import Simulator
 from rlboost.sim.spec import SimSpec
 
@@ -61,7 +61,14 @@ def simulate(name: str, overrides: list[str], *, steps: int | None = None, progr
     if steps is not None:  # a shorter run asks for a shorter sweep too
         scenario = dataclasses.replace(scenario, sweep_steps=max(2, min(scenario.sweep_steps, steps)))
     sweep, sweep_s = _sweep(scenario, config, groups, echo)
-    _report(scenario, spec, run, records, sweep, sweep_s)
+    base = next((p.summary for p in sweep if p.instances == 0), None)
+    if base is None:  # the headline needs reserved only: a short run of it
+        base = summarize(Simulator(sim_spec(with_instances(config, 0), steps=scenario.sweep_steps,
+                                            round_s=scenario.round_s), groups=groups).run())
+    main = summarize(records[1])
+    _report(scenario, spec, run, records, sweep, sweep_s, base)
+    for line in headline(sweep, base, main, label=f"{scenario.name} (this run)"):
+        echo(line)
     return run.path
 
 
@@ -101,29 +108,72 @@ def _sweep(scenario: Scenario, config: RunConfig, groups, echo) -> tuple[list[Sa
     return points, seconds
 
 
+def _by_instances(records: list[dict], scenario: str) -> list[str]:
+    """Mean tokens/s over the steps (after the first) that ended with each count of preemptible
+    instances up; the artifact's measured figure beside it in the artifact scenario."""
+    counts: dict[int, list[float]] = {}
+    for r in records[1:]:
+        c = counts.setdefault(r["preemptible_up"], [0.0, 0.0, 0])
+        c[0] += r["tokens"]
+        c[1] += r["wall_s"]
+        c[2] += 1
+    if len(counts) < 2:
+        return []
+    measured = scenario == "artifact"
+    lines = ["", "## By preemptible instances up", "", "| instances | steps | tokens/s |"
+             + (" artifact measured | prediction / measured |" if measured else ""),
+             "|---|---|---|" + ("---|---|" if measured else "")]
+    for n, (tokens, wall, steps) in sorted(counts.items()):
+        rate = tokens / wall if wall else 0.0
+        row = f"| {n} | {steps} | {rate:.0f} |"
+        if measured and n in ARTIFACT_MEASURED_TOKENS_PER_S:
+            row += f" {ARTIFACT_MEASURED_TOKENS_PER_S[n]:.0f} | {rate / ARTIFACT_MEASURED_TOKENS_PER_S[n]:.2f} |"
+        elif measured:
+            row += " - | - |"
+        lines.append(row)
+    return lines
+
+
 def _report(scenario: Scenario, spec: SimSpec, run: RunDirectory, main: tuple, sweep: list[SaturationPoint],
-            sweep_s: float) -> None:
+            sweep_s: float, base) -> None:
     records, result, seconds = main
     summary = summarize(result)
     notes = [f"Scenario `{scenario.name}`: {scenario.description}.",
              f"Controller round every {(spec.round_s or spec.controller.poll_interval_s) * spec.time_scale:g} "
-             f"modelled seconds; time_scale {spec.time_scale:g}, token_block {spec.token_block}."]
+             f"modelled seconds; time_scale {spec.time_scale:g}, token_block {spec.token_block}.",
+             "Response lengths are assumed, not measured (the artifact publishes none): "
+             f"{_lengths(spec)}."]
+    if result.trace_pace:
+        notes.append(f"Capacity: {result.trace_pace}.")
     if sweep:
         notes.append(f"Saturation sweep: {len(sweep)} instance counts x {scenario.sweep_steps} steps, "
                      f"{sweep_s:.1f} s.")
-    run.write_summary(summary_markdown(f"Simulation: {scenario.name}", summary, seconds, spec.steps, sweep, notes))
+    text = summary_markdown(f"Simulation: {scenario.name}", summary, seconds, spec.steps, sweep, notes)
+    text += "\n".join(["## Headline against reserved only", "", "```", *headline(sweep, base, summary, label="this run"),
+                       "```", *_by_instances(records, scenario.name)]) + "\n"
+    run.write_summary(text)
     (run.path / "summary.json").write_text(json.dumps({"scenario": scenario.name, "sim_seconds": round(seconds, 2),
                                                        "sweep_seconds": round(sweep_s, 2), **summary.as_dict(),
                                                        "saturation": [{"instances": p.instances,
                                                                        **p.summary.as_dict()} for p in sweep]},
                                                       indent=2))
-    plot_steps(records, run.plots_dir / "steps.png")
+    plot_steps(records, run.plots_dir / "steps.png", title=f"Simulated {scenario.name}")
     if sweep:
-        plot_saturation(sweep, run.plots_dir / "saturation.png")
+        plot_saturation(sweep, run.plots_dir / "saturation.png", title=f"Simulated {scenario.name}")
+
+
+def _lengths(spec: SimSpec) -> str:
+    emu = spec.rollout.emulated
+    L = emu.lengths
+    cap = spec.max_new_tokens * emu.token_block
+    if L.kind != "lognormal":
+        return f"geometric, stop probability {emu.stop_probability:g} per token, cap {cap:,}"
+    return (f"log-normal, median {L.median_tokens:,.0f} tokens, log-sd {L.prompt_sigma:g} per prompt and "
+            f"{L.sample_sigma:g} per sample, cap {cap:,} (mean {L.mean_tokens(cap):,.0f})")
 
 
 def calibrate_paper(echo: Callable[[str], None] = say, steps: int = 40) -> float:
-    """The timing model's efficiency for the paper recipe's reserved-only baseline (10k tokens/s)."""
+    """The timing model's efficiency for the paper recipe's reserved-only baseline (10.4k tokens/s)."""
     config = get_scenario("paper").config()
     efficiency = calibrate(sim_spec(config, steps=steps), groups=task_groups(config))
     echo(f"efficiency {efficiency} (rlboost.timing.EFFICIENCY is the value to keep)")

@@ -1,6 +1,10 @@
 """What a simulated (or emulated) run achieved, in the modelled cluster's units: tokens/s,
 dollars per hour, tokens per dollar, idle times and preemptions, over the steps after the
 first (which includes start-up and the first weight pulls, as cost_efficiency counts it).
+
+Tokens are counted as the RLBoost artifact counts its throughput (verl's perf/throughput: the
+attention mask, prompt + response of every sample, over the step's wall time); the
+generated (response) tokens are kept beside them.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from rlboost.sim.simulator import SimResult
 
 @dataclass(frozen=True, slots=True)
 class SimSummary:
-    """Figures of one run over its steps 2..N (real tokens, modelled seconds and dollars)."""
+    """Figures of one run over its steps 2..N (real tokens, modelled seconds and dollars);
+    tokens are prompt + response, generated_tokens the responses alone."""
 
     steps: int
     tokens: float
@@ -26,6 +31,11 @@ class SimSummary:
     preemptions: int
     deaths: int
     mean_preemptible: float
+    generated_tokens: float = 0.0
+
+    @property
+    def generated_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -40,8 +50,10 @@ class SimSummary:
         return self.tokens / self.usd if self.usd > 0 else 0.0
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps, "tokens": self.tokens, "seconds": round(self.seconds, 1),
+        return {"steps": self.steps, "tokens": int(self.tokens), "generated_tokens": int(self.generated_tokens),
+                "seconds": round(self.seconds, 1),
                 "usd": round(self.usd, 4), "tokens_per_s": round(self.tokens_per_s, 1),
+                "generated_tokens_per_s": round(self.generated_tokens_per_s, 1),
                 "usd_per_hour": round(self.usd_per_hour, 3), "tokens_per_usd": round(self.tokens_per_usd, 1),
                 "trainer_idle_s": round(self.trainer_idle_s, 2), "rollout_idle_s": round(self.rollout_idle_s, 2),
                 "window_s": round(self.window_s, 2), "offload_share": round(self.offload_share, 4),
@@ -59,7 +71,8 @@ def summarize(result: SimResult, skip: int = 1) -> SimSummary:
     usd = rest[-1].cost_usd - (first.cost_usd if first else 0.0)
     metrics = [s.metrics for s in rest]
     return SimSummary(
-        steps=len(rest), tokens=float(sum(m.total_tokens for m in metrics) * block),
+        steps=len(rest), tokens=float(sum(s.sequence_tokens for s in rest) * block),
+        generated_tokens=float(sum(m.total_tokens for m in metrics) * block),
         seconds=sum(s.wall_s for s in rest) * scale, usd=usd,
         trainer_idle_s=statistics.mean(m.trainer_idle_s for m in metrics) * scale,
         rollout_idle_s=statistics.mean(m.rollout_idle_s for m in metrics) * scale,

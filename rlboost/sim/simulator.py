@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rlboost.cluster.cost import CostLedger
-from rlboost.cluster.replay import named_trace, trace_events
+from rlboost.cluster.replay import named_trace, notice_seconds, replay_span, trace_events
 from rlboost.controller.clock import ManualClock
 from rlboost.controller.metrics import StepMetrics
 from rlboost.errors import StepFailed
@@ -36,7 +36,9 @@ RESERVED_CLUSTER = "reserved-cluster"
 @dataclass(frozen=True, slots=True)
 class SimStep:
     """One simulated step: the controller's metrics, its span in run seconds (start to the next
-    step's start, publish and pulls included), preemptible instances up, dollars so far."""
+    step's start, publish and pulls included), preemptible instances up, dollars so far, and
+    sequence_tokens: prompt + response of every sample (emulated tokens), what the artifact's
+    throughput counts (its metrics.total_tokens are the generated ones)."""
 
     metrics: StepMetrics
     started_s: float
@@ -44,6 +46,7 @@ class SimStep:
     preemptible_up: int
     cost_usd: float
     reserved_usd: float
+    sequence_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -51,6 +54,7 @@ class SimResult:
     spec: SimSpec
     steps: list[SimStep] = field(default_factory=list)
     preemptions: dict = field(default_factory=lambda: {"notice": 0, "sudden": 0})
+    trace_pace: str = ""  # how the availability trace was replayed (replay.replay_span), "" without one
     seconds: float = 0.0  # how long the simulation itself took (host seconds)
 
 
@@ -75,6 +79,7 @@ class Simulator:
         self._seq = itertools.count()
         self.version = 0
         self._dirty = True
+        self._sequence_tokens = 0
 
     # -- events --------------------------------------------------------------------------------
 
@@ -190,7 +195,8 @@ class Simulator:
             cost = self.ledger.summary(at_s=self.clock.now())
             up = sum(1 for n in self.table.nodes.values() if n.kind == "preemptible" and n.alive)
             rec = SimStep(metrics=metrics, started_s=started, wall_s=wall, preemptible_up=up,
-                          cost_usd=cost.total_usd, reserved_usd=cost.reserved_usd)
+                          cost_usd=cost.total_usd, reserved_usd=cost.reserved_usd,
+                          sequence_tokens=self._sequence_tokens)
             self.result.steps.append(rec)
             if progress is not None:
                 progress(rec)
@@ -212,8 +218,13 @@ class Simulator:
         trace = named_trace(c.trace, max_count=c.max_preemptible - c.initial_preemptible, seed=c.seed)
         if trace is None:
             return
-        duration = c.trace_duration_s or max(1.0, first_step_s * max(spec.steps - 1, 1) * c.trace_fraction)
-        events = trace_events(trace.compressed_to(duration), notice_s=c.notice_s, sudden_fraction=c.sudden_fraction,
+        fit = max(1.0, first_step_s * max(spec.steps - 1, 1) * c.trace_fraction)
+        duration, pace = replay_span(c, trace, fit_s=fit, time_scale=spec.time_scale)
+        notice = notice_seconds(c, time_scale=spec.time_scale)
+        notices = ("no notices (every preemption sudden)" if c.sudden_fraction >= 1.0 else
+                   f"notices {notice * spec.time_scale:g} modelled s, {c.sudden_fraction:.0%} of preemptions without one")
+        self.result.trace_pace = f"trace {c.trace} replayed {pace}; {notices}"
+        events = trace_events(trace.compressed_to(duration), notice_s=notice, sudden_fraction=c.sudden_fraction,
                               victim_order=c.victim_order, seed=c.seed)
         now = self.clock.now()
         for ev in events:
@@ -232,6 +243,7 @@ class Simulator:
             groups = sim_groups(step, num_groups=spec.groups_per_step, group_size=spec.group_size,
                                 prompt_len=spec.prompt_tokens, max_new_tokens=spec.max_new_tokens,
                                 engine=spec.rollout.emulated, seed=spec.seed)
+        self._sequence_tokens = sum(g.prompt_len * len(g.lengths) + sum(g.lengths) for g in groups)
         col = SimCollector(groups, min_samples=spec.microbatch_min_samples,
                            max_samples=spec.controller.microbatch_max_samples)
         ctl.start_step(step, col)

@@ -36,8 +36,8 @@ class TrainerTiming:
 
     >>> from rlboost.rollout.emulated.config import EmulatedEngineConfig
     >>> t = TrainerTiming(EmulatedEngineConfig(model="qwen3-8b", efficiency=1.0), gpus=8)
-    >>> round(t.microbatch_s([1000]), 3)  # 6 passes x 2 x 8.2e9 x 1000 / (8 x 989e12), plus attention
-    0.013
+    >>> round(t.microbatch_s([1000]), 3)  # 6 passes x 2 x 7.58e9 (no embedding) x 1000 / (8 x 989e12) + attention
+    0.012
     """
 
     def __init__(self, emulated: EmulatedEngineConfig, gpus: int):

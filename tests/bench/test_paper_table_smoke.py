@@ -36,6 +36,9 @@ def test_simulated_table_with_breakdown_sensitivity_and_json_line(tmp_path):
     assert 0 < four["window_s"] < four["rollout_end_s"] <= four["step_s"]
     assert set(peers["trace_rlboost_over_reference"]) == {"mean", "sd", "seeds"}
     assert len(peers["sensitivity_4_instances"]) == 4
+    # the artifact's measured curve is printed beside the reference mode's prediction, first
+    assert set(peers["artifact_curve"]) == {"0", "1", "2", "3", "4"}
+    assert proc.stdout.index("the artifact's measured curve") < proc.stdout.index("reserved only  ")
     assert all(x > 1.0 for x in peers["sensitivity_4_instances"].values())
     text = out.read_text()
     assert "a step at 4 instances (simulated, mean)" in text and "responses capped at 8,192 tokens" in text

@@ -94,3 +94,18 @@ def test_config_validation():
         RouterConfig(steal_margin=1.0)
     with pytest.raises(ValueError, match="retry_budget"):
         RouterConfig(retry_budget=-1)
+
+
+def test_the_published_scheduler_sends_whole_groups_round_robin_whatever_the_rates():
+    from rlboost.controller.records import GROUP_STRIDE
+
+    r = Router(RouterConfig(dispatch="group_round_robin"))
+    groups = [[g * GROUP_STRIDE + j for j in range(4)] for g in range(5)]
+    r.begin_step([sid for group in groups for sid in group])
+    fast, slow = view("a-fast", 8, 100.0, 900.0), view("b-slow", 8, 100.0, 100.0)
+    assigns = {a.instance_id: set(a.sample_ids) for a in r.dispatch([fast, slow], remaining=lambda s: 100.0)}
+    # groups 0 and 2 on one, 1 and 3 on the other: never split, rates not looked at
+    assert assigns == {"a-fast": {*groups[0], *groups[2]}, "b-slow": {*groups[1], *groups[3]}}
+    assert r.queued == tuple(groups[4])  # no instance has room for a whole group: it waits whole
+    with pytest.raises(ValueError, match="dispatch"):
+        RouterConfig(dispatch="random")

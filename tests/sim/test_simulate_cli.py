@@ -27,7 +27,12 @@ def test_a_scenario_writes_its_run_directory(tmp_path):
     assert (run / "plots" / "saturation.png").stat().st_size > 0 and (run / "plots" / "steps.png").is_file()
     summary = json.loads((run / "summary.json").read_text())
     assert [p["instances"] for p in summary["saturation"]] == [0, 1, 2, 3, 4, 6, 8]
-    assert "Saturation" in (run / "summary.md").read_text() and (run / "config.json").is_file()
+    text = (run / "summary.md").read_text()
+    assert "Saturation" in text and (run / "config.json").is_file()
+    # the headline reaches the terminal; tokens are whole numbers, the lengths named as assumed
+    assert "speedup" in proc.stderr and "reserved only" in proc.stderr and "4 instances" in proc.stderr
+    assert isinstance(summary["tokens"], int) and f"| tokens | {summary['tokens']} |" in text
+    assert "Response lengths are assumed" in text
 
 
 def test_an_unknown_scenario_is_bad_input(tmp_path):

@@ -50,12 +50,14 @@ def resolve_kind(configured: str, joined: bool) -> str:
 
 
 def build_capacity(kind: str, config: ClusterConfig, fleet: Any, *, slot: InstanceSlot,
-                   record: Callable[..., None], say: Callable[[str], None]) -> CapacitySource:
-    """The source named kind (trace or live; resolve `auto` first) over the fleet."""
+                   record: Callable[..., None], say: Callable[[str], None], time_scale: float = 1.0) -> CapacitySource:
+    """The source named kind (trace or live; resolve `auto` first) over the fleet; a trace's
+    seconds are time_scale of the run's (an emulated cluster)."""
     from rlboost.cluster.capacity.live import LiveCapacity
     from rlboost.cluster.capacity.trace import TraceCapacity
 
     sources = {"trace": TraceCapacity, "live": LiveCapacity}
     if kind not in sources:
         raise ValueError(f"cluster.capacity must be one of {tuple(sources)} once resolved, got {kind!r}")
-    return sources[kind](config, fleet, slot=slot, record=record, say=say)
+    extra = {"time_scale": time_scale} if kind == "trace" else {}
+    return sources[kind](config, fleet, slot=slot, record=record, say=say, **extra)

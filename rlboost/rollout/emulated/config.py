@@ -79,6 +79,8 @@ class EmulatedEngineConfig:
     """share of each GPU's memory an engine holds for weights and KV cache (0: no KV limit; SGLang's default ~0.85)"""
     reserved_memory_fraction: float | None = None
     """the same for reserved engines, which share their GPUs with the trainer (None: memory_fraction)"""
+    reserved_resident_bytes: float = 0.0
+    """bytes per GPU the colocated trainer keeps on a reserved engine's GPUs while it rolls out (resident parameters)"""
     lengths: LengthConfig = field(default_factory=LengthConfig)
     """how long responses are: geometric (stop_probability per token) or lognormal (a long tail)"""
 
@@ -115,6 +117,8 @@ class EmulatedEngineConfig:
             raise ValueError(f"time_scale must be in (0, 1e6], got {self.time_scale}")
         if not self.startup_s >= 0.0:
             raise ValueError(f"startup_s must be >= 0, got {self.startup_s}")
+        if not self.reserved_resident_bytes >= 0.0:
+            raise ValueError(f"reserved_resident_bytes must be >= 0, got {self.reserved_resident_bytes}")
         for name in ("memory_fraction", "reserved_memory_fraction"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
@@ -133,15 +137,20 @@ class EmulatedEngineConfig:
         return self.decode_tokens_per_s / self.max_running
 
     def kv_capacity(self, kind: str = "preemptible") -> float:
-        """Emulated tokens of KV cache an engine of this kind holds (inf: no limit): its memory
-        share of every GPU, less the model's weights, over the model's KV bytes per token."""
+        """Emulated tokens of KV cache an engine of this kind holds (inf: no limit), as SGLang sizes
+        its pool: its memory share of every GPU, less what is already resident there (a
+        colocated trainer's state, on reserved engines) and the model's weights, over the
+        model's KV bytes per token."""
         fraction = self.memory_fraction
-        if kind == "reserved" and self.reserved_memory_fraction is not None:
-            fraction = self.reserved_memory_fraction
+        resident = 0.0
+        if kind == "reserved":
+            resident = self.reserved_resident_bytes
+            if self.reserved_memory_fraction is not None:
+                fraction = self.reserved_memory_fraction
         if not self.model or fraction <= 0:
             return math.inf
         shape, gpu = model_shape(self.model), accelerator(self.accelerator)
-        free = self.gpus * gpu.memory_bytes * fraction - shape.weight_bytes
+        free = self.gpus * (gpu.memory_bytes * fraction - resident) - shape.weight_bytes
         return free / shape.kv_bytes_per_token / self.token_block
 
     def scaled(self, factor: float) -> EmulatedEngineConfig:
