@@ -2,7 +2,8 @@
 # The GPU checks in one run (one CUDA device, under 8 minutes): build rlboost's native module
 # with its CUDA kernels, run the tests marked `gpu` (FSDP2 on NCCL against the CPU step, the
 # weight round trip CUDA -> pinned staging -> pull -> CUDA, the embedded engine on the GPU,
-# the KV page kernels, the chunked log-probs), then measure the log-probs' GPU memory and
+# the KV page kernels, the chunked log-probs, packed sequences against padded ones and
+# activation checkpointing's peak memory: tests/gpu/test_gpu_packing.py), then measure the log-probs' GPU memory and
 # the transfer's GB/s. Needs torch with CUDA, nvcc, numpy, safetensors, pytest, hypothesis,
 # scikit-build-core and pybind11; no network, Ray or SGLang. Wheels for missing pure-Python
 # packages may be given in a folder: RLBOOST_WHEELS=/path/to/wheels bash bench/gpu_check.sh

@@ -1,4 +1,4 @@
-"""The `rlboost` command line: train, simulate, config, report, info, notice.
+"""The `rlboost` command line: train, simulate, config, plan, report, info, notice.
 
 Every expected failure prints one or two lines saying what is wrong and what to do, and
 exits with a documented code (2 bad input, 3 the run failed, 130 interrupted); a traceback
@@ -54,6 +54,16 @@ def _train(args: argparse.Namespace) -> int:
         _say(*stopped_lines(result))
         return EXIT_INTERRUPTED
     print(result.run.path)
+    return EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from rlboost.run.plan import header, run_memory_plan
+
+    config = _run_config(args)
+    plan = run_memory_plan(config, gpu=args.gpu)
+    print(header(config, plan))
+    print(plan.table())
     return EXIT_OK
 
 
@@ -148,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint"
                          if name == "train" else "show the config of a run directory")
         cmd.set_defaults(func=func)
+    plan = sub.add_parser("plan", parents=[common], help="the trainer's memory per rank, term by term",
+                          description="Print the trainer's memory plan per rank (parameters, gradients, optimizer "
+                          "state, activations, logits, NCCL, a colocated engine) against a GPU's memory.")
+    plan.add_argument("--recipe", help="tiny_cpu (default), smollm2_cpu, qwen3_gpu or paper_qwen3_8b")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    plan.add_argument("--gpu", help="plan for this GPU kind (default trainer.gpu): h100-sxm, h200, a100-sxm-80gb")
+    plan.set_defaults(func=_plan)
     sim = sub.add_parser("simulate", parents=[common], help="a named scenario through the discrete-event simulator",
                          description="Simulate a scenario (paper, paper-trace, paper-trace-reference, saturation) "
                          "with the controller's own policies and the timing model; writes a run directory.")

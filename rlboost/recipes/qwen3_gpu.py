@@ -1,5 +1,6 @@
 """qwen3_gpu: a GPU run in the shape of the RLBoost paper's artifact. A Qwen3-class
-checkpoint (HF layout) trained with GRPO on a math dataset. The reserved cluster is one
+checkpoint (HF layout, Qwen3-8B by default) trained with GRPO on a math dataset, responses up
+to 14,336 tokens. The reserved cluster is one
 8-GPU node: 4 FSDP ranks over NCCL (bfloat16 compute, float32 reductions) and 2 SGLang
 engines of 2 GPUs each; up to 4 preemptible SGLang instances of 2 GPUs each (a quarter of
 an 8-GPU spot node) follow the bundled trace. Give the checkpoint and the dataset:
@@ -37,13 +38,16 @@ from rlboost.transfer.config import TransferConfig
 
 def qwen3_gpu() -> RunConfig:
     return RunConfig(
-        model=ModelSource(source="path", path="/models/Qwen3-1.7B", warmup_steps=0),
+        model=ModelSource(source="path", path="/models/Qwen3-8B", warmup_steps=0),
         task=TaskConfig(name="math", math=MathDatasetConfig(path="/data/gsm8k/train.parquet", answer_format="gsm8k"),
                         prompt_template="{prompt}\nPut the final answer in \\boxed{}.",
                         chat_template=True, answer="extract", groups_per_step=64, group_size=8,
-                        max_new_tokens=1024),
+                        max_new_tokens=14336),
+        # Qwen3-8B with responses up to 14,336 tokens on 80 GB GPUs: forwards of at most 16,384
+        # tokens, layers recomputed in backward, AdamW's state in host memory (`rlboost plan`)
         trainer=TrainerConfig(world_size=4, device="cuda", backend="nccl", rendezvous="tcp", microbatch_groups=8,
-                              rank_cpus=1.0, rank_gpus=1.0, optimizer=OptimizerConfig(lr=1e-6),
+                              max_tokens_per_micro_batch=16384, activation_checkpointing=True,
+                              rank_cpus=1.0, rank_gpus=1.0, optimizer=OptimizerConfig(lr=1e-6, offload=True),
                               sharding=FSDPConfig(param_dtype="bfloat16", reduce_dtype="float32")),
         grpo=GRPOConfig(clip_eps_low=0.2, clip_eps_high=0.28),
         controller=ControllerConfig(

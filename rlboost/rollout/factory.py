@@ -9,6 +9,7 @@ import time
 from typing import Callable
 
 from rlboost.models import ModelConfig, empty_model
+from rlboost.models.hf import embedded_refusal, read_hf_config, served_by_rlboost
 from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.engine import RolloutEngine
 
@@ -37,6 +38,9 @@ def build_engine(config: RolloutConfig, *, model_dir: str, kind: str = "preempti
 def _embedded(config: RolloutConfig, model_dir: str, kind: str) -> RolloutEngine:
     from rlboost.rollout.embedded import EmbeddedEngine
 
+    hf_config = read_hf_config(model_dir)
+    if not served_by_rlboost(hf_config):
+        raise ValueError(embedded_refusal(model_dir, hf_config))
     cfg = dataclasses.replace(config.embedded, model_dir=model_dir, weight_version=0)
     model = empty_model(ModelConfig.load(model_dir), dtype=cfg.torch_dtype, device=cfg.device)
     return EmbeddedEngine(cfg, model=model)

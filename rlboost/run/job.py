@@ -24,6 +24,7 @@ from rlboost.run.directory import RunDirectory
 from rlboost.run.launch import Cluster, TracePlan, capacity_kind, gpu_needs, plan_trace, ray_settings
 from rlboost.run.metrics import Phases, step_record
 from rlboost.run.outcome import RecoverableFailure, RunResult, ending_lines, failure_summary, halted, recoverable
+from rlboost.run.plan import check_memory, check_rollout_architecture
 from rlboost.run.report import write_report
 from rlboost.run.supervisor import Supervisor
 from rlboost.run.terminal import DRIVER_LOG, StepProgress, StopSignal, driver_output, say
@@ -36,6 +37,8 @@ from rlboost.trainer.starting_weights import prepare_checkpoint
 def preflight(config: RunConfig) -> None:
     """Checks that need the environment, not just the config, before anything starts:
     ConfigError (or FileNotFoundError) naming the field or file."""
+    check_memory(config)  # from the config alone: refused before any GPU is looked for
+    check_rollout_architecture(config)
     if join_address(config.cluster.address):  # from the config or the environment
         check_multi_node(config)  # its GPUs are checked once joined
     else:  # the engine's package first: without it, the GPU count is not the problem

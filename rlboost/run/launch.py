@@ -262,7 +262,9 @@ def rank_specs(config: RunConfig, weights: Path, reference: Path) -> list[RankSp
     return [RankSpec(rank=r, world_size=t.world_size, checkpoint=str(weights), transfer=config.transfer,
                      reference_checkpoint=str(reference), device=t.device, backend=t.distributed_backend,
                      sharding=t.sharding, optimizer=t.optimizer, grpo=config.grpo,
-                     publish_dtype=config.rollout.weights_dtype)
+                     publish_dtype=config.rollout.weights_dtype, impl=config.model.impl,
+                     activation_checkpointing=t.activation_checkpointing,
+                     max_tokens_per_micro_batch=t.max_tokens_per_micro_batch, packing=t.packing)
             for r in range(t.world_size)]
 
 

@@ -1,7 +1,9 @@
-"""Finished samples -> padded training micro-batches, and the loss of a model on one.
+"""Finished samples -> training micro-batches (padded, or packed without padding), and the
+loss of a model on one.
 
-A micro-batch holds whole prompt groups only, so group-normalised advantages computed
-inside it equal those of the full step.
+A micro-batch is built from whole prompt groups, so group-normalised advantages computed
+when it is built equal those of the full step; it may then be split (trainer.split) into
+forwards that hold parts of groups, since each sample carries its own advantage.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch.distributed as dist
 
 from rlboost.errors import StaleSampleError
 from rlboost.migration.state import RequestState
+from rlboost.models.decoder import DecoderLM
+from rlboost.models.packed import packed_positions
 from rlboost.trainer.grpo import GRPOConfig, GRPOLoss, group_advantages, grpo_loss, token_logprobs
 from rlboost.validate import check_format_version
 
@@ -78,11 +82,14 @@ class ScoredSample:
 
 @dataclass(frozen=True, slots=True)
 class MicroBatch:
-    """Right-padded tensors of one micro-batch; every [B, T] tensor is aligned to input_ids.
+    """Tensors of one micro-batch; every [B, T] tensor is aligned to input_ids.
 
-    response_mask is true exactly on output tokens; old_logprobs holds their behaviour
-    log-probabilities there and 0 elsewhere; advantages is one value per sequence.
-    temperature is the samples' common sampling temperature (see ScoredSample).
+    Right-padded ([B, T], one row per sample), or packed when seq_lens is given: one row
+    [1, N] holding the samples end to end, N = sum(seq_lens), with no padding (positions
+    restart at every sample, attention stays inside it). response_mask is true exactly on
+    output tokens; old_logprobs holds their behaviour log-probabilities there and 0
+    elsewhere; advantages, rewards and group_ids hold one value per sample. temperature
+    is the samples' common sampling temperature (see ScoredSample).
     """
 
     input_ids: torch.Tensor       # int64 [B, T]
@@ -95,6 +102,11 @@ class MicroBatch:
     sample_ids: tuple[int, ...]
     weight_versions: tuple[int, ...]
     temperature: float = 1.0
+    seq_lens: tuple[int, ...] | None = None  # packed: each sample's length, in row order
+
+    @property
+    def packed(self) -> bool:
+        return self.seq_lens is not None
 
     @property
     def num_response_tokens(self) -> int:
@@ -102,7 +114,19 @@ class MicroBatch:
 
     @property
     def num_sequences(self) -> int:
-        return int(self.input_ids.shape[0])
+        return len(self.seq_lens) if self.seq_lens is not None else int(self.input_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens one forward computes: padding included when padded."""
+        return int(self.input_ids.numel())
+
+    def token_advantages(self) -> torch.Tensor:
+        """Advantages aligned to input_ids: [B] when padded (one per row), [1, N] when packed."""
+        if self.seq_lens is None:
+            return self.advantages
+        lens = torch.tensor(self.seq_lens, device=self.advantages.device)
+        return torch.repeat_interleave(self.advantages, lens)[None]
 
     def denominator(self, aggregation: str) -> int:
         """This micro-batch's share of a step-wide denominator (see grpo.aggregate)."""
@@ -115,7 +139,7 @@ class MicroBatch:
         return MicroBatch(move(self.input_ids), move(self.attention_mask),
                           move(self.response_mask), move(self.old_logprobs),
                           move(self.advantages), move(self.rewards), move(self.group_ids),
-                          self.sample_ids, self.weight_versions, self.temperature)
+                          self.sample_ids, self.weight_versions, self.temperature, self.seq_lens)
 
     def scaled(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits as the behaviour policy sampled from them: divided by the temperature
@@ -183,17 +207,29 @@ def _check_group_sizes(group_ids: torch.Tensor, expected: int) -> None:
                          f"off: {bad[:5]}")
 
 
+def model_logits(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+    """The model's logits [B, T, V] on the batch: rlboost's DecoderLM takes seq_lens for a
+    packed batch; any other (a transformers causal LM) takes position ids that restart at
+    every sample, from which transformers keeps attention inside each sample."""
+    if isinstance(model, DecoderLM):
+        return model(batch.input_ids, None if batch.packed else batch.attention_mask, seq_lens=batch.seq_lens)
+    if batch.packed:
+        positions = packed_positions(batch.seq_lens, batch.input_ids.device)
+        return model(input_ids=batch.input_ids, position_ids=positions, use_cache=False).logits
+    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+
+
 @torch.no_grad()
-def reference_logprobs(ref_model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+def reference_logprobs(ref_model: torch.nn.Module, batch: MicroBatch, chunk_bytes: int = 64 << 20) -> torch.Tensor:
     """Log-probs of the batch's response tokens under a frozen reference model (for KL), at the
     batch's sampling temperature like the policy's."""
-    logits = batch.scaled(ref_model(batch.input_ids, batch.attention_mask))
-    return token_logprobs(logits, batch.input_ids, batch.response_mask)
+    logits = batch.scaled(model_logits(ref_model, batch))
+    return token_logprobs(logits, batch.input_ids, batch.response_mask, chunk_bytes=chunk_bytes)
 
 
 def micro_batch_loss(model: torch.nn.Module, batch: MicroBatch, config: GRPOConfig,
                      denominator: float | None = None,
-                     ref_logprobs: torch.Tensor | None = None) -> GRPOLoss:
+                     ref_logprobs: torch.Tensor | None = None, *, chunk_bytes: int = 64 << 20) -> GRPOLoss:
     """Forward the model on a micro-batch and return its GRPO loss (call .loss.backward()).
 
     The model's log-probabilities are taken at the batch's sampling temperature, the
@@ -204,11 +240,12 @@ def micro_batch_loss(model: torch.nn.Module, batch: MicroBatch, config: GRPOConf
     group is initialised: sharded gradients are summed over ranks (FSDPConfig's
     grad_reduction="sum") and over micro-batches, so a per-micro-batch mean would scale
     the gradient by ranks x micro-batches and change what max_grad_norm clips.
+    chunk_bytes bounds the float32 logits the log-probs compute at once (grpo.token_logprobs).
     """
     if denominator is None and dist.is_available() and dist.is_initialized():
         raise ValueError("denominator: pass the step's total count (sum of MicroBatch.denominator over "
                          "all micro-batches and ranks) when training under a process group")
-    logits = batch.scaled(model(batch.input_ids, batch.attention_mask))
-    logprobs = token_logprobs(logits, batch.input_ids, batch.response_mask)
-    return grpo_loss(logprobs, batch.old_logprobs, batch.advantages, batch.response_mask,
-                     config, ref_logprobs=ref_logprobs, denominator=denominator)
+    logits = batch.scaled(model_logits(model, batch))
+    logprobs = token_logprobs(logits, batch.input_ids, batch.response_mask, chunk_bytes=chunk_bytes)
+    return grpo_loss(logprobs, batch.old_logprobs, batch.token_advantages(), batch.response_mask,
+                     config, ref_logprobs=ref_logprobs, denominator=denominator, seq_lens=batch.seq_lens)

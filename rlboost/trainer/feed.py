@@ -11,7 +11,7 @@ from typing import Sequence
 
 from rlboost.controller.records import CompletedGroup, MicroBatch, PromptGroup
 from rlboost.migration.state import SamplingParams
-from rlboost.models import ModelConfig
+from rlboost.models.hf import eos_token_ids, read_hf_config
 from rlboost.models.tokenizers import load_tokenizer
 from rlboost.tasks.base import Problem, Task
 from rlboost.tasks.config import TaskConfig
@@ -154,7 +154,7 @@ def task_feed(task: TaskConfig, checkpoint: Path) -> TaskFeed:
     """The task's prompts as token ids for the checkpoint's tokenizer, with its stop tokens,
     and its reward source (ValueError when task.reward does not resolve)."""
     tokenizer = load_tokenizer(checkpoint)
-    stops = {tokenizer.eos_id, *ModelConfig.load(checkpoint).eos_token_ids}
+    stops = {tokenizer.eos_id, *eos_token_ids(read_hf_config(checkpoint))}
     params = SamplingParams(temperature=task.temperature, top_p=task.top_p,
                             max_new_tokens=task.max_new_tokens, stop_token_ids=tuple(sorted(stops)))
     source = build_task(task, lambda prompt: len(prompt_token_ids(tokenizer, task.prompt_template,

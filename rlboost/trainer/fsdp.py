@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlboost.models.checkpoint import TORCH_DTYPES
@@ -73,7 +73,9 @@ class FSDPConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
-    """AdamW settings; max_grad_norm None disables clipping."""
+    """AdamW settings; max_grad_norm None disables clipping. offload moves the optimizer's
+    whole state (fp32 shards, gradients, moments) to host memory: about 16 bytes per
+    parameter over the ranks leave the GPU, for a host-side step and copies each step."""
 
     lr: float = 1e-5
     """AdamW learning rate, in (0, 1)"""
@@ -87,6 +89,8 @@ class OptimizerConfig:
     """decoupled weight decay"""
     max_grad_norm: float | None = 1.0
     """clip the global gradient norm to this (None: no clipping)"""
+    offload: bool = False
+    """keep the parameter shards, their gradients and AdamW's state in host memory (FSDP2's CPUOffloadPolicy; the step runs on the CPU)"""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.lr < 1.0:
@@ -157,21 +161,26 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig | None = None) -> nn.Module:
+def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig | None = None, *,
+                offload: bool = False) -> nn.Module:
     """fully_shard each decoder block, then the root (embeddings, final norm, head).
 
     Sharding per block lets FSDP2 all-gather one block's weights at a time in forward and
-    backward. The model is changed in place and returned.
+    backward. offload keeps the shards and their gradients in host memory (FSDP2's
+    CPUOffloadPolicy: copied to the device per block for compute), so the optimizer's
+    state and step stay on the host too; on a CPU mesh everything is there already and
+    the policy changes nothing. The model is changed in place and returned.
     """
     config = config or FSDPConfig()
     mp = MixedPrecisionPolicy(
         param_dtype=DTYPES[config.param_dtype] if config.param_dtype else None,
         reduce_dtype=DTYPES[config.reduce_dtype] if config.reduce_dtype else None)
+    kwargs = {"mesh": mesh, "reshard_after_forward": config.reshard_after_forward, "mp_policy": mp}
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=config.reshard_after_forward,
-                    mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward,
-                mp_policy=mp)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
     if config.grad_reduction == "sum":
         for module in model.modules():
             if isinstance(module, FSDPModule):

@@ -8,6 +8,7 @@ micro-batch layout.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,21 +96,23 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str,
-              denominator: float | None = None) -> torch.Tensor:
+              denominator: float | None = None, seq_lens: Sequence[int] | None = None) -> torch.Tensor:
     """Reduce per-token values [B, T] over the tokens where mask is true.
 
     token_mean: sum / (number of masked tokens); seq_mean: mean over sequences of each
     sequence's masked mean. denominator replaces the token count (token_mean) or the
     sequence count (seq_mean): pass the whole step's count when a step is split into
     micro-batches or ranks whose gradients are summed, so the sum equals the full mean.
+    seq_lens: the row [1, N] holds packed sequences of these lengths (for seq_mean).
     """
     maskf = mask.to(values.dtype)
     if mode == "token_mean":
         total = (values * maskf).sum()
         count = maskf.sum() if denominator is None else denominator
     elif mode == "seq_mean":
-        per_seq = (values * maskf).sum(-1) / maskf.sum(-1).clamp(min=1.0)
-        has_tokens = (maskf.sum(-1) > 0).to(values.dtype)
+        sums, counts = _per_sequence(values * maskf, maskf, seq_lens)
+        per_seq = sums / counts.clamp(min=1.0)
+        has_tokens = (counts > 0).to(values.dtype)
         total = (per_seq * has_tokens).sum()
         count = has_tokens.sum() if denominator is None else denominator
     else:
@@ -121,16 +124,29 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str,
     return total / count
 
 
+def _per_sequence(values: torch.Tensor, maskf: torch.Tensor, seq_lens: Sequence[int] | None):
+    """(sum of values, number of masked tokens) per sequence: per row, or per packed segment."""
+    if seq_lens is None:
+        return values.sum(-1), maskf.sum(-1)
+    if values.dim() != 2 or values.shape[0] != 1 or sum(seq_lens) != values.shape[1]:
+        raise ValueError(f"packed values must be [1, {sum(seq_lens)}], got {tuple(values.shape)}")
+    segment = torch.repeat_interleave(torch.arange(len(seq_lens), device=values.device),
+                                      torch.tensor(seq_lens, device=values.device))
+    zeros = torch.zeros(len(seq_lens), dtype=values.dtype, device=values.device)
+    return zeros.index_add(0, segment, values[0]), zeros.index_add(0, segment, maskf[0])
+
+
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
               mask: torch.Tensor, config: GRPOConfig, ref_logprobs: torch.Tensor | None = None,
-              denominator: float | None = None) -> GRPOLoss:
+              denominator: float | None = None, seq_lens: Sequence[int] | None = None) -> GRPOLoss:
     """Clipped-ratio GRPO loss over the response tokens selected by mask.
 
     logprobs (with grad), old_logprobs (behaviour policy), ref_logprobs: float [B, T];
     advantages: [B] (one per sequence) or [B, T]; mask: bool [B, T], true on response
     tokens only (prompt and padding excluded). Per token:
         -min(r * A, clip(r, 1 - low, 1 + high) * A) + kl_coef * k3(logp, ref)
-    with r = exp(logp - old_logp), then aggregated per config.aggregation.
+    with r = exp(logp - old_logp), then aggregated per config.aggregation. seq_lens: the
+    tensors are one packed row [1, N] of sequences of these lengths (advantages per token).
     """
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError(f"logprobs {tuple(logprobs.shape)}, old_logprobs "
@@ -146,14 +162,14 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     unclipped_obj = ratio * advantages
     clipped_obj = clipped * advantages
     per_token = -torch.minimum(unclipped_obj, clipped_obj)
-    policy = aggregate(per_token, mask, config.aggregation, denominator)
+    policy = aggregate(per_token, mask, config.aggregation, denominator, seq_lens)
     loss = policy
     kl_value = 0.0
     if config.kl_coef > 0.0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")
         kl_tok = torch.where(mask, kl_k3(logprobs, ref_logprobs), torch.zeros_like(logprobs))
-        kl = aggregate(kl_tok, mask, config.aggregation, denominator)
+        kl = aggregate(kl_tok, mask, config.aggregation, denominator, seq_lens)
         loss = loss + config.kl_coef * kl
         kl_value = float(kl.detach())
     with torch.no_grad():

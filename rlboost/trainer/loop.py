@@ -12,19 +12,23 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import ray
-import torch
 
 from rlboost.errors import StepFailed
 from rlboost.trainer.batch import MicroBatch, ScoredSample, build_micro_batch
 from rlboost.trainer.grpo import GRPOConfig
 from rlboost.trainer.rank import RankSpec, TrainerRank
+from rlboost.trainer.split import split_for_ranks
 
 
 class TrainerGroup:
-    """N rank actors; each method calls every rank at once and waits for all."""
+    """N rank actors; each method calls every rank at once and waits for all.
 
-    def __init__(self, ranks: Sequence[Any]):
+    max_tokens: each forward's token budget per rank (None: a rank's whole share at once);
+    packed: forwards hold samples end to end without padding (trainer.split)."""
+
+    def __init__(self, ranks: Sequence[Any], *, max_tokens: int | None = None, packed: bool = False):
         self.ranks = list(ranks)
+        self.max_tokens, self.packed = max_tokens, packed
         self._pending: list[Any] = []
         self.publisher_address: str | None = None
 
@@ -32,7 +36,8 @@ class TrainerGroup:
     def launch(cls, specs: Sequence[RankSpec], actor_options: dict[str, Any]) -> TrainerGroup:
         """Create the rank actors (in parallel; nothing joins the process group yet)."""
         actor = ray.remote(TrainerRank).options(**actor_options)
-        return cls([actor.remote(spec) for spec in specs])
+        return cls([actor.remote(spec) for spec in specs], max_tokens=specs[0].max_tokens_per_micro_batch,
+                   packed=specs[0].packing)
 
     def setup(self, init_method: str | None = None, optimizer_state: str | None = None) -> int:
         """Every rank joins the process group (init_method: e.g. "file:///shared/rdzv"; None:
@@ -43,9 +48,10 @@ class TrainerGroup:
         return counts[0]
 
     def accumulate(self, batch: MicroBatch) -> None:
-        """Hand each rank its share of the micro-batch; returns at once (ranks run in order)."""
-        for rank, part in zip(self.ranks, split_rows(batch, len(self.ranks))):
-            self._pending.append(rank.accumulate.remote(part))
+        """Hand each rank its forwards of the micro-batch; returns at once (ranks run in order)."""
+        shares = split_for_ranks(batch, len(self.ranks), max_tokens=self.max_tokens, packed=self.packed)
+        for rank, forwards in zip(self.ranks, shares):
+            self._pending.extend(rank.accumulate.remote(part) for part in forwards)
 
     def wait(self) -> None:
         """Wait until every rank has trained on the micro-batches handed to it."""
@@ -84,28 +90,7 @@ def split_rows(batch: MicroBatch, parts: int) -> list[MicroBatch]:
     """Deal the rows over `parts` ranks, longest first, so each gets a similar token count;
     each share is trimmed to its own longest row. A rank left without rows gets a row with
     no response token (its loss is 0), because every rank must run the same collectives."""
-    lengths = batch.attention_mask.sum(dim=1)
-    order = torch.argsort(lengths, descending=True, stable=True).tolist()
-    shares = [order[k::parts] for k in range(parts)]
-    return [_rows(batch, rows) if rows else _empty_like(batch) for rows in shares]
-
-
-def _rows(batch: MicroBatch, rows: list[int]) -> MicroBatch:
-    idx = torch.tensor(rows, dtype=torch.long)
-    width = int(batch.attention_mask[idx].sum(dim=1).max())
-    pick = lambda t: t[idx, :width].contiguous()  # noqa: E731
-    return MicroBatch(pick(batch.input_ids), pick(batch.attention_mask), pick(batch.response_mask),
-                      pick(batch.old_logprobs), batch.advantages[idx].contiguous(),
-                      batch.rewards[idx].contiguous(), batch.group_ids[idx].contiguous(),
-                      tuple(batch.sample_ids[i] for i in rows),
-                      tuple(batch.weight_versions[i] for i in rows), batch.temperature)
-
-
-def _empty_like(batch: MicroBatch) -> MicroBatch:
-    ids = batch.input_ids[:1, :2].clone()
-    return MicroBatch(ids, torch.ones_like(ids), torch.zeros_like(ids, dtype=torch.bool),
-                      torch.zeros(ids.shape, dtype=torch.float32), torch.zeros(1), torch.zeros(1),
-                      batch.group_ids[:1].clone(), (), (), batch.temperature)
+    return [forwards[0] for forwards in split_for_ranks(batch, parts)]
 
 
 @dataclass(slots=True)

@@ -18,11 +18,11 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 
 from rlboost.errors import CheckpointError
-from rlboost.models import empty_model, load_pretrained, save_pretrained
 from rlboost.trainer import fsdp, rng
 from rlboost.trainer.batch import MicroBatch, micro_batch_loss, reference_logprobs
 from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.trainer.grpo import GRPOConfig
+from rlboost.trainer.model_impl import model_impl
 from rlboost.transfer.config import TransferConfig, node_ip, on_this_node
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.publisher import WeightPublisher
@@ -42,7 +42,9 @@ class RankSpec:
 
     checkpoint holds the weights to train from; reference_checkpoint the frozen reference
     policy (used only with grpo.kl_coef > 0; default: checkpoint). transfer configures
-    rank 0's weight publisher; publish_dtype is the dtype the rollout engines load.
+    rank 0's weight publisher; publish_dtype is the dtype the rollout engines load. impl
+    (model.impl) says which code runs the model; activation_checkpointing, the token budget
+    and packing are the trainer config's (TrainerGroup splits micro-batches by the last two).
     """
 
     rank: int
@@ -57,6 +59,10 @@ class RankSpec:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     publish_dtype: str = "float32"
     torch_threads: int = 1
+    impl: str = "rlboost"
+    activation_checkpointing: bool = False
+    max_tokens_per_micro_batch: int | None = None
+    packing: bool = False
     format_version: int = RANK_SPEC_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -65,6 +71,7 @@ class RankSpec:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
         if self.publish_dtype not in fsdp.DTYPES:
             raise ValueError(f"publish_dtype must be one of {tuple(fsdp.DTYPES)}, got {self.publish_dtype!r}")
+        model_impl(self.impl)  # ValueError naming model.impl
 
 
 class TrainerRank:
@@ -100,13 +107,16 @@ class TrainerRank:
         s = self.spec
         mesh = fsdp.init_distributed(s.rank, s.world_size, backend=s.backend, init_method=init_method)
         self.device = torch.device(s.device if s.device == "cpu" else f"cuda:{torch.cuda.current_device()}")
-        model = load_pretrained(s.checkpoint, device=self.device)
+        impl = model_impl(s.impl)
+        model = impl.load(s.checkpoint, self.device)
+        if s.activation_checkpointing:
+            impl.checkpoint_layers(model)
         self.model_config = model.config
         num_params = sum(p.numel() for p in model.parameters())
-        self.model = fsdp.shard_model(model, mesh, s.sharding)
+        self.model = fsdp.shard_model(model, mesh, s.sharding, offload=s.optimizer.offload)
         self.optimizer = fsdp.build_optimizer(self.model, s.optimizer)
-        if s.grpo.kl_coef > 0:
-            ref = load_pretrained(s.reference_checkpoint or s.checkpoint, device=self.device)
+        if s.grpo.kl_coef > 0:  # no gradients, no optimizer: nothing of it to offload
+            ref = impl.load(s.reference_checkpoint or s.checkpoint, self.device)
             self.ref_model = fsdp.shard_model(ref.requires_grad_(False), mesh, s.sharding)
         if optimizer_state is not None:
             self._load_optimizer(optimizer_state)
@@ -168,7 +178,8 @@ class TrainerRank:
         """Model (HF-style safetensors via save_pretrained), the full optimizer state and
         every rank's random state, written by rank 0. The caller marks the checkpoint complete."""
         rng.save_all(Path(directory), self.device)
-        shell = empty_model(self.model_config).requires_grad_(False) if self.spec.rank == 0 else None
+        impl = model_impl(self.spec.impl)
+        shell = impl.shell(self.model_config) if self.spec.rank == 0 else None
         into = dict(shell.named_parameters()) if shell is not None else None
         for _ in fsdp.iter_full_parameters(self.model, bucket_bytes=self.spec.sharding.gather_bucket_bytes,
                                            into=into):
@@ -178,7 +189,7 @@ class TrainerRank:
         if shell is None:
             return
         out = Path(directory)
-        save_pretrained(shell, out / MODEL_DIR)
+        impl.save(shell, out / MODEL_DIR)
         if tokenizer_dir is not None:
             _copy_tokenizer(Path(tokenizer_dir), out / MODEL_DIR)
         torch.save({"optimizer": state}, out / OPTIMIZER_FILE)

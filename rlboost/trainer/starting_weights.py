@@ -38,6 +38,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_SOURCES = ("tiny", "smollm2", "path")
 ARCHS = ("llama", "qwen2", "qwen3")
+MODEL_IMPLS = ("rlboost", "transformers")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,6 +58,8 @@ class ModelSource:
     """where the weights come from: tiny (built here), smollm2, or path"""
     path: str | None = None
     """an HF-style checkpoint directory (config.json + safetensors) when source is path"""
+    impl: str = "rlboost"
+    """the trainer's model code: rlboost (its Llama, Qwen2, Qwen3 decoders) or transformers (any causal LM)"""
     arch: str = "qwen3"
     """tiny model architecture: llama, qwen2 or qwen3"""
     hidden_size: int = 64
@@ -82,6 +85,7 @@ class ModelSource:
 
     def __post_init__(self) -> None:
         require(self.source in MODEL_SOURCES, "source", f"one of {MODEL_SOURCES}", self.source)
+        require(self.impl in MODEL_IMPLS, "impl", f"one of {MODEL_IMPLS}", self.impl)
         if self.source == "path":
             require(bool(self.path), "path", "a checkpoint directory when source is 'path'", self.path)
         require(self.arch in ARCHS, "arch", f"one of {ARCHS}", self.arch)
