@@ -75,7 +75,7 @@ def sample_values(buffer: torch.Tensor, manifest: Manifest, count: int = SAMPLED
         n = spec.nbytes // size
         if n:
             k = max(1, min(n, round(count * spec.nbytes / total)))
-            starts.setdefault(size, []).append(spec.offset + torch.linspace(0, n - 1, k).long() * size)
+            starts.setdefault(size, []).append(spec.offset + torch.linspace(0, n - 1, k, dtype=torch.float64).long().clamp_(max=n - 1) * size)
     return [buffer[torch.cat(parts)[:, None] + torch.arange(size)].clone() for size, parts in sorted(starts.items())]
 
 

@@ -24,6 +24,7 @@ RUNS = {  # script -> the smallest arguments that still run its whole path
     "migration_cost.py": ["--quick", "--no-big"],
     "embedded_decode.py": ["--tokens", "8"],
     "logprob_memory.py": ["--batch", "1", "--length", "64", "--vocab", "512", "--check-batch", "1"],
+    "trainer_memory.py": ["--scale", "256", "--samples", "4"],
 }
 IMPORTED = ("cost_efficiency.py", "delta_weights.py", "live_capacity.py", "gpu_transfer.py")
 
