@@ -10,6 +10,7 @@ and load_weights; it reads the streams and calls _emit.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import atexit
 import functools
@@ -31,7 +32,7 @@ from rlboost.rollout.threaded import ThreadedEngineState
 T = TypeVar("T")
 
 
-class StreamedEngine(ThreadedEngineState):
+class StreamedEngine(ThreadedEngineState, metaclass=abc.ABCMeta):
     """Base of SGLangEngine and VLLMEngine. Subclasses set _engine_name and implement
     _prepare, _start, _abort_request, _new_request_id and _load_weights."""
 
@@ -133,22 +134,26 @@ class StreamedEngine(ThreadedEngineState):
     def _check_admission(self) -> None:
         """Refuse new samples for a reason of the subclass's (RolloutError)."""
 
+    @abc.abstractmethod
     def _prepare(self, state: RequestState) -> tuple[StreamedSample, Any]:
         """The sample for a state (rid set later) and what _start needs; RolloutError refuses
         the whole batch before anything is admitted."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _start(self, sample: StreamedSample, prepared: Any) -> None:
-        raise NotImplementedError
+        """Submit a prepared sample's request to the engine, from the engine thread."""
 
+    @abc.abstractmethod
     def _abort_request(self, rid: str) -> None:
-        raise NotImplementedError
+        """Ask the engine to stop request rid (its tokens so far stay the sample's)."""
 
+    @abc.abstractmethod
     def _new_request_id(self, serial: int, sample_id: int) -> str:
-        raise NotImplementedError
+        """The engine's request id for a sample's serial-th request."""
 
+    @abc.abstractmethod
     def _load_weights(self, named: Mapping[str, object], version: int) -> None:
-        raise NotImplementedError
+        """Put a pulled version's named tensors into the engine's model."""
 
     def _add(self, states: list[RequestState]) -> None:
         self._check_admission()
