@@ -66,6 +66,8 @@ class ControllerConfig:
     """prior decode rate of a preemptible instance until it is measured"""
     sample_tokens_per_s: float = 30.0
     """prior decode rate of one sample until it is measured"""
+    max_staleness: int = 0
+    """versions a trained token may lag the step's (0: strict on-policy, the default)"""
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
@@ -80,6 +82,8 @@ class ControllerConfig:
                      "preemptible_tokens_per_s", "sample_tokens_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        require(isinstance(self.max_staleness, int) and not isinstance(self.max_staleness, bool)
+                and 0 <= self.max_staleness <= 8, "max_staleness", "an integer from 0 to 8", self.max_staleness)
         require(self.continuation in CONTINUATIONS, "continuation", f"one of {CONTINUATIONS}", self.continuation)
         for name in ("microbatch_min_samples", "microbatch_max_samples"):
             value = getattr(self, name)
