@@ -61,11 +61,14 @@ def compute_ratios(rows: list[Row], provisions: list[Provision]) -> dict[str, di
         "ucx_pull/ucxx_tcp": _ratio(by.get("ucx_pull", {}), by.get("ucxx_tcp", {}), sizes),
         "ucx_pull/ucxx_auto": _ratio(by.get("ucx_pull", {}), by.get("ucxx_auto", {}), sizes),
         "socket/memcpy": _ratio(by.get("socket", {}), memcpy, sizes),
+        "tcp_pull/ref_tcp": _ratio(by.get("tcp_pull", {}), by.get("ref_tcp", {}), sizes),
+        "tcp_enc_pull/ref_tcp": _ratio(by.get("tcp_enc_pull", {}), by.get("ref_tcp", {}), sizes),
     }
     cpu = {key: {r.nbytes: r.cpu_per_gb for r in rows if r.key == key and r.cpu_per_gb}
-           for key in ("tcp_pull", "tcp_enc_pull", "socket", "shm_pull", "memcpy_numpy")}
+           for key in ("tcp_pull", "tcp_enc_pull", "socket", "ref_tcp", "shm_pull", "memcpy_numpy")}
     out["cpu per GB: tcp_pull/socket"] = _ratio(cpu["tcp_pull"], cpu["socket"], sizes)
     out["cpu per GB: tcp_enc_pull/tcp_pull"] = _ratio(cpu["tcp_enc_pull"], cpu["tcp_pull"], sizes)
+    out["cpu per GB: tcp_pull/ref_tcp"] = _ratio(cpu["tcp_pull"], cpu["ref_tcp"], sizes)
     out["cpu per GB: shm_pull/memcpy"] = _ratio(cpu["shm_pull"], cpu["memcpy_numpy"], sizes)
     # Each pull against the peers that move bytes the same way: TCP between hosts (Ray's
     # object manager across nodes), shared memory on one host (Ray's plasma).

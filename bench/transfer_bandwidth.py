@@ -27,6 +27,7 @@ from rlboost.errors import RlboostError  # noqa: E402
 
 import _peers  # noqa: E402
 import _pull  # noqa: E402
+import _reftcp  # noqa: E402
 import _transfer_report as report  # noqa: E402
 from _common import (  # noqa: E402
     GiB,
@@ -47,8 +48,8 @@ from _common import (  # noqa: E402
 
 SEED = 20251129
 DEFAULT_SIZES = (64 * MiB, 256 * MiB, 1 * GiB)
-ALL_PEERS = ("memcpy", "socket", "gloo", "ray", "ucxx", "pull", "provision", "latency")
-INTERLEAVED = ("memcpy", "socket", "gloo", "ray", "pull")
+ALL_PEERS = ("memcpy", "socket", "reftcp", "gloo", "ray", "ucxx", "pull", "provision", "latency")
+INTERLEAVED = ("memcpy", "socket", "reftcp", "gloo", "ray", "pull")
 TRANSPORTS = ("tcp", "shm", "ucx")
 METHOD = """\
 What each row measures. The payload is written once into a /dev/shm file that every
@@ -62,6 +63,12 @@ their own.
   copy_: all threads); the faster of the two is the ceiling.
 - raw socket: a child answers an 8-byte size request on 127.0.0.1 with sendall of 4 MiB
   slices; the receiver times request -> last recv_into byte.
+- reference TCP engine: the published reference's weight engine, rebuilt from its
+  description (bench/_reftcp.py): the sender pushes, per transfer, K contiguous chunks
+  over K new connections (16-byte offset/length header, then os.sendfile from the
+  payload file; 16 MiB socket buffers); the receiver's K listeners recv_into the
+  destination. No authentication, integrity check or encryption. K = --ref-streams
+  (8, the reference's config.toml).
 - gloo broadcast: torch.distributed over gloo, 2 processes; the receiver times one
   broadcast after a barrier.
 - ray get: Ray 2.x object store, two nodes on this machine (two raylets, each with
@@ -129,6 +136,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--newcomers", default="1,2,4", help="newcomer counts to provision")
     p.add_argument("--latency-size", type=parse_size, default=1 * MiB,
                    help="payload of the per-pull latency runs (default 1M)")
+    p.add_argument("--ref-streams", type=int, default=8,
+                   help="parallel streams of the reference TCP engine peer (default 8, its config.toml)")
     p.add_argument("--pull-config", type=_pull_config, default={},
                    help="TransferConfig fields for every puller, e.g. streams=1,max_in_flight=1 "
                         "(default: the library's defaults)")
@@ -139,6 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.newcomers = tuple(int(x) for x in args.newcomers.split(",") if x)
     if args.quick:
         args.provision_size, args.newcomers = min(args.provision_size, 64 * MiB), (1, 2)
+    if not 1 <= args.ref_streams <= 64:
+        p.error(f"--ref-streams must be 1..64, got {args.ref_streams}")
     if min(args.newcomers, default=0) < 1 or args.egress_cap < 1024:
         p.error("--newcomers must be positive counts and --egress-cap >= 1024")
     unknown = set(args.peers) - set(ALL_PEERS)
@@ -193,7 +204,8 @@ def run_all(args, payload: SharedPayload, dst, schedule, expect) -> Results:
     together = [p for p in args.peers if p in INTERLEAVED]
     if together:
         _run_one("+".join(together), lambda: _run_interleaved(
-            together, payload, dst, schedule, expect, out.missing, args.pull_config), out)
+            together, payload, dst, schedule, expect, out.missing, args.pull_config,
+            args.ref_streams), out)
     for name in args.peers:
         if name not in INTERLEAVED:
             _run_one(name, jobs[name], out)
@@ -201,12 +213,13 @@ def run_all(args, payload: SharedPayload, dst, schedule, expect) -> Results:
 
 
 def _run_interleaved(names, payload: SharedPayload, dst, schedule: Schedule, expect,
-                     missing: list[Missing], pull_config: dict) -> list[Row]:
+                     missing: list[Missing], pull_config: dict, ref_streams: int = 8) -> list[Row]:
     biggest, path = max(schedule.sizes), payload.path
     makers = {
         "memcpy": lambda: [_peers.MemcpySession(payload.array, dst, use_torch=t)
                            for t in (False, True)],
         "socket": lambda: [_peers.SocketSession(dst, path, biggest)],
+        "reftcp": lambda: [_reftcp.RefTcpSession(dst, path, ref_streams)],
         "gloo": lambda: [_peers.GlooSession(dst, path, biggest)],
         "ray": lambda: _ray_sessions(stack, path, biggest, dst),
         "pull": lambda: _pull_sessions(stack, path, biggest, dst, missing, pull_config),

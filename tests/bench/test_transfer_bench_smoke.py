@@ -29,10 +29,12 @@ def _final_json(proc: subprocess.CompletedProcess) -> dict:
 
 
 def test_quick_pull_against_its_ceiling_and_socket_peer():
-    result = _final_json(_run("--quick", "--peers", "memcpy,socket,pull"))
+    result = _final_json(_run("--quick", "--peers", "memcpy,socket,reftcp,pull", "--ref-streams", "2"))
     peers = result["peers"]
     assert result["value"] == peers["tcp_pull_GBps"]["64MiB"] > 0
     assert peers["socket_GBps"]["64MiB"] > 0
+    assert peers["ref_tcp_GBps"]["64MiB"] > 0  # the reference's push engine, same bytes checked
+    assert "64MiB" in peers["ratios"]["tcp_pull/ref_tcp"]
     assert "64MiB" in peers["ratios"]["tcp_pull/socket"]
     assert peers["tcp_pull_cpu_s_per_GB"]["64MiB"] > 0  # CPU cost of both ends
     assert "shm_pull_GBps" in peers or "rlboost pull (shm)" in peers["missing"]
@@ -57,6 +59,7 @@ def test_quick_run_covers_every_peer_and_provisioning():
 @pytest.mark.parametrize("args, named", [
     (("--peers", "memcpy,carrier-pigeon"), "carrier-pigeon"),
     (("--pull-config", "streams"), "KEY=INTEGER"),
+    (("--ref-streams", "0"), "--ref-streams"),
 ])
 def test_bad_arguments_are_usage_errors(args, named):
     proc = _run(*args, timeout=60)
