@@ -4,11 +4,12 @@ arguments it sets itself (the adapter relies on them, so extra kwargs may not ov
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-SGLANG_DTYPES = ("auto", "float16", "bfloat16", "float32")
+from rlboost.rollout.server_fields import SERVER_DTYPES, check_server_fields
+
+SGLANG_DTYPES = SERVER_DTYPES
 
 # Server arguments the adapter depends on: token ids in and out (no detokenizer), honoured
 # per-request seeds, and the stream cadence.
@@ -75,32 +76,7 @@ class SGLangEngineConfig:
     """more sglang.Engine (ServerArgs) arguments, as JSON on the command line"""
 
     def __post_init__(self) -> None:
-        if self.model_path is not None and (not isinstance(self.model_path, str) or not self.model_path):
-            raise ValueError(f"model_path must be a non-empty path or None, got {self.model_path!r}")
-        for name, low in (("tp_size", 1), ("stream_interval", 1), ("weight_bucket_bytes", 1 << 20),
-                          ("weight_version", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if not 0.0 < self.mem_fraction_static < 1.0:
-            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
-        if self.dtype not in SGLANG_DTYPES:
-            raise ValueError(f"dtype must be one of {SGLANG_DTYPES}, got {self.dtype!r}")
-        for name, low in (("max_model_len", 2), ("vocab_size", 2)):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < low):
-                raise ValueError(f"{name} must be an int >= {low} or None, got {value!r}")
-        for name in ("rate_window_s", "flush_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0
-                                               and math.isfinite(value)):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        taken = sorted(set(self.extra_engine_kwargs) & set(MANAGED_ENGINE_KWARGS))
-        if taken:
-            raise ValueError(f"extra_engine_kwargs may not set {taken}: use the config's own fields "
-                             f"(the adapter sets {list(MANAGED_ENGINE_KWARGS)})")
-        if not all(isinstance(k, str) for k in self.extra_engine_kwargs):
-            raise ValueError("extra_engine_kwargs keys must be strings (ServerArgs field names)")
+        check_server_fields(self, memory_field="mem_fraction_static", managed=MANAGED_ENGINE_KWARGS, kwargs_kind="ServerArgs")
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `sglang.Engine(...)`."""

@@ -3,11 +3,12 @@ sets itself (the adapter relies on them, so extra kwargs may not override them).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-VLLM_DTYPES = ("auto", "float16", "bfloat16", "float32")
+from rlboost.rollout.server_fields import SERVER_DTYPES, check_server_fields
+
+VLLM_DTYPES = SERVER_DTYPES
 WORKER_EXTENSION = "rlboost.rollout.vllm.worker.RlboostWorkerExtension"
 
 # Engine arguments the adapter depends on: token ids in and out (no tokenizer), log-probs of
@@ -61,32 +62,7 @@ class VLLMEngineConfig:
     """more vllm AsyncEngineArgs arguments, as JSON on the command line"""
 
     def __post_init__(self) -> None:
-        if self.model_path is not None and (not isinstance(self.model_path, str) or not self.model_path):
-            raise ValueError(f"model_path must be a non-empty path or None, got {self.model_path!r}")
-        for name, low in (("tp_size", 1), ("stream_interval", 1), ("weight_bucket_bytes", 1 << 20),
-                          ("weight_version", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if not 0.0 < self.gpu_memory_utilization < 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1), got {self.gpu_memory_utilization}")
-        if self.dtype not in VLLM_DTYPES:
-            raise ValueError(f"dtype must be one of {VLLM_DTYPES}, got {self.dtype!r}")
-        for name in ("max_model_len", "vocab_size"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 2):
-                raise ValueError(f"{name} must be an int >= 2 or None, got {value!r}")
-        for name in ("rate_window_s", "flush_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0
-                                               and math.isfinite(value)):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        taken = sorted(set(self.extra_engine_kwargs) & set(MANAGED_ENGINE_KWARGS))
-        if taken:
-            raise ValueError(f"extra_engine_kwargs may not set {taken}: use the config's own fields "
-                             f"(the adapter sets {list(MANAGED_ENGINE_KWARGS)})")
-        if not all(isinstance(k, str) for k in self.extra_engine_kwargs):
-            raise ValueError("extra_engine_kwargs keys must be strings (AsyncEngineArgs field names)")
+        check_server_fields(self, memory_field="gpu_memory_utilization", managed=MANAGED_ENGINE_KWARGS, kwargs_kind="AsyncEngineArgs")
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `vllm.AsyncEngineArgs(...)`."""
