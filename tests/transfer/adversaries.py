@@ -18,6 +18,7 @@ import torch
 from rlboost import _C
 from rlboost.transfer import WeightPuller
 
+from .proxies import PumpingProxyForTests, shut
 from .wire_client import HEADER, W, client_handshake, connect, frame, recv_frame, recv_sealed
 
 # --------------------------------------------------------------------------- CRC forging
@@ -50,44 +51,15 @@ def forge_crc32c(data: bytearray, target: int) -> None:
     data[-4:] = (reg ^ before).to_bytes(4, "little")
 
 
-class ChunkForgingProxyForTests:
+class ChunkForgingProxyForTests(PumpingProxyForTests):
     """An on-path attacker without the secret between pullers and a real source: forwards
     the handshake and manifests untouched and replaces the bytes of every chunk it carries
     with others of the same CRC-32C (so any CRC check would pass)."""
 
     def __init__(self, upstream: str):
-        self.upstream = upstream
+        super().__init__(upstream)
         self.forged = 0
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._socks: list[socket.socket] = []
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
-
-    def close(self) -> None:
-        """Closes every socket and joins every thread (none outlives the test)."""
-        self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone would not
-        self._listener.close()
-        for s in self._socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for t in self._threads:
-            t.join(timeout=10)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                down, _ = self._listener.accept()
-            except OSError:
-                return
-            up = connect(self.upstream)
-            self._socks += [down, up]
-            for args in ((down, up, False), (up, down, True)):
-                t = threading.Thread(target=self._pump, args=args, daemon=True)
-                self._threads.append(t)
-                t.start()
+        self._start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, from_server: bool) -> None:
         frames = 0
@@ -100,8 +72,7 @@ class ChunkForgingProxyForTests:
                     body = body[:16] + self._forge(body[16:])  # the frame's tag covers only the prefix
                 dst.sendall(head + body + tag)
         except (ConnectionError, OSError):
-            src.close()
-            dst.close()
+            shut(src, dst)
 
     def _forge(self, chunk: bytes) -> bytes:
         forged = bytearray(b ^ 0x5A for b in chunk)

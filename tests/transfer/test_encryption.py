@@ -19,48 +19,19 @@ from rlboost.transfer import TransferConfig, WeightPublisher, WeightPuller
 from rlboost.transfer import config as transfer_config
 
 from .helpers import make_config
+from .proxies import PumpingProxyForTests, shut
 
 needs_aead = pytest.mark.skipif(not _C.HAS_AEAD, reason="built without libcrypto (HAS_AEAD False)")
 
 
-class SniffingProxyForTests:
+class SniffingProxyForTests(PumpingProxyForTests):
     """Forwards bytes both ways unparsed, keeps what the source sent, and (when flip_at is
     set) flips the byte at that offset of each connection's source-to-puller stream."""
 
     def __init__(self, upstream: str, flip_at: int | None = None):
-        host, port = upstream.rsplit(":", 1)
-        self.upstream, self.flip_at = (host, int(port)), flip_at
-        self.seen = bytearray()
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._socks: list[socket.socket] = []
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
-
-    def close(self) -> None:
-        self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        for s in self._socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for t in self._threads:
-            t.join(timeout=10)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                down, _ = self._listener.accept()
-            except OSError:
-                return
-            up = socket.create_connection(self.upstream)
-            self._socks += [down, up]
-            for args in ((down, up, False), (up, down, True)):
-                t = threading.Thread(target=self._pump, args=args, daemon=True)
-                self._threads.append(t)
-                t.start()
+        super().__init__(upstream)
+        self.flip_at, self.seen, self._lock = flip_at, bytearray(), threading.Lock()
+        self._start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, from_source: bool) -> None:
         offset = 0
@@ -77,12 +48,7 @@ class SniffingProxyForTests:
         except OSError:
             pass
         finally:
-            for s in (src, dst):  # shut down first: a close alone would not wake the other pump
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+            shut(src, dst)
 
 
 def _payload() -> torch.Tensor:

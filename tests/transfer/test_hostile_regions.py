@@ -18,7 +18,8 @@ from rlboost.errors import IntegrityError, ProtocolError
 from rlboost.transfer import WeightPublisher, WeightPuller
 
 from .helpers import SECRET, make_config
-from .wire_client import HostileSourceForTests, TaggedProxyForTests, W
+from .proxies import TaggedProxyForTests
+from .wire_client import HostileSourceForTests, W
 
 MiB = 1 << 20
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import threading
 
 import pytest
 
@@ -17,7 +16,8 @@ from rlboost.errors import AuthError, TransferError
 from rlboost.transfer import WeightPuller
 
 from .helpers import make_config
-from .wire_client import HEADER, W, connect, frame, recv_exact, recv_frame
+from .proxies import SerialProxyForTests
+from .wire_client import HEADER, W, frame, recv_exact, recv_frame
 
 REQUESTS = {
     "manifest": frame(W["manifest_request"], struct.pack("<q", 1), request_id=1),
@@ -27,7 +27,7 @@ REQUESTS = {
 }
 
 
-class LoginRelayForTests:
+class LoginRelayForTests(SerialProxyForTests):
     """Sits where a puller dialled (a fake relay address, or anywhere on the path): passes
     hello, challenge, auth and welcome between the puller and the real source, then (after
     the puller's first request and its reply, when `replay`) drops the puller and sends
@@ -35,29 +35,15 @@ class LoginRelayForTests:
     puller's first request. `answers` holds what the source said to each attempt."""
 
     def __init__(self, upstream: str, request: bytes | None):
-        self.upstream, self.request = upstream, request
-        self.answers: list[object] = []
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(upstream)
+        self.request, self.answers = request, []
+        self._start()
 
-    def close(self) -> None:
-        self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                down, _ = self._listener.accept()
-            except OSError:
-                return
-            with down, connect(self.upstream) as up:
-                try:
-                    self.answers.append(self._relay(down, up))
-                except (OSError, ConnectionError) as exc:
-                    self.answers.append(exc)
+    def _serve(self, down: socket.socket, up: socket.socket) -> None:
+        try:
+            self.answers.append(self._relay(down, up))
+        except (OSError, ConnectionError) as exc:
+            self.answers.append(exc)
 
     def _relay(self, down: socket.socket, up: socket.socket) -> object:
         for _ in range(2):  # hello -> challenge, auth -> welcome
@@ -99,41 +85,27 @@ def test_a_relayed_login_gives_the_relay_nothing_but_auth_errors(served, request
         assert bytes(honest.pull(1)["blob"].numpy()) == bytes(blob.numpy())
 
 
-class WelcomeRewritingProxyForTests:
+class WelcomeRewritingProxyForTests(SerialProxyForTests):
     """On the path: forwards every frame, but rewrites the pid in the source's welcome (a
     relay that would make a remote source look like a same-host one)."""
 
     def __init__(self, upstream: str):
-        self.upstream = upstream
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(upstream)
+        self._start()
 
-    def close(self) -> None:
-        self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                down, _ = self._listener.accept()
-            except OSError:
-                return
-            with down, connect(self.upstream) as up:
-                try:
-                    up.sendall(recv_frame(down))
-                    down.sendall(recv_frame(up))
-                    up.sendall(recv_frame(down))
-                    welcome = bytearray(recv_frame(up))
-                    _, _, ftype, _, _, _ = HEADER.unpack(welcome[:24])
-                    if ftype == W["welcome"]:
-                        welcome[24 + 24] ^= 0x01  # the pid's low byte
-                    down.sendall(bytes(welcome))
-                    down.recv(1)
-                except (OSError, ConnectionError):
-                    pass
+    def _serve(self, down: socket.socket, up: socket.socket) -> None:
+        try:
+            up.sendall(recv_frame(down))
+            down.sendall(recv_frame(up))
+            up.sendall(recv_frame(down))
+            welcome = bytearray(recv_frame(up))
+            _, _, ftype, _, _, _ = HEADER.unpack(welcome[:24])
+            if ftype == W["welcome"]:
+                welcome[24 + 24] ^= 0x01  # the pid's low byte
+            down.sendall(bytes(welcome))
+            down.recv(1)
+        except (OSError, ConnectionError):
+            pass
 
 
 def test_an_altered_welcome_identity_is_refused(served):
