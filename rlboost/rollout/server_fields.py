@@ -5,9 +5,39 @@ and take extra server arguments, except the ones their adapter sets itself."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 SERVER_DTYPES = ("auto", "float16", "bfloat16", "float32")
+
+
+@dataclass(kw_only=True, slots=True)
+class ServerEngineFields:
+    """The fields every server engine's config has; each engine adds its memory share and
+    its own switches, and validates with check_server_fields."""
+
+    model_path: str | None = None
+    """checkpoint the server loads at start (set by the run: the weights it trains)"""
+    tp_size: int = 1
+    """GPUs one engine spans (tensor parallel); rollout.instance_gpus must cover it"""
+    dtype: str = "auto"
+    """the server's dtype (auto: the checkpoint's)"""
+    stream_interval: int = 8
+    """tokens per streamed chunk (a lost instance loses at most this many per sample)"""
+    max_model_len: int | None = None
+    """longest prompt + output (None: the model's maximum)"""
+    vocab_size: int | None = None
+    """vocabulary (None: config.json's)"""
+    weight_version: int = 0
+    """version of the weights in model_path (set by the run)"""
+    weight_bucket_bytes: int = 512 << 20
+    """bytes of weights handed to the server per update call"""
+    rate_window_s: float = 10.0
+    """decode tokens/s is measured over this much recent busy time"""
+    flush_timeout_s: float = 60.0
+    """how long a weight load waits for the server to go idle and drop its prefix cache"""
+    extra_engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """more server arguments, as JSON on the command line"""
 
 
 def check_server_fields(config: Any, *, memory_field: str, managed: tuple[str, ...], kwargs_kind: str) -> None:

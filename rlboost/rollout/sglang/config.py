@@ -4,10 +4,10 @@ arguments it sets itself (the adapter relies on them, so extra kwargs may not ov
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from rlboost.rollout.server_fields import SERVER_DTYPES, check_server_fields
+from rlboost.rollout.server_fields import SERVER_DTYPES, ServerEngineFields, check_server_fields
 
 SGLANG_DTYPES = SERVER_DTYPES
 
@@ -18,7 +18,7 @@ MANAGED_ENGINE_KWARGS = ("model_path", "tp_size", "mem_fraction_static", "dtype"
 
 
 @dataclass(kw_only=True, slots=True)
-class SGLangEngineConfig:
+class SGLangEngineConfig(ServerEngineFields):
     """Configuration of one SGLangEngine (one `sglang.Engine` on tp_size GPUs).
 
     >>> SGLangEngineConfig(model_path="/ckpt/qwen3-1.7b", tp_size=2, stream_interval=16).engine_kwargs()["tp_size"]
@@ -48,32 +48,10 @@ class SGLangEngineConfig:
     {"attention_backend": "flashinfer", "random_seed": 0}.
     """
 
-    model_path: str | None = None
-    """checkpoint SGLang loads at start (set by the run: the weights it trains)"""
-    tp_size: int = 1
-    """GPUs one SGLang engine spans (tensor parallel); rollout.instance_gpus must cover it"""
     mem_fraction_static: float = 0.8
     """share of GPU memory SGLang takes for weights and KV cache"""
-    dtype: str = "auto"
-    """SGLang's dtype (auto: the checkpoint's)"""
-    stream_interval: int = 8
-    """tokens per streamed chunk (a lost instance loses at most this many per sample)"""
     deterministic_inference: bool = True
     """honour per-sample seeds (SGLang's deterministic mode; costs throughput)"""
-    max_model_len: int | None = None
-    """longest prompt + output (None: the model's maximum)"""
-    vocab_size: int | None = None
-    """vocabulary (None: config.json's)"""
-    weight_version: int = 0
-    """version of the weights in model_path (set by the run)"""
-    weight_bucket_bytes: int = 512 << 20
-    """bytes of weights handed to SGLang per update call"""
-    rate_window_s: float = 10.0
-    """decode tokens/s is measured over this much recent busy time"""
-    flush_timeout_s: float = 60.0
-    """how long a weight load waits for SGLang's scheduler to go idle"""
-    extra_engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    """more sglang.Engine (ServerArgs) arguments, as JSON on the command line"""
 
     def __post_init__(self) -> None:
         check_server_fields(self, memory_field="mem_fraction_static", managed=MANAGED_ENGINE_KWARGS, kwargs_kind="ServerArgs")
