@@ -47,28 +47,40 @@ def _csv_rows(path: Path):
         raise ValueError(f"{path} line {line_no + 1}: not a text CSV file ({exc})") from None
 
 
-def read_count_csv(path: str | Path, duration_s: float | None = None) -> AvailabilityTrace:
-    """`time,count` rows (seconds; optional header; `#` comments). The count is 0 before
-    the first row; the last row's time ends the trace unless duration_s says otherwise."""
-    path = Path(path)
-    steps = []
-    for line_no, row in _csv_rows(path):
-        if not steps and row[:2] == ["time", "count"]:
-            continue
-        try:
-            t, c = float(row[0]), int(row[1])
-            if len(row) != 2 or t < 0 or c < 0:
-                raise ValueError
-        except (ValueError, IndexError):
-            raise ValueError(f"{path} line {line_no}: expected 'time,count' with "
-                             f"non-negative numbers, got {row}") from None
-        steps.append((t, c))
+def _finish(path: Path, steps: list, duration_s: float | None, empty: str = "rows") -> AvailabilityTrace:
+    """The trace of (time, count) steps read from path; errors name the file."""
     if not steps:
-        raise ValueError(f"{path}: no rows")
+        raise ValueError(f"{path}: no {empty}")
     try:
         return AvailabilityTrace.from_steps(steps, duration_s, name=path.stem)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def _time_count_steps(path: Path, columns: str, is_header, count) -> list[tuple[float, int]]:
+    """Two-column `time,count` rows; the first may be a header (is_header(row)); count(text)
+    parses the count. Any other bad row is one error naming its line and the columns."""
+    steps = []
+    for line_no, row in _csv_rows(path):
+        if not steps and is_header(row):
+            continue
+        try:
+            t, c = float(row[0]), count(row[1])
+            if len(row) != 2 or t < 0 or c < 0:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise ValueError(f"{path} line {line_no}: expected '{columns}' with "
+                             f"non-negative numbers, got {row}") from None
+        steps.append((t, c))
+    return steps
+
+
+def read_count_csv(path: str | Path, duration_s: float | None = None) -> AvailabilityTrace:
+    """`time,count` rows (seconds; optional header; `#` comments). The count is 0 before
+    the first row; the last row's time ends the trace unless duration_s says otherwise."""
+    path = Path(path)
+    steps = _time_count_steps(path, "time,count", lambda row: row[:2] == ["time", "count"], int)
+    return _finish(path, steps, duration_s)
 
 
 def read_spotserve_csv(path: str | Path, duration_s: float | None = None) -> AvailabilityTrace:
@@ -86,36 +98,16 @@ def read_spotserve_csv(path: str | Path, duration_s: float | None = None) -> Ava
                              f"{'already' if node in alive else 'not'} up")
         (alive.add if action == "add" else alive.remove)(node)
         steps.append((t, len(alive)))
-    if not steps:
-        raise ValueError(f"{path}: no events")
-    try:
-        return AvailabilityTrace.from_steps(steps, duration_s, name=path.stem)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    return _finish(path, steps, duration_s, empty="events")
 
 
 def read_bamboo_csv(path: str | Path, duration_s: float | None = None) -> AvailabilityTrace:
     """Bamboo's step CSV: `seconds,available_instances` rows (a header naming them is optional;
     times may be fractional), the count holding from each time to the next."""
     path = Path(path)
-    steps = []
-    for line_no, row in _csv_rows(path):
-        if not steps and not _is_number(row[0]):
-            continue  # a header
-        try:
-            t, c = float(row[0]), int(float(row[1]))
-            if len(row) != 2 or t < 0 or c < 0:
-                raise ValueError
-        except (ValueError, IndexError):
-            raise ValueError(f"{path} line {line_no}: expected 'seconds,available_instances' with "
-                             f"non-negative numbers, got {row}") from None
-        steps.append((t, c))
-    if not steps:
-        raise ValueError(f"{path}: no rows")
-    try:
-        return AvailabilityTrace.from_steps(steps, duration_s, name=path.stem)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    steps = _time_count_steps(path, "seconds,available_instances", lambda row: not _is_number(row[0]),
+                              lambda text: int(float(text)))
+    return _finish(path, steps, duration_s)
 
 
 def read_spotserve_segment(path: str | Path) -> AvailabilityTrace:
@@ -149,12 +141,7 @@ def read_spotserve_segment(path: str | Path) -> AvailabilityTrace:
                                  f"{'already' if node in alive else 'not'} up")
             (alive.add if action == "add" else alive.discard)(node)
         steps.append((t, len(alive)))
-    if not steps:
-        raise ValueError(f"{path}: no events")
-    try:
-        return AvailabilityTrace.from_steps(steps, end, name=path.stem)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    return _finish(path, steps, end, empty="events")
 
 
 def _is_number(text: str) -> bool:
