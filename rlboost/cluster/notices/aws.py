@@ -6,11 +6,10 @@ minutes ahead."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 
-from rlboost.cluster.notices.base import Notice, NoticeConfig, http, json_or_none
+from rlboost.cluster.notices.base import Notice, NoticeConfig, PollingNotices, http, json_or_none, seconds_until
 
 TOKEN_PATH = "/latest/api/token"
 ACTION_PATH = "/latest/meta-data/spot/instance-action"
@@ -18,15 +17,13 @@ TOKEN_TTL_S = 21600
 log = logging.getLogger(__name__)
 
 
-class AwsNotices:
-    name = "aws"
+class AwsNotices(PollingNotices):
+    name, cloud = "aws", "AWS"
 
     def __init__(self, config: NoticeConfig):
-        self.config = config
-        self.base = config.aws_url.rstrip("/")
+        super().__init__(config, config.aws_url)
         self._token: str | None = None
         self._token_at = 0.0
-        self._stop = threading.Event()
 
     @classmethod
     def probe(cls, config: NoticeConfig) -> bool:
@@ -36,21 +33,6 @@ class AwsNotices:
         except OSError:
             return False
         return status == 200 and bool(body.strip())
-
-    def next(self, timeout_s: float) -> Notice | None:
-        deadline = time.monotonic() + timeout_s
-        while not self._stop.is_set():
-            try:
-                notice = self._ask()
-            except OSError as exc:  # the service did not answer this time
-                log.warning("AWS metadata at %s did not answer: %r", self.base, exc)
-                notice = None
-            if notice is not None:
-                return notice
-            if self._stop.wait(max(0.0, min(self.config.poll_s, deadline - time.monotonic()))) \
-                    or time.monotonic() >= deadline:
-                return None
-        return None
 
     def _ask(self) -> Notice | None:
         status, body, _ = http("GET", self.base + ACTION_PATH, {"X-aws-ec2-metadata-token": self._session()},
@@ -64,10 +46,7 @@ class AwsNotices:
         if action is None or "time" not in action:
             log.warning("AWS instance-action answered %d %r; ignored", status, body[:200])
             return None
-        when = datetime.fromisoformat(str(action["time"]).replace("Z", "+00:00"))
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        grace = max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+        grace = seconds_until(datetime.fromisoformat(str(action["time"]).replace("Z", "+00:00")))
         return Notice(source="aws", grace_s=grace, detail=str(action.get("action", "")))
 
     def _session(self) -> str:
@@ -78,6 +57,3 @@ class AwsNotices:
                 raise OSError(f"IMDSv2 token request answered {status}")
             self._token, self._token_at = body.strip(), time.monotonic()
         return self._token
-
-    def close(self) -> None:
-        self._stop.set()

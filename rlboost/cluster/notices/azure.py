@@ -6,12 +6,9 @@ scale set."""
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
-from rlboost.cluster.notices.base import Notice, NoticeConfig, http, json_or_none
+from rlboost.cluster.notices.base import Notice, NoticeConfig, PollingNotices, http, json_or_none, seconds_until
 
 EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
 NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
@@ -19,14 +16,12 @@ HEADERS = {"Metadata": "true"}
 log = logging.getLogger(__name__)
 
 
-class AzureNotices:
-    name = "azure"
+class AzureNotices(PollingNotices):
+    name, cloud = "azure", "Azure"
 
     def __init__(self, config: NoticeConfig):
-        self.config = config
-        self.base = config.azure_url.rstrip("/")
+        super().__init__(config, config.azure_url)
         self._vm: str | None = None
-        self._stop = threading.Event()
 
     @classmethod
     def probe(cls, config: NoticeConfig) -> bool:
@@ -35,21 +30,6 @@ class AzureNotices:
         except OSError:
             return False
         return status == 200 and bool(body.strip())
-
-    def next(self, timeout_s: float) -> Notice | None:
-        deadline = time.monotonic() + timeout_s
-        while not self._stop.is_set():
-            try:
-                notice = self._ask()
-            except OSError as exc:
-                log.warning("Azure metadata at %s did not answer: %r", self.base, exc)
-                notice = None
-            if notice is not None:
-                return notice
-            if self._stop.wait(max(0.0, min(self.config.poll_s, deadline - time.monotonic()))) \
-                    or time.monotonic() >= deadline:
-                return None
-        return None
 
     def _ask(self) -> Notice | None:
         if self._vm is None:
@@ -77,9 +57,4 @@ class AzureNotices:
             when = parsedate_to_datetime(str(not_before))
         except (TypeError, ValueError):
             return self.config.azure_grace_s
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
-
-    def close(self) -> None:
-        self._stop.set()
+        return seconds_until(when)

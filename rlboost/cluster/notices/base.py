@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Protocol
 
 from rlboost.validate import check_format_version, require
@@ -144,3 +146,45 @@ def json_or_none(text: str) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def seconds_until(when: datetime) -> float:
+    """Seconds from now to `when` (naive times are UTC), never below 0."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+class PollingNotices:
+    """A watcher that asks its service every config.poll_s (`_ask`: a Notice or None) until
+    a notice comes, the timeout passes or close() is called. A service that does not
+    answer is logged and asked again at the next poll."""
+
+    name = "polling"
+    cloud = "the"
+
+    def __init__(self, config: NoticeConfig, base_url: str):
+        self.config = config
+        self.base = base_url.rstrip("/")
+        self._stop = threading.Event()
+
+    def next(self, timeout_s: float) -> Notice | None:
+        deadline = time.monotonic() + timeout_s
+        while not self._stop.is_set():
+            try:
+                notice = self._ask()
+            except OSError as exc:  # the service did not answer this time
+                log.warning("%s metadata at %s did not answer: %r", self.cloud, self.base, exc)
+                notice = None
+            if notice is not None:
+                return notice
+            if self._stop.wait(max(0.0, min(self.config.poll_s, deadline - time.monotonic()))) \
+                    or time.monotonic() >= deadline:
+                return None
+        return None
+
+    def _ask(self) -> Notice | None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()

@@ -5,9 +5,8 @@ stopped; with ?wait_for_change=true the server answers only when the value chang
 from __future__ import annotations
 
 import logging
-import threading
 
-from rlboost.cluster.notices.base import Notice, NoticeConfig, http
+from rlboost.cluster.notices.base import Notice, NoticeConfig, PollingNotices, http
 
 PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 PROBE_PATH = "/computeMetadata/v1/instance/id"
@@ -15,14 +14,14 @@ HEADERS = {"Metadata-Flavor": "Google"}
 log = logging.getLogger(__name__)
 
 
-class GcpNotices:
-    name = "gcp"
+class GcpNotices(PollingNotices):
+    """Not polled: each next() is one long request that the server answers on a change."""
+
+    name, cloud = "gcp", "GCP"
 
     def __init__(self, config: NoticeConfig):
-        self.config = config
-        self.base = config.gcp_url.rstrip("/")
+        super().__init__(config, config.gcp_url)
         self._etag: str | None = None  # the value last seen: wait for a change from it
-        self._stop = threading.Event()
 
     @classmethod
     def probe(cls, config: NoticeConfig) -> bool:
@@ -53,6 +52,3 @@ class GcpNotices:
         if body.strip().upper() == "TRUE":
             return Notice(source="gcp", grace_s=self.config.gcp_grace_s, detail="preempted")
         return None
-
-    def close(self) -> None:
-        self._stop.set()
