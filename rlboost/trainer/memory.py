@@ -285,10 +285,12 @@ def _fsdp_terms(dims: ModelDims, *, world_size: int, compute_bytes: int, offload
         copies = (0.0, 0.0, (root + layer) * b, (root + 2 * layer) * b, 0.0)
     else:
         copies = (dims.params * b,) * 4 + (0.0,)
-    head = dims.vocab * dims.hidden * b if gathered else 0.0
-    in_flight = layer * (b + reduce_bytes) if gathered else 0.0
-    unsharded = (0.0, 0.0, head, head + in_flight, 0.0)
     early = shard if micro_batches > 1 else 0.0
+    if gathered:
+        head = dims.vocab * dims.hidden * b
+        unsharded = (0.0, 0.0, head, head + layer * (b + reduce_bytes), 0.0)
+    else:  # no FSDP: the head's gradient is its own .grad, once the first backward made it
+        unsharded = (0.0, 0.0, 0.0 if early else dims.vocab * dims.hidden * FP32 * keep, 0.0, 0.0)
     scratch = shard if cuda else 2 * dims.largest_param / world_size * FP32 * keep
     hint = "more trainer.world_size (ranks)" if offload else "set trainer.optimizer.offload=true"
     return [
@@ -325,8 +327,9 @@ def _logits(dims: ModelDims, tokens: int, b: int, chunk_bytes: int) -> MemoryTer
     one more for the float32 cast when the logits are narrower; the backward holds the
     logits, their whole gradient (in the logits' dtype) and one float32 chunk; the head's
     backward, the gradient alone. A sampling temperature other than 1 divides the logits
-    into a new tensor and their gradient likewise, but each copy replaces one of these
-    (the undivided logits and the first gradient are freed), so the peak stays."""
+    into a new tensor (the undivided ones are freed once it exists) and in backward their
+    gradient likewise (after the log-probs' backward has freed the logits): two
+    logits-sized tensors at a time, never more than the log-probs' backward holds."""
     logits = tokens * dims.vocab * b
     rows = max(1, chunk_bytes // (FP32 * dims.vocab))
     chunk = min(rows, tokens) * dims.vocab * FP32
