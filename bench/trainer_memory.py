@@ -1,7 +1,9 @@
 """Trainer memory and packing on CPU, one process: (1) the activations a forward keeps for
 backward with and without activation checkpointing; (2) the measured peak of a whole
-training step (forward, backward, AdamW step; torch's CPU allocator as its profiler counts
-it) against the memory plan (rlboost.trainer.memory) for three configs; (3) packed against
+training step in a run's steady state (every micro-batch of the batch under the token
+budget, forward and backward, then the clipped AdamW step, after one step that made
+AdamW's moments; torch's CPU allocator as its profiler counts it) against the memory
+plan's peak (rlboost.trainer.memory) for three configs; (3) packed against
 padded tokens/s for a batch whose response lengths follow the paper's long tail
 (rollout.emulated.lengths, log-normal, scaled to CPU size). Ends with one JSON line.
 
@@ -21,12 +23,13 @@ import torch
 from rlboost.models import build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.emulated.lengths import LengthConfig
 from rlboost.trainer.batch import ScoredSample, build_micro_batch, micro_batch_loss
+from rlboost.trainer.fsdp import build_optimizer, optimizer_step
 from rlboost.trainer.grpo import GRPOConfig
 from rlboost.trainer.memory import ModelDims, plan_trainer_memory
 from rlboost.trainer.split import split_for_ranks
 
 VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV, HEAD_DIM = 2048, 128, 384, 4, 4, 2, 32
-DIMS = ModelDims("bench-qwen3", VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV, HEAD_DIM, tied=True)
+DIMS = ModelDims("bench-qwen3", VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV, HEAD_DIM, tied=True, qk_norm=True)
 GRPO = GRPOConfig()
 
 
@@ -64,20 +67,35 @@ def saved_activation_bytes(model, batch) -> int:
     return sum(n for ptr, n in seen.items() if ptr not in params)
 
 
-def measured_step_peak(model, batch) -> float:
-    """Peak bytes of one training step: the parameters plus the CPU allocator's peak above
-    them while the step runs (torch.profiler's memory events, "Total Allocated")."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+def _train_step(model, opt, parts) -> None:
+    """What a rank does in a step: forward and backward of each micro-batch, then optimizer_step."""
+    for part in parts:
+        micro_batch_loss(model, part, GRPO, denominator=1.0).loss.backward()
+    optimizer_step(model, opt)
+
+
+def measured_step_peak(model, parts) -> float:
+    """Peak bytes of one steady-state training step: what is alive when it starts (the
+    parameters and AdamW's moments, which a first step made) plus the CPU allocator's peak
+    above that while the step runs (torch.profiler's memory events, "Total Allocated").
+
+    The profiler's running total is the process's, not the profile's: blocks allocated in
+    an earlier profile and freed outside one are never subtracted, so the peak is taken
+    above the total this profile starts from."""
+    opt = build_optimizer(model)
+    _train_step(model, opt, parts)
+    alive = sum(t.numel() * t.element_size() for t in [*model.parameters(), *(
+        v for state in opt.state.values() for v in state.values() if torch.is_tensor(v))])
     path = tempfile.mktemp(suffix=".json")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        micro_batch_loss(model, batch, GRPO, denominator=1.0).loss.backward()
-        opt.step()
+        _train_step(model, opt, parts)
     prof.export_chrome_trace(path)
     with open(path) as f:
-        events = json.load(f)["traceEvents"]
+        events = sorted((e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"),
+                        key=lambda e: e["ts"])
     os.unlink(path)
-    peak = max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
-    return peak + sum(p.numel() * p.element_size() for p in model.parameters())
+    start = events[0]["args"]["Total Allocated"] - events[0]["args"]["Bytes"]
+    return alive + max(e["args"]["Total Allocated"] for e in events) - start
 
 
 def _tokens_per_s(model, batch, packed: bool, repeats: int = 2) -> float:
@@ -119,14 +137,17 @@ def main() -> None:
     # (2) plan against measured step peaks, three configs
     rows = []
     for ck, budget in ((False, 2048), (True, 2048), (True, 4096)):
-        part = split_for_ranks(batch, 1, max_tokens=budget, packed=True)[0][0]
-        measured = measured_step_peak(_model(root, ck), part)
-        plan = plan_trainer_memory(DIMS, world_size=1, tokens=part.num_tokens, compute_bytes=4, checkpointing=ck,
-                                   offload=False, gathered_copies=False)
-        rows.append({"checkpointing": ck, "budget": budget, "tokens": part.num_tokens, "plan_mb": plan.total_bytes / 1e6,
-                     "measured_mb": measured / 1e6, "error": plan.total_bytes / measured - 1})
-        print(f"step peak, checkpointing {'on ' if ck else 'off'} budget {budget} ({part.num_tokens} tokens): "
-              f"plan {plan.total_bytes / 1e6:.1f} MB, measured {measured / 1e6:.1f} MB ({rows[-1]['error']:+.1%})")
+        parts = [p for p in split_for_ranks(batch, 1, max_tokens=budget, packed=True)[0] if p.num_tokens]
+        tokens = max(p.num_tokens for p in parts)
+        measured = measured_step_peak(_model(root, ck), parts)
+        plan = plan_trainer_memory(DIMS, world_size=1, tokens=tokens, compute_bytes=4, checkpointing=ck,
+                                   offload=False, gathered_copies=False, micro_batches=len(parts))
+        rows.append({"checkpointing": ck, "budget": budget, "micro_batches": len(parts), "tokens": tokens,
+                     "plan_mb": plan.total_bytes / 1e6, "plan_phase": plan.peak_phase,
+                     "measured_mb": measured / 1e6, "ratio": plan.total_bytes / measured})
+        print(f"step peak, checkpointing {'on ' if ck else 'off'} budget {budget} ({len(parts)} micro-batches, "
+              f"largest {tokens} tokens): plan {plan.total_bytes / 1e6:.1f} MB ({plan.peak_phase}), "
+              f"measured {measured / 1e6:.1f} MB (plan / measured {rows[-1]['ratio']:.3f})")
 
     # (3) packed against padded tokens/s
     model = _model(root, False)

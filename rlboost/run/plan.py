@@ -24,7 +24,8 @@ def model_dims(config: RunConfig) -> ModelDims:
     m = config.model
     if m.source == "tiny":
         return ModelDims(f"tiny-{m.arch}", TINY_VOCAB, m.hidden_size, m.intermediate_size, m.num_layers,
-                         m.num_heads, m.num_kv_heads, m.head_dim, tied=m.arch == "qwen3")
+                         m.num_heads, m.num_kv_heads, m.head_dim, tied=m.arch == "qwen3",
+                         qk_norm=m.arch == "qwen3")
     if m.source == "smollm2":
         return KNOWN_MODELS["smollm2-135m"]
     path = Path(m.path).expanduser()
@@ -48,13 +49,22 @@ def run_memory_plan(config: RunConfig, *, gpu: str | None = None, prompt_tokens:
     per_rank = -(-t.microbatch_groups * task.group_size // t.world_size)
     tokens = tokens_per_forward(max_tokens=t.max_tokens_per_micro_batch, sample_tokens=sample_tokens,
                                 samples_per_rank=per_rank)
-    compute = 2 if t.sharding.param_dtype in ("bfloat16", "float16") else 4
+    compute = _dtype_bytes(t.sharding.param_dtype, 4)
     capacity = accelerator(gpu).memory_bytes if on_gpu else None
     engine, shrink = _colocated_engine(config, dims, capacity)
+    # a rank's share at the longest length, cut by the budget: past the first micro-batch the
+    # gradient shards are alive through the forward
+    micro_batches = -(-per_rank * sample_tokens // tokens) if t.max_tokens_per_micro_batch else 1
     return plan_trainer_memory(dims, world_size=t.world_size, tokens=tokens, compute_bytes=compute,
                                checkpointing=t.activation_checkpointing, offload=t.optimizer.offload,
                                device=gpu if on_gpu else "cpu", capacity_bytes=capacity, cuda=on_gpu,
-                               engine_bytes=engine, engine_shrink=shrink)
+                               engine_bytes=engine, engine_shrink=shrink, micro_batches=micro_batches,
+                               reshard_after_forward=t.sharding.reshard_after_forward,
+                               reduce_bytes=_dtype_bytes(t.sharding.reduce_dtype, compute))
+
+
+def _dtype_bytes(name: str | None, default: int) -> int:
+    return {"bfloat16": 2, "float16": 2, "float32": 4}.get(name or "", default)
 
 
 def _colocated_engine(config: RunConfig, dims: ModelDims, capacity: float | None) -> tuple[float, str]:
