@@ -82,7 +82,7 @@ class StepLifecycle:
         min_samples = cfg.microbatch_min_samples or (groups[0].num_samples if groups else 1)
         collector = Collector(step, groups, weight_version, microbatch_min_samples=min_samples,
                               microbatch_max_samples=cfg.microbatch_max_samples,
-                              max_staleness=cfg.registry.max_staleness)
+                              max_staleness=cfg.max_staleness)
         meter = StepMeter(step=step, weight_version=weight_version, started_at=self.clock.now())
         self.router.begin_step(collector.sample_ids)
         self.table.forget_held()

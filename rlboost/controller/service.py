@@ -42,7 +42,7 @@ class RolloutService:
                  window_policy: WindowPolicy | None = None):
         self.config = cfg = config or ControllerConfig()
         self.clock = clock
-        self.registry = Registry(cfg.registry, clock)
+        self.registry = Registry(cfg.registry, clock, max_staleness=cfg.max_staleness)
         self.router = Router(cfg.router)
         self.lengths = LengthModel()
         self.policy = window_policy if window_policy is not None else AdaptiveWindow()
