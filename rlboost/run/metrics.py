@@ -60,6 +60,7 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
         "samples_trained": outcome.samples,
         "samples_unique": outcome.unique_samples, "sample_versions": sorted(outcome.versions),
         "microbatches": outcome.microbatches,
+        **({"staleness_tokens": list(outcome.staleness)} if outcome.staleness else {}),
         "response_tokens": outcome.denominator, **outcome.train,
         "step_wall_s": phases.total, "elapsed_s": elapsed_s,
         "cost_usd": cost.total_usd, "reserved_usd": cost.reserved_usd, "tokens_billed": cost.tokens,
