@@ -35,16 +35,26 @@ COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
 
 
 def read_runs(root: Path, prefix: str) -> dict[int, dict[int, list[dict]]]:
-    """staleness -> seed -> the run's metrics, step by step (the newest run of each name)."""
+    """staleness -> seed -> the run's metrics, step by step (the newest run of each name);
+    a run that has not reached its config's run.steps yet is left out, and said so."""
     runs: dict[int, dict[int, list[dict]]] = defaultdict(dict)
     for d in sorted(root.iterdir()):
         m = NAME.match(d.name)
         if not m or m["prefix"] != prefix or not (d / "metrics.jsonl").is_file():
             continue
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        if rows:
+        if rows and rows[-1]["step"] < _planned_steps(d, rows[-1]["step"]):
+            print(f"left out (unfinished, {len(rows)} steps): {d.name}")
+        elif rows:
             runs[int(m["staleness"])][int(m["seed"])] = sorted(rows, key=lambda r: r["step"])
     return runs
+
+
+def _planned_steps(run_dir: Path, default: int) -> int:
+    try:
+        return int(json.loads((run_dir / "config.json").read_text())["run"]["steps"])
+    except (OSError, ValueError, KeyError, TypeError):  # no config.json: take the run as it is
+        return default
 
 
 def summary(rows: list[dict], last: int) -> dict:
@@ -125,8 +135,12 @@ def main() -> None:
     gap = agg[1]["final_reward"] - agg[0]["final_reward"] if 1 in agg else float("nan")
     print(json.dumps({"metric": f"{args.prefix}_final_reward_gap_staleness1_vs_0", "value": round(gap, 4),
                       "unit": f"mean reward, last {args.last} steps", "ceiling": 1.0,
-                      "peers": {f"staleness_{n}": {k: (round(v, 4) if isinstance(v, float) else v)
+                      "peers": {f"staleness_{n}": {k: (_json_number(v) if isinstance(v, float) else v)
                                                    for k, v in a.items()} for n, a in agg.items()}}))
+
+
+def _json_number(v: float) -> float | None:
+    return None if math.isnan(v) else round(v, 4)  # NaN (no such weights: strict runs) is not JSON
 
 
 def _mean_finite(values) -> float:
