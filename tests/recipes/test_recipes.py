@@ -68,7 +68,8 @@ def test_unknown_recipe_names_the_known_ones():
     ("cluster.inject=kill@61", "cluster.inject"),  # tiny_cpu runs 60 steps
     ("model.source=hub", "model.source"),
     ("rollout.capacity=999", "rollout.capacity"),
-    ("controller.registry.max_staleness=1", "max_staleness"),
+    ("controller.max_staleness=9", "max_staleness"),
+    ("controller.registry.max_staleness=-1", "max_staleness"),
     ("run.name=a/b", "run.name"),
 ])
 def test_bad_values_are_refused_naming_the_field(assignment, field):
@@ -83,6 +84,12 @@ def test_overrides_reach_nested_sections():
     assert config.task.arithmetic.max_operand == 19
     assert config.cluster.inject == ("notice@2", "kill@3")
     assert config.trainer.optimizer.max_grad_norm is None and config.rollout.embedded.num_blocks == 64
+
+
+def test_the_staleness_bound_is_one_setting_and_its_old_path_reaches_it():
+    assert apply_overrides(get_recipe("tiny_cpu"), ["controller.max_staleness=1"]).controller.max_staleness == 1
+    assert apply_overrides(get_recipe("tiny_cpu"),
+                           ["controller.registry.max_staleness=2"]).controller.max_staleness == 2
 
 
 def test_secrets_never_reach_config_json():
