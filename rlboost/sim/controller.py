@@ -20,7 +20,6 @@ import math
 from collections import Counter
 from typing import Callable
 
-from rlboost.controller import staleness
 from rlboost.controller.clock import Clock
 from rlboost.controller.continuation import resume_points
 from rlboost.controller.decisions import AskForReserved, CloseWindow, FailStep, ReopenWindow, RolloutDone, StepDecisions
@@ -28,10 +27,11 @@ from rlboost.controller.estimates import LengthModel
 from rlboost.controller.metrics import StepMeter, StepMetrics
 from rlboost.controller.offload import StepObservation, make_policy
 from rlboost.controller.records import InstanceInfo
-from rlboost.controller.registry import ACTIVE, DRAINING, GONE, Registry
-from rlboost.controller.router import InstanceView, Router
+from rlboost.controller.registry import GONE, Registry
+from rlboost.controller.router import Router
 from rlboost.controller.step import StepState
 from rlboost.sim.collector import SimCollector
+from rlboost.sim.lanes import Lanes, count_lags
 from rlboost.sim.nodes import SimNode, SimTable
 from rlboost.sim.spec import SimSpec
 
@@ -52,15 +52,6 @@ class _CachedViews(StepDecisions):
         views = super()._views(st)
         self._cache = None if any(v.time_left_s is not None for v in views) else (key, views)
         return views
-
-
-class _Lane:
-    """A step ahead of the running one whose prompts are in rollout: its state and router."""
-
-    __slots__ = ("step", "st", "router")
-
-    def __init__(self, step: int, st: StepState, router: Router):
-        self.step, self.st, self.router = step, st, router
 
 
 class SimController:
@@ -85,7 +76,7 @@ class SimController:
         self._lost = False  # an instance was lost since the last check of the step
         self._checked_at = 0.0
         self.step_no = 0  # the step the trainer is on (its rollout may be over)
-        self.ahead: list[_Lane] = []  # steps after step_no in rollout, in step order
+        self.ahead = Lanes(self.max_staleness, spec.steps, self.registry, table, cfg.router, cfg.poll_interval_s)
         self.make_collector: Callable[[int], SimCollector] | None = None  # set by the simulator
         self.lags: dict[int, Counter] = {}  # step -> trained output tokens by lag (step - version)
 
@@ -154,8 +145,8 @@ class SimController:
         """The trainer starts the step: a lane ahead that holds it becomes the running step
         (its samples in flight stay where they are), with the window open from now."""
         self.step_no = step
-        if self.ahead and self.ahead[0].step == step:
-            lane = self.ahead.pop(0)
+        lane = self.ahead.promote(step)
+        if lane is not None:
             if lane.st.collector is not collector:
                 raise ValueError(f"step {step} is already in rollout with another collector")
             self.router = self.decisions.router = lane.router
@@ -173,7 +164,8 @@ class SimController:
 
     def lane_collector(self, step: int) -> SimCollector | None:
         """The collector of `step` if it is already in rollout (a lane ahead), else None."""
-        return self.ahead[0].st.collector if self.ahead and self.ahead[0].step == step else None
+        lane = self.ahead.first(step)
+        return lane.st.collector if lane is not None else None
 
     def tick(self) -> None:
         """One round: finished samples, drains, the window, placement, the watchdog."""
@@ -330,10 +322,8 @@ class SimController:
         """The step state and router a sample belongs to (None: no step in rollout holds it)."""
         if self.st is not None and sid in self.st.collector:
             return self.st, self.router
-        for lane in self.ahead:
-            if sid in lane.st.collector:
-                return lane.st, lane.router
-        return None
+        lane = self.ahead.of(sid)
+        return (lane.st, lane.router) if lane is not None else None
 
     def _ahead_round(self) -> None:
         """Free slots take the next steps' prompts once the running step has nothing waiting
@@ -341,16 +331,18 @@ class SimController:
         st = self.st
         if st is not None and self.router.queued:
             return
+        reserved = st is not None and st.window_open and not st.ending
         held = Counter() if st is None else Counter({iid: len(self.router.samples_on(iid)) for iid in self.table.nodes})
         for i in range(len(self.ahead) + 1):
-            if i == len(self.ahead) and not self._open_lane():
+            if i == len(self.ahead) and (self.make_collector is None
+                                         or not self.ahead.open_next(self.step_no, self.make_collector, reserved)):
                 return
             lane = self.ahead[i]
             if lane.router.queued:
-                views = self._ahead_views(lane, held)
                 col = lane.st.collector
                 remaining = (lambda c: lambda sid: self.lengths.expected_remaining(c.progress(sid), c.max_new(sid)))(col)
                 budget = (lambda c: lambda sid: c.max_new(sid) - c.progress(sid))(col)
+                views = self.ahead.views(lane, held, reserved)
                 for a in lane.router.dispatch(views, remaining, col.max_length, budget, col.position):
                     self._send(lane.st, a.instance_id, a.sample_ids, router=lane.router)
                 if lane.router.queued:
@@ -358,51 +350,10 @@ class SimController:
             for iid in self.table.nodes:
                 held[iid] += len(lane.router.samples_on(iid))
 
-    def _open_lane(self) -> bool:
-        """Start the rollout of the next step the rules open, if an instance may start it."""
-        step = self.step_no + len(self.ahead) + 1
-        if self.make_collector is None or step > self.spec.steps:
-            return False
-        if step not in staleness.open_steps(self.registry.current_version, self.max_staleness):
-            return False
-        if not any(staleness.may_start(r.weight_version, step, self.max_staleness)
-                   for r in self.registry.routable("preemptible")):
-            return False
-        col = self.make_collector(step)
-        router = Router(self.spec.controller.router)
-        router.begin_step(col.sample_ids)
-        st = StepState(col, StepMeter(step=step, weight_version=step, started_at=self.clock.now()))
-        st.window_open = False  # the reserved instances are the trainer's until the step starts
-        self.ahead.append(_Lane(step, st, router))
-        return True
-
-    def _ahead_views(self, lane: _Lane, held: Counter) -> list[InstanceView]:
-        """Preemptible instances that may start the lane's step, with the slots earlier steps
-        leave them (a draining one only for samples that fit before its drain time); the
-        reserved ones only while the running step's window is open (then they roll out)."""
-        reserved = self.st is not None and self.st.window_open and not self.st.ending
-        views = []
-        for rec in self.registry.live():
-            iid = rec.instance_id
-            if (iid not in self.table or rec.state not in (ACTIVE, DRAINING)
-                    or (rec.kind == "reserved" and not reserved)
-                    or not self.registry.takes_work(rec)
-                    or not staleness.may_start(rec.weight_version, lane.step, self.max_staleness)):
-                continue
-            room = rec.info.capacity - held[iid]  # the lane's own samples there included
-            left = self.registry.time_left_s(rec)
-            if (room <= len(lane.router.samples_on(iid))
-                    or (left is not None and not self.table.rates(iid).observed)):
-                continue
-            if left is not None:
-                left -= self.spec.controller.poll_interval_s
-            views.append(InstanceView(iid, room, self.table.rates(iid), True, rec.info.max_model_len, left))
-        return views
-
     def _make_room(self, iid: str, excess: int, step: int) -> None:
         """Free `excess` slots on the instance for samples of `step`, taking the latest later
         step's samples with the fewest tokens off it (they wait at the front of their queue)."""
-        for lane in reversed(self.ahead):
+        for lane in reversed(self.ahead.items):
             if excess <= 0 or lane.step <= step:
                 return
             col = lane.st.collector
@@ -413,16 +364,8 @@ class SimController:
     def trained(self, batch) -> None:
         """The trainer takes a micro-batch of the running step: every token's version must be
         in the step's window (StaleSampleError otherwise); count its tokens by lag."""
-        st = self.st
-        step, col = st.meter.step, st.collector
-        lags = self.lags.setdefault(step, Counter())
-        for gid, _ in batch.groups:
-            for sid in col.group_samples(gid):
-                changes, length = col.changes(sid)
-                staleness.check_within(changes, length, step, self.max_staleness, sample_id=sid)
-                for lag, tokens in enumerate(staleness.staleness_histogram(step, self.max_staleness,
-                                                                          [(changes, length)])):
-                    lags[lag] += tokens
+        step = self.st.meter.step
+        count_lags(self.st.collector, batch, step, self.max_staleness, self.lags.setdefault(step, Counter()))
 
     # -- the trainer's side --------------------------------------------------------------------
 
