@@ -92,6 +92,7 @@ class RunConfig:
         "trainer.reduce_dtype": "trainer.sharding.reduce_dtype",
         "trainer.gather_bucket_mb": "trainer.sharding.gather_bucket_mb",
         "rollout.policy": "controller.window.policy",
+        "controller.registry.max_staleness": "controller.max_staleness",
         "rollout.engine.": "rollout.embedded.",
         "rollout.sglang_tp_size": "rollout.sglang.tp_size",
         "rollout.sglang_mem_fraction": "rollout.sglang.mem_fraction_static",
@@ -115,9 +116,6 @@ class RunConfig:
             require(step <= self.run.steps, "cluster.inject", f"steps within run.steps={self.run.steps}", item)
         if self.cluster.address:
             check_multi_node(self)
-        if self.controller.registry.max_staleness != 0:
-            raise ValueError("controller.registry.max_staleness must be 0: training is strictly "
-                             "on-policy (every sample of step k comes from weight version k)")
 
 
 def check_rollout(config: RunConfig) -> None:

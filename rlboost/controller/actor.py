@@ -51,6 +51,10 @@ class RolloutController:
           last=True ends the step; raises StepFailed naming missing samples.
       end_step() -> StepMetrics                also feeds the offload policy; aborts what
                                                still runs and settles every call in flight
+    Bounded staleness (controller.max_staleness >= 1), the next step started ahead:
+      start_step(step + 1, groups, step + 1, ahead=True)   once step's last batch is taken
+      set_weight_version(step + 1)             mid-step, once published
+      join_reserved() -> float                 the reserved instances hold it: window opens
     Also: instances() -> tuple[InstanceStatus, ...], close().
 
     The reserved instances belong to one side at a time (a handshake, never a guess):
@@ -96,8 +100,12 @@ class RolloutController:
     async def set_weight_version(self, version: int) -> None:
         (await self._service()).set_weight_version(version)
 
-    async def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int) -> float:
-        return (await self._service()).start_step(step, groups, weight_version)
+    async def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int,
+                         ahead: bool = False) -> float:
+        return (await self._service()).start_step(step, groups, weight_version, ahead=ahead)
+
+    async def join_reserved(self) -> float:
+        return (await self._service()).join_reserved()
 
     async def wait_window_closed(self, timeout_s: float) -> bool:
         return await (await self._service()).wait_window_closed(timeout_s)

@@ -11,6 +11,7 @@ from collections import deque
 from typing import Sequence
 
 from rlboost.controller.records import CompletedGroup, CompletedSample, GroupBatch, PromptGroup
+from rlboost.controller.staleness import accepted_versions, extend_changes, truncate_changes
 from rlboost.errors import ProtocolError, StaleSampleError
 from rlboost.migration.state import RequestState
 from rlboost.rollout.engine import TokenDelta
@@ -19,7 +20,7 @@ APPLIED, DUPLICATE, GAP, FOREIGN = "applied", "duplicate", "gap", "foreign"
 
 
 class _Progress:
-    __slots__ = ("group", "ids", "logprobs", "finish_reason", "min_version")
+    __slots__ = ("group", "ids", "logprobs", "finish_reason", "min_version", "changes")
 
     def __init__(self, group: PromptGroup):
         self.group = group
@@ -27,6 +28,7 @@ class _Progress:
         self.logprobs: list[float] = []
         self.finish_reason: str | None = None
         self.min_version: int | None = None
+        self.changes: tuple[tuple[int, int], ...] = ()  # (token index, version) where the version changed
 
 
 class Collector:
@@ -49,6 +51,7 @@ class Collector:
         self.step = step
         self.weight_version = weight_version
         self.max_staleness = max_staleness
+        self.window = accepted_versions(weight_version, max_staleness)
         self.min_samples = microbatch_min_samples
         self.max_samples = microbatch_max_samples
         self._groups = {g.group_id: g for g in groups}
@@ -122,6 +125,7 @@ class Collector:
             del p.ids[len(p.ids) - drop:]
             del p.logprobs[len(p.logprobs) - drop:]
             self.tokens -= drop
+            p.changes = truncate_changes(p.changes, len(p.ids))
         return drop
 
     @property
@@ -136,10 +140,10 @@ class Collector:
         p = self._samples.get(delta.sample_id)
         if p is None:
             return FOREIGN
-        if not self.weight_version - self.max_staleness <= delta.weight_version <= self.weight_version:
+        if delta.weight_version not in self.window:
             raise StaleSampleError(
                 f"sample {delta.sample_id} got tokens from weight version {delta.weight_version}; step "
-                f"{self.step} accepts {self.weight_version - self.max_staleness}..{self.weight_version}")
+                f"{self.step} accepts {self.window.start}..{self.window.stop - 1}")
         return self._merge(delta.sample_id, p, delta.start, delta.ids, delta.logprobs,
                            delta.finish_reason, delta.weight_version, now=now)
 
@@ -169,6 +173,7 @@ class Collector:
         if p.finish_reason is not None or (not new_ids and finish_reason is None):
             self.duplicates += count_duplicate
             return DUPLICATE
+        p.changes = extend_changes(p.changes, have, len(new_ids), version)
         p.ids.extend(new_ids)
         p.logprobs.extend(logprobs[overlap:])
         self.tokens += len(new_ids)
@@ -191,7 +196,9 @@ class Collector:
             samples.append(CompletedSample(sample_id=sid, output_ids=tuple(p.ids),
                                            output_logprobs=tuple(p.logprobs), finish_reason=p.finish_reason,
                                            weight_version=p.min_version if p.min_version is not None
-                                           else self.weight_version))
+                                           else self.weight_version,
+                                           version_changes=p.changes if len(set(v for _, v in p.changes)) > 1
+                                           else ()))
         return CompletedGroup(group_id=gid, prompt_ids=g.prompt_ids, samples=tuple(samples))
 
     def ready_samples(self) -> int:

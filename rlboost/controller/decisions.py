@@ -171,7 +171,7 @@ class StepDecisions:
                 self.router.refusals(sid).items())) for sid in stranded[:5])
             return FailStep(StepFailed(f"step {st.meter.step}: no instance will run samples {stranded[:20]}: {why}",
                                        missing=col.missing()))
-        if now - st.last_progress > self.config.idle_timeout_s:
+        if not st.ahead and now - st.last_progress > self.config.idle_timeout_s:
             missing = col.missing()
             hint = (" (the reserved instances are needed back: call lend_reserved())"
                     if st.reserved_needed else "")

@@ -26,13 +26,17 @@ class Intake:
 
     def ask_all(self) -> None:
         """Start a call on every instance without one in flight: active and draining ones are
-        polled for deltas, joining and pulling ones are asked for their load."""
+        polled for deltas, joining and pulling ones are asked for their load (so is an idle
+        active one that holds an older version than the current: it is pulling it)."""
         for rec in self.registry.live():
             iid = rec.instance_id
             if iid not in self.table or self.table.busy(iid):
                 continue
-            if rec.state in (ACTIVE, DRAINING):
-                self.table.ask(iid, "poll", len(self.router.samples_on(iid)))
+            held = len(self.router.samples_on(iid))
+            # one behind but still allowed (bounded staleness) and idle: ask what it holds now
+            behind = rec.weight_version < self.registry.current_version and not held
+            if rec.state in (ACTIVE, DRAINING) and not behind:
+                self.table.ask(iid, "poll", held)
             else:
                 self.table.ask(iid, "load")
 

@@ -9,6 +9,14 @@ queued samples can run nowhere else (every preemptible instance lost, or refusin
 reserved_needed() turns True and a waiting next_microbatch() returns None at once; the
 trainer, once it can spare the reserved GPUs, calls lend_reserved() and then
 wait_window_closed() again before it trains on them.
+
+With bounded staleness (controller.max_staleness N >= 1) the trainer may start step k+1
+ahead, as soon as step k's last micro-batch is taken: start_step(k+1, groups, k+1,
+ahead=True) while version k is current. Preemptible instances roll it out on the version
+they hold while the trainer trains step k; the trainer publishes k+1 and makes it current
+mid-step (set_weight_version), then, once the reserved instances hold it, calls
+join_reserved(): the step goes on as if it started then, its local window sized by what is
+left to generate.
 """
 
 from __future__ import annotations
@@ -66,9 +74,13 @@ class StepLifecycle:
             st.failure = exc
             self.signal.wake()
 
-    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int) -> float:
+    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int, *,
+                   ahead: bool = False) -> float:
         """Begin rolling out groups with weights weight_version; returns the planned local window (s).
 
+        ahead (max_staleness >= 1): weight_version is not published yet (it is at most
+        max_staleness past the current one); only preemptible instances roll out, on the
+        version they hold, until join_reserved(); returns 0.0 (the window is planned then).
         Raises ValueError, starting nothing, if a group's prompt + max_new_tokens exceeds the
         max_model_len of every live instance (when they all declare one).
         """
@@ -76,20 +88,50 @@ class StepLifecycle:
         if self.current is not None:
             raise RolloutError(f"step {self.current.meter.step} is still running: call end_step() first")
         self._check_lengths(groups)
-        if weight_version != self.registry.current_version:
+        if ahead:
+            if not self.config.max_staleness:
+                raise RolloutError("a step starts ahead only with controller.max_staleness >= 1")
+            self.registry.set_step_version(weight_version)
+        elif weight_version != self.registry.current_version:
             self.registry.set_weight_version(weight_version)
         cfg = self.config
         min_samples = cfg.microbatch_min_samples or (groups[0].num_samples if groups else 1)
         collector = Collector(step, groups, weight_version, microbatch_min_samples=min_samples,
                               microbatch_max_samples=cfg.microbatch_max_samples,
-                              max_staleness=cfg.registry.max_staleness)
+                              max_staleness=cfg.max_staleness)
         meter = StepMeter(step=step, weight_version=weight_version, started_at=self.clock.now())
         self.router.begin_step(collector.sample_ids)
         self.table.forget_held()
         self.current = StepState(collector, meter)
-        meter.planned_window_s = self.policy.plan(self.decisions.context(self.current))
+        if ahead:
+            self.current.start_ahead()
+        else:
+            meter.planned_window_s = self.policy.plan(self.decisions.context(self.current))
         self.signal.wake()
         return meter.planned_window_s
+
+    def set_weight_version(self, version: int) -> None:
+        """Make a published version current. Between steps always; during one only with
+        bounded staleness, and never past the running step's own version."""
+        st = self.current
+        if st is not None and (not self.config.max_staleness or version > st.collector.weight_version):
+            raise RolloutError("end the running step before making a new weight version current")
+        self.registry.set_weight_version(version)
+        self.signal.wake()
+
+    def join_reserved(self) -> float:
+        """The reserved instances hold the step's version: a step started ahead opens its
+        local window now; returns the planned window (s)."""
+        st = self._require_step()
+        if not st.ahead:
+            raise RolloutError(f"step {st.meter.step} did not start ahead: its reserved instances have joined")
+        if self.registry.current_version != st.collector.weight_version:
+            raise RolloutError(f"step {st.meter.step} trains version {st.collector.weight_version}; publish it "
+                               f"(set_weight_version) before the reserved instances join")
+        st.join_reserved(self.clock.now())
+        st.meter.planned_window_s = self.policy.plan(self.decisions.context(st))
+        self.signal.wake()
+        return st.meter.planned_window_s
 
     def _check_lengths(self, groups: Sequence[PromptGroup]) -> None:
         limits = [r.info.max_model_len for r in self.registry.live() if r.instance_id in self.table]

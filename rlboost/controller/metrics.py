@@ -28,6 +28,9 @@ class StepMetrics:
     an instance was lost. reprefill_tokens are prompt + output tokens targets had to prefill.
     kv_migrations counts moved samples whose KV pages went engine to engine (no re-prefill).
     trimmed_tokens are output tokens a trim_group continuation discarded (to be generated again).
+    early_s and early_tokens: a step started ahead (bounded staleness) rolled out for early_s
+    on preemptible instances, and collected early_tokens, before the reserved instances
+    joined it; its other times count from when they did.
     """
 
     step: int
@@ -54,6 +57,8 @@ class StepMetrics:
     gaps: int
     kv_migrations: int = 0
     trimmed_tokens: int = 0
+    early_s: float = 0.0
+    early_tokens: int = 0
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -84,6 +89,8 @@ class StepMeter:
     kv_migrations: int = 0
     trimmed_tokens: int = 0
     last_microbatch_tokens: int = 0
+    early_s: float = 0.0
+    early_tokens: int = 0
     # per micro-batch after the window: (taken at, ((group ready at, group tokens), ...)), step-relative
     deliveries: list = field(default_factory=list)
 
@@ -110,4 +117,5 @@ class StepMeter:
             num_preemptible=self.num_preemptible, trainer_idle_s=self.trainer_idle_s,
             rollout_idle_s=max(0.0, now - done), rollout_time_s=done - self.started_at,
             step_time_s=now - self.started_at, reopened=self.reopened, duplicates=duplicates, gaps=gaps,
-            kv_migrations=self.kv_migrations, trimmed_tokens=self.trimmed_tokens)
+            kv_migrations=self.kv_migrations, trimmed_tokens=self.trimmed_tokens, early_s=self.early_s,
+            early_tokens=self.early_tokens)

@@ -44,9 +44,12 @@ class StepObservation:
 
     @classmethod
     def measured(cls, metrics, meter) -> StepObservation:
-        """From a finished step's frozen StepMetrics and the StepMeter that measured it."""
+        """From a finished step's frozen StepMetrics and the StepMeter that measured it. A step
+        started ahead (bounded staleness) counts only what came after the reserved
+        instances joined it: its tokens collected before then were made during the previous
+        step's training, which is the overlap the next window should not pay for again."""
         return cls(window_s=metrics.window_s, num_preemptible=metrics.num_preemptible,
-                   total_tokens=metrics.total_tokens, step_time_s=metrics.step_time_s,
+                   total_tokens=metrics.total_tokens - metrics.early_tokens, step_time_s=metrics.step_time_s,
                    trainer_idle_s=metrics.trainer_idle_s, rollout_idle_s=metrics.rollout_idle_s,
                    train_busy_s=max(0.0, metrics.step_time_s - metrics.window_s - metrics.trainer_idle_s),
                    last_microbatch_tokens=meter.last_microbatch_tokens, deliveries=tuple(meter.deliveries))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlboost.controller.staleness import check_changes
 from rlboost.migration.kv import KVLayout
 from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.validate import check_format_version
@@ -124,7 +125,10 @@ class CompletedSample:
     ...                 finish_reason="stop", weight_version=3).finish_reason
     'stop'
 
-    weight_version is the oldest version that produced any of its tokens.
+    weight_version is the oldest version that produced any of its tokens. version_changes,
+    for a sample that spans a weight update (bounded staleness, controller.max_staleness):
+    the (token index, version) points where the version changed (rlboost.controller.staleness);
+    empty when one version produced every token.
     """
 
     sample_id: int
@@ -132,10 +136,13 @@ class CompletedSample:
     output_logprobs: tuple[float, ...]
     finish_reason: str
     weight_version: int
+    version_changes: tuple[tuple[int, int], ...] = ()
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:
         _check_version(self)
+        if self.version_changes:
+            check_changes(self.version_changes, len(self.output_ids))
         if self.finish_reason not in ("stop", "length"):
             raise ValueError(f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
 

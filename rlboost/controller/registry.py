@@ -1,9 +1,11 @@
 """Registry of rollout instances: leases renewed by heartbeats, weight-version gating, drains.
 
 An instance moves joining -> pulling -> active -> draining -> gone. Only an instance whose
-weights are current (or within the allowed staleness) is routed to: an active one, or a
-draining one for samples that fit before its drain time. Time comes from an injected clock,
-so lease expiry is deterministic in tests.
+weights are current is given new samples: an active one, or a draining one for samples that
+fit before its drain time. With bounded staleness (controller.max_staleness N >= 1) an
+instance up to N versions behind the running step stays active (its samples in flight keep
+decoding) while it pulls the current version. Time comes from an injected clock, so lease
+expiry is deterministic in tests.
 """
 
 from __future__ import annotations
@@ -35,8 +37,6 @@ class RegistryConfig:
     """seconds between an instance's heartbeats (its lease renewals)"""
     missed_beats: int = 3
     """heartbeat intervals without a sign of life before an instance counts as dead"""
-    max_staleness: int = 0
-    """weight versions a sample may lag (0: strictly on-policy, the only value training accepts)"""
     drain_margin_s: float = 5.0
     """a noticed instance's samples leave this long before its deadline"""
     route_to_draining: bool = True
@@ -47,8 +47,6 @@ class RegistryConfig:
             raise ValueError(f"heartbeat_interval_s must be > 0, got {self.heartbeat_interval_s}")
         if self.missed_beats < 1:
             raise ValueError(f"missed_beats must be >= 1, got {self.missed_beats}")
-        if self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.drain_margin_s < 0:
             raise ValueError(f"drain_margin_s must be >= 0, got {self.drain_margin_s}")
         if not isinstance(self.route_to_draining, bool):
@@ -80,19 +78,33 @@ class InstanceRecord:
 class Registry:
     """Who can take work now, at which weight version, and until when."""
 
-    def __init__(self, config: RegistryConfig, clock: Clock):
+    def __init__(self, config: RegistryConfig, clock: Clock, *, max_staleness: int = 0):
         self.config = config
         self.clock = clock
+        self.max_staleness = max_staleness  # controller.max_staleness
         self._records: dict[str, InstanceRecord] = {}
         self._order: list[InstanceRecord] | None = None  # records in id order (None: re-sort)
         self._version = 0
+        self._step_version = 0  # the version the running step trains (ahead of current: started early)
 
     @property
     def current_version(self) -> int:
         return self._version
 
     def version_ok(self, version: int) -> bool:
-        return self._version - self.config.max_staleness <= version <= self._version
+        """Whether an instance holding `version` may decode for the running step: within
+        max_staleness of the step's version, and not newer than the current one."""
+        return max(self._version, self._step_version) - self.max_staleness <= version <= self._version
+
+    def set_step_version(self, version: int) -> None:
+        """The version the running step's samples are trained on: the current one, or (a
+        step started while the trainer still trains the one before) up to max_staleness
+        ahead of it. Instances outside the step's window stop being routable."""
+        if not self._version <= version <= self._version + self.max_staleness:
+            raise ValueError(f"a step at version {version} cannot start while version {self._version} is "
+                             f"current (max_staleness={self.max_staleness})")
+        self._step_version = int(version)
+        self._restate()
 
     def register(self, info: InstanceInfo) -> Lease:
         """Admit a new instance (or a new life of a gone one) in state joining."""
@@ -126,6 +138,10 @@ class Registry:
         if version < self._version:
             raise ValueError(f"weight version must not go back: {version} < {self._version}")
         self._version = int(version)
+        self._step_version = max(self._step_version, self._version)
+        self._restate()
+
+    def _restate(self) -> None:
         for rec in self._records.values():
             if rec.state in (ACTIVE, PULLING):
                 rec.state = ACTIVE if self.version_ok(rec.weight_version) else PULLING
@@ -174,8 +190,9 @@ class Registry:
 
     def takes_work(self, rec: InstanceRecord) -> bool:
         """Whether rec may be given samples: active, or draining (with route_to_draining and
-        before its drain time), at an allowed weight version."""
-        if not self.version_ok(rec.weight_version):
+        before its drain time), holding the current weight version (one behind it, still
+        allowed under bounded staleness, only finishes what it holds while it pulls)."""
+        if rec.weight_version != self._version:
             return False
         if rec.state == ACTIVE:
             return True

@@ -35,14 +35,15 @@ class RolloutService:
     Lifecycle: `await start()` launches the loop on the running event loop; `await close()`
     stops it. Per step: start_step() -> wait_window_closed() -> next_microbatch() until a
     micro-batch has last=True -> end_step(); lend_reserved() when reserved_needed() (see
-    lifecycle.StepLifecycle). Between steps: set_weight_version().
+    lifecycle.StepLifecycle). Between steps: set_weight_version(). Bounded staleness:
+    start_step(ahead=True), set_weight_version() mid-step, join_reserved().
     """
 
     def __init__(self, config: ControllerConfig | None = None, *, clock: Clock,
                  window_policy: WindowPolicy | None = None):
         self.config = cfg = config or ControllerConfig()
         self.clock = clock
-        self.registry = Registry(cfg.registry, clock)
+        self.registry = Registry(cfg.registry, clock, max_staleness=cfg.max_staleness)
         self.router = Router(cfg.router)
         self.lengths = LengthModel()
         self.policy = window_policy if window_policy is not None else AdaptiveWindow()
@@ -171,17 +172,19 @@ class RolloutService:
         self.table.leave(instance_id, reason)
 
     def set_weight_version(self, version: int) -> None:
-        if self.steps.current is not None:
-            raise RolloutError("end the running step before making a new weight version current")
-        self.registry.set_weight_version(version)
+        self.steps.set_weight_version(version)
 
     def instances(self) -> tuple[InstanceStatus, ...]:
         return self.table.statuses()
 
     # -- the trainer's calls (StepLifecycle) -----------------------------------------------------
 
-    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int) -> float:
-        return self.steps.start_step(step, groups, weight_version)
+    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int, *,
+                   ahead: bool = False) -> float:
+        return self.steps.start_step(step, groups, weight_version, ahead=ahead)
+
+    def join_reserved(self) -> float:
+        return self.steps.join_reserved()
 
     async def wait_window_closed(self, timeout_s: float) -> bool:
         return await self.steps.wait_window_closed(timeout_s)

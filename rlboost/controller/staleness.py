@@ -20,8 +20,9 @@ Pure rules, no I/O; the controller, the trainer and the simulator share them. AP
   ``extend_changes(changes, length, new_tokens, version)`` appends a run of tokens;
   ``token_versions(changes, length)`` expands it to one version per token;
   ``check_changes(changes, length)`` validates the shape (ValueError);
-  ``check_within(changes, step, n, sample_id=...)`` raises StaleSampleError for any
-  token outside the window.
+  ``truncate_changes(changes, keep)`` drops the change points of tokens past `keep`;
+  ``check_within(changes, length, step, n, sample_id=...)`` raises StaleSampleError for
+  any token outside the window.
 - ``staleness_histogram(step, n, samples) -> tuple[int, ...]``: tokens at lag 0..n over
   `samples`, an iterable of ``(changes, length)``; a token outside the window raises
   StaleSampleError.
@@ -104,6 +105,13 @@ def extend_changes(changes: VersionChanges, length: int, new_tokens: int, versio
     if not changes and length:
         raise ValueError(f"{length} tokens but no version change points")
     return changes + ((length, version),)
+
+
+def truncate_changes(changes: VersionChanges, keep: int) -> VersionChanges:
+    """The change points of the first `keep` tokens (a trimmed sample's)."""
+    if keep < 0:
+        raise ValueError(f"keep must be >= 0, got {keep}")
+    return tuple(c for c in changes if c[0] < keep)
 
 
 def token_versions(changes: VersionChanges, length: int) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ class StepState:
     """
 
     __slots__ = ("collector", "meter", "window_open", "handed_over", "reserved_needed", "need_announced",
-                 "failure", "last_progress", "delivered_last", "ending")
+                 "failure", "last_progress", "delivered_last", "ending", "ahead")
 
     def __init__(self, collector: Collector, meter: StepMeter):
         self.collector, self.meter = collector, meter
@@ -33,6 +33,26 @@ class StepState:
         self.last_progress = meter.started_at
         self.delivered_last = False
         self.ending = False  # end_step() has begun: nothing new is placed
+        self.ahead = False  # started ahead (bounded staleness): the reserved instances have not joined yet
+
+    def start_ahead(self) -> None:
+        """The step starts while the trainer still trains the one before: the reserved
+        instances are the trainer's until join_reserved()."""
+        self.ahead = True
+        self.window_open = False
+        self.handed_over = True
+
+    def join_reserved(self, now: float) -> None:
+        """The reserved instances hold the step's version and roll out: from here the step
+        is timed as one that starts now (its window, idle times, the policy's deliveries)."""
+        m = self.meter
+        m.early_s, m.early_tokens = now - m.started_at, self.collector.tokens
+        m.started_at = self.last_progress = now
+        if m.rollout_done_at is not None:  # finished during the overlap: done as the reserved join
+            m.rollout_done_at = now
+        self.ahead = False
+        self.window_open, self.handed_over = True, False
+        self.reserved_needed = self.need_announced = False
 
     def close_window(self, now: float, num_preemptible: int) -> None:
         """The reserved instances stop rolling out; the first close sets the step's window."""

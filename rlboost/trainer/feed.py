@@ -98,7 +98,8 @@ class TaskFeed:
         self.ledger.add(results)
         return [ScoredSample(sample_id=s.sample_id, group_id=g.group_id, prompt_ids=g.prompt_ids,
                              output_ids=s.output_ids, output_logprobs=s.output_logprobs, reward=r.score,
-                             weight_version=s.weight_version, temperature=self.params.temperature)
+                             weight_version=s.weight_version, temperature=self.params.temperature,
+                             version_changes=s.version_changes)
                 for (g, s), r in zip(pairs, results)]
 
     def _problem(self, group: CompletedGroup) -> Problem:

@@ -39,6 +39,8 @@ class GRPOConfig:
     """added to that standard deviation"""
     aggregation: str = "token_mean"
     """token_mean (every response token weighs the same) or seq_mean"""
+    is_weight_cap: float = 2.0
+    """bounded staleness only: behaviour importance weights are truncated at this (TIS's C=2)"""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.clip_eps_low < 1.0:
@@ -49,6 +51,8 @@ class GRPOConfig:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if not self.std_eps > 0.0:
             raise ValueError(f"std_eps must be > 0, got {self.std_eps}")
+        if not 1.0 <= self.is_weight_cap <= 100.0:
+            raise ValueError(f"is_weight_cap must be in [1, 100], got {self.is_weight_cap}")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
 
@@ -63,6 +67,9 @@ class GRPOLoss:
     clip_fraction: float
     mean_ratio: float
     num_tokens: int
+    is_weight_mean: float = 1.0  # decoupled objective: mean behaviour importance weight (untruncated)
+    is_truncated_fraction: float = 0.0  # ... and the share of tokens whose weight was truncated
+    decoupled: bool = False
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, *,
@@ -179,6 +186,44 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
         mean_ratio = float((ratio * mask).sum()) / max(n, 1)
     return GRPOLoss(loss=loss, policy_loss=float(policy.detach()), kl=kl_value,
                     clip_fraction=clip_frac, mean_ratio=mean_ratio, num_tokens=n)
+
+
+def decoupled_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor,
+                   mask: torch.Tensor, config: GRPOConfig, ref_logprobs: torch.Tensor | None = None,
+                   denominator: float | None = None, seq_lens: Sequence[int] | None = None) -> GRPOLoss:
+    """The decoupled PPO/GRPO loss for samples drawn by older weights (bounded staleness).
+
+    AReaL's decoupled objective (Fu et al. 2025, arXiv 2505.24298, eq. 5) separates the
+    behaviour policy that sampled a token from the proximal policy that anchors the trust
+    region. Per token:
+        -w * min(r * A, clip(r, 1 - low, 1 + high) * A) + kl_coef * k3(logp, ref)
+    with r = exp(logp - logp_prox) and w = min(exp(logp_prox - logp_behav), is_weight_cap),
+    the truncated importance weight of IMPALA's V-trace (Espeholt et al. 2018, arXiv
+    1802.01561, rho-bar) and of truncated importance sampling (TIS; Yao et al. 2025, "Your
+    Efficient RL Framework Secretly Brings You Off-Policy RL Training", C = 2). The proximal
+    policy is the trainer's weights before this step's update: a step makes one optimizer
+    update after all its micro-batches, so the weights of this forward are exactly those,
+    and logp_prox is logp detached (r is 1 in value, its gradient that of logp). w is
+    detached. behaviour_logprobs are the engine's (the samples' output_logprobs).
+    """
+    if logprobs.shape != behaviour_logprobs.shape or logprobs.shape != mask.shape:
+        raise ValueError(f"logprobs {tuple(logprobs.shape)}, behaviour_logprobs "
+                         f"{tuple(behaviour_logprobs.shape)} and mask {tuple(mask.shape)} must match")
+    mask = mask.bool()
+    prox = logprobs.detach()
+    with torch.no_grad():
+        log_w = torch.where(mask, prox - behaviour_logprobs, torch.zeros_like(prox))
+        raw_w = torch.exp(log_w.clamp(max=20.0))
+        weight = raw_w.clamp(max=config.is_weight_cap)
+    per_sample_adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    out = grpo_loss(logprobs, prox, per_sample_adv * weight, mask, config, ref_logprobs, denominator, seq_lens)
+    with torch.no_grad():
+        n = int(mask.sum())
+        truncated = float(((raw_w > config.is_weight_cap) & mask).sum()) / max(n, 1)
+        mean_w = float((raw_w * mask).sum()) / max(n, 1)
+    return GRPOLoss(loss=out.loss, policy_loss=out.policy_loss, kl=out.kl, clip_fraction=out.clip_fraction,
+                    mean_ratio=mean_w, num_tokens=n, is_weight_mean=mean_w, is_truncated_fraction=truncated,
+                    decoupled=True)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,

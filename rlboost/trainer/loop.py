@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import ray
 
+from rlboost.controller.staleness import staleness_histogram
 from rlboost.errors import StepFailed
 from rlboost.trainer.batch import MicroBatch, ScoredSample, build_micro_batch
 from rlboost.trainer.grpo import GRPOConfig
@@ -63,7 +64,11 @@ class TrainerGroup:
         self.wait()
         per_rank = ray.get([r.finish_step.remote(float(denominator)) for r in self.ranks])
         tokens = sum(r["tokens"] for r in per_rank)
-        return {"loss": sum(r["loss_sum"] for r in per_rank) / denominator,
+        weighted = sum(r.get("decoupled_tokens", 0) for r in per_rank)
+        extra = {} if not weighted else {  # bounded staleness: behaviour importance weights
+            "is_weight_mean": sum(r["is_weight_sum"] for r in per_rank) / weighted,
+            "is_truncated_share": sum(r["is_truncated_tokens"] for r in per_rank) / weighted}
+        return {**extra, "loss": sum(r["loss_sum"] for r in per_rank) / denominator,
                 "kl": sum(r["kl_sum"] for r in per_rank) / denominator,
                 "clip_fraction": sum(r["clipped_tokens"] for r in per_rank) / max(tokens, 1),
                 "mean_ratio": sum(r["ratio_sum"] for r in per_rank) / max(tokens, 1),
@@ -107,6 +112,11 @@ class StepOutcome:
     wait_s: float = 0.0
     busy_s: float = 0.0
     train: dict = field(default_factory=dict)
+    staleness: tuple = ()  # bounded staleness: output tokens trained at lag 0, 1, .., max_staleness
+
+    def add_staleness(self, version: int, max_staleness: int, scored: Sequence[ScoredSample]) -> None:
+        hist = staleness_histogram(version, max_staleness, [(s.changes, len(s.output_ids)) for s in scored])
+        self.staleness = tuple(a + b for a, b in zip(self.staleness, hist)) if self.staleness else hist
 
     @property
     def reward_mean(self) -> float:
@@ -115,12 +125,17 @@ class StepOutcome:
 
 def train_streaming(trainer: TrainerGroup, next_microbatch: Callable[[float], Any],
                     score: Callable[[Any], list[ScoredSample]], *, version: int, group_size: int,
-                    pad_id: int, grpo: GRPOConfig, timeout_s: float, poll_s: float = 1.0) -> StepOutcome:
+                    pad_id: int, grpo: GRPOConfig, timeout_s: float, poll_s: float = 1.0,
+                    max_staleness: int = 0, on_last: Callable[[], None] | None = None) -> StepOutcome:
     """Train on the step's micro-batches as they arrive, then step the optimizer.
 
     next_microbatch(timeout) returns the controller's next MicroBatch or None. Strictly
-    on-policy: a sample from any other weight version raises StaleSampleError. Raises
-    StepFailed when nothing arrives for timeout_s.
+    on-policy by default: a sample from any other weight version raises StaleSampleError;
+    with max_staleness N >= 1 every token must come from versions version-N .. version
+    (bounded staleness, trained with the decoupled objective). on_last is called once the
+    step's last micro-batch is handed to the ranks, before they finish training on it (the
+    driver starts the next step's rollout there). Raises StepFailed when nothing arrives
+    for timeout_s.
     """
     out, seen = StepOutcome(), set()
     idle_since = time.perf_counter()
@@ -140,8 +155,10 @@ def train_streaming(trainer: TrainerGroup, next_microbatch: Callable[[float], An
         if mb.groups:
             scored = score(mb)
             batch = build_micro_batch(scored, pad_id=pad_id, config=grpo, expected_group_size=group_size,
-                                      weight_version=version)
+                                      weight_version=version, max_staleness=max_staleness)
             trainer.accumulate(batch)
+            if max_staleness:
+                out.add_staleness(version, max_staleness, scored)
             out.samples += len(scored)
             seen.update(s.sample_id for s in scored)
             out.versions.update(s.weight_version for s in scored)
@@ -151,6 +168,8 @@ def train_streaming(trainer: TrainerGroup, next_microbatch: Callable[[float], An
             out.microbatches += 1
         out.busy_s += time.perf_counter() - t1
         if mb.last:
+            if on_last is not None:
+                on_last()
             break
     out.unique_samples = len(seen)
     if out.denominator == 0:

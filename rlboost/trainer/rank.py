@@ -231,8 +231,14 @@ class _StepSums:
     def __init__(self) -> None:
         self.loss = self.kl = self.clipped = self.ratio = self.seconds = 0.0
         self.tokens = self.microbatches = 0
+        self.is_weight = self.is_truncated = 0.0
+        self.decoupled_tokens = 0
 
     def add(self, out, seconds: float) -> None:
+        if out.decoupled:
+            self.is_weight += out.is_weight_mean * out.num_tokens
+            self.is_truncated += out.is_truncated_fraction * out.num_tokens
+            self.decoupled_tokens += out.num_tokens
         self.loss += out.policy_loss
         self.kl += out.kl
         self.clipped += out.clip_fraction * out.num_tokens
@@ -242,8 +248,12 @@ class _StepSums:
         self.seconds += seconds
 
     def as_dict(self) -> dict:
-        return {"loss_sum": self.loss, "kl_sum": self.kl, "clipped_tokens": self.clipped,
-                "ratio_sum": self.ratio, "tokens": self.tokens, "microbatches": self.microbatches}
+        out = {"loss_sum": self.loss, "kl_sum": self.kl, "clipped_tokens": self.clipped,
+               "ratio_sum": self.ratio, "tokens": self.tokens, "microbatches": self.microbatches}
+        if self.decoupled_tokens:  # bounded staleness: the behaviour importance weights
+            out.update(is_weight_sum=self.is_weight, is_truncated_tokens=self.is_truncated,
+                       decoupled_tokens=self.decoupled_tokens)
+        return out
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:

@@ -73,7 +73,8 @@ def pad_rows(batch: MicroBatch, rows: list[int]) -> MicroBatch:
                       pick(batch.old_logprobs), batch.advantages[idx].contiguous(),
                       batch.rewards[idx].contiguous(), batch.group_ids[idx].contiguous(),
                       tuple(batch.sample_ids[i] for i in rows),
-                      tuple(batch.weight_versions[i] for i in rows), batch.temperature)
+                      tuple(batch.weight_versions[i] for i in rows), batch.temperature,
+                      decoupled=batch.decoupled)
 
 
 def pack_rows(batch: MicroBatch, rows: list[int]) -> MicroBatch:
@@ -87,7 +88,7 @@ def pack_rows(batch: MicroBatch, rows: list[int]) -> MicroBatch:
                       cat(batch.response_mask), cat(batch.old_logprobs), batch.advantages[idx].contiguous(),
                       batch.rewards[idx].contiguous(), batch.group_ids[idx].contiguous(),
                       tuple(batch.sample_ids[i] for i in rows), tuple(batch.weight_versions[i] for i in rows),
-                      batch.temperature, seq_lens=tuple(lens))
+                      batch.temperature, seq_lens=tuple(lens), decoupled=batch.decoupled)
 
 
 def empty_like(batch: MicroBatch, *, packed: bool = False) -> MicroBatch:
@@ -97,4 +98,4 @@ def empty_like(batch: MicroBatch, *, packed: bool = False) -> MicroBatch:
     return MicroBatch(ids, torch.ones_like(ids), torch.zeros_like(ids, dtype=torch.bool),
                       torch.zeros(ids.shape, dtype=torch.float32), torch.zeros(1), torch.zeros(1),
                       batch.group_ids[:1].clone(), (), (), batch.temperature,
-                      seq_lens=(2,) if packed else None)
+                      seq_lens=(2,) if packed else None, decoupled=batch.decoupled)

@@ -83,7 +83,6 @@ EARLIER_PATHS = [
     "controller.sample_tokens_per_s",
     "controller.registry.heartbeat_interval_s",
     "controller.registry.missed_beats",
-    "controller.registry.max_staleness",
     "controller.registry.drain_margin_s",
     "controller.registry.route_to_draining",
     "controller.router.retry_budget",

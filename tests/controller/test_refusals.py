@@ -8,7 +8,6 @@ from controller_fakes import RecordingEngineForTests, add_instance, outputs, run
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import GROUP_STRIDE, PromptGroup
-from rlboost.controller.registry import RegistryConfig
 from rlboost.errors import StepFailed
 from rlboost.migration.state import SamplingParams
 from rlboost.sim import make_groups
@@ -82,7 +81,7 @@ def test_an_instance_that_loaded_a_newer_version_than_reported_is_not_lost():
         svc.set_weight_version(1)  # staleness 1: version-0 instances stay routable
         holder["spot"].engine.load_weights({}, 1)  # pulled version 1; its report has not arrived
         return await run_step(svc, clock, 1, groups, 1)
-    (batches, metrics), log = scenario(body, registry=RegistryConfig(max_staleness=1))
+    (batches, metrics), log = scenario(body, max_staleness=1)
     assert metrics.deaths == 0
     got = outputs(batches)
     assert got.keys() == {s for g in groups for s in g.sample_ids}

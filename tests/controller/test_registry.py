@@ -8,10 +8,10 @@ from rlboost.controller.registry import Registry, RegistryConfig
 from rlboost.errors import RolloutError
 
 
-def make(**kw):
+def make(max_staleness=0, **kw):
     clock = ManualClock()
     cfg = RegistryConfig(**{**dict(heartbeat_interval_s=1.0, missed_beats=3, drain_margin_s=5.0), **kw})
-    return Registry(cfg, clock), clock
+    return Registry(cfg, clock, max_staleness=max_staleness), clock
 
 
 def info(name, kind="preemptible"):

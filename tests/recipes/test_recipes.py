@@ -68,7 +68,8 @@ def test_unknown_recipe_names_the_known_ones():
     ("cluster.inject=kill@61", "cluster.inject"),  # tiny_cpu runs 60 steps
     ("model.source=hub", "model.source"),
     ("rollout.capacity=999", "rollout.capacity"),
-    ("controller.registry.max_staleness=1", "max_staleness"),
+    ("controller.max_staleness=9", "max_staleness"),
+    ("controller.registry.max_staleness=-1", "max_staleness"),
     ("run.name=a/b", "run.name"),
 ])
 def test_bad_values_are_refused_naming_the_field(assignment, field):

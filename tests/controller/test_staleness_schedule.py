@@ -1,0 +1,195 @@
+"""Bounded staleness in the controller: the next step starts ahead on preemptible instances
+while the trainer trains, takes the new version when it is published, and under any schedule
+of notices and deaths every sample completes exactly once with every token within the bound."""
+
+import asyncio
+
+import pytest
+from controller_fakes import engine_config, outputs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlboost.controller.clock import run_virtual
+from rlboost.controller.config import ControllerConfig
+from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
+from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.router import RouterConfig
+from rlboost.controller.service import RolloutService
+from rlboost.controller.staleness import accepted_versions, token_versions
+from rlboost.errors import RolloutError
+from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance, make_groups
+
+WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
+SHAPE = dict(num_groups=4, group_size=2, prompt_len=3, max_new_tokens=30)
+
+
+def spot(name, speed=20.0, pull_s=0.5, capacity=4):
+    return SimInstance(instance_id=name, pull_s=pull_s,
+                       engine=engine_config(max_running=capacity, sample_tokens_per_s=speed,
+                                            decode_tokens_per_s=10 * speed))
+
+
+RESERVED = SimInstance(instance_id="reserved-0", kind="reserved", pull_s=0.0,
+                       engine=engine_config(max_running=4, sample_tokens_per_s=40.0, decode_tokens_per_s=400.0))
+
+
+async def until(clock, cond, what, limit_s=600.0):
+    deadline = clock.now() + limit_s
+    while not cond():
+        assert clock.now() < deadline, f"never happened: {what}"
+        await clock.asleep(0.1)
+
+
+async def train_ahead(svc, clock, steps, train_s, log=None, shape=SHAPE):
+    """The trainer's side with bounded staleness: each next step starts ahead as soon as the
+    last micro-batch is taken, the trainer trains for train_s and publishes, the reserved
+    instance pulls and joins. Returns [(micro-batches, metrics)] per step."""
+    groups_for = {s: make_groups(s, **shape) for s in range(steps)}
+    svc.start_step(0, groups_for[0], 0)
+    results = []
+    for step in range(steps):
+        if step:
+            await until(clock, lambda: svc.registry.get("reserved-0").weight_version == step, "reserved pulls")
+            if log is not None:
+                log.append((clock.now(), "join"))
+            svc.join_reserved()
+        batches = []
+        while not batches or not batches[-1].last:
+            mb = await svc.next_microbatch(30.0)
+            if mb is not None:
+                batches.append(mb)
+        results.append((batches, await svc.end_step()))
+        if step + 1 < steps:
+            svc.start_step(step + 1, groups_for[step + 1], step + 1, ahead=True)
+            await clock.asleep(train_s)  # the trainer trains the step it just took, then publishes
+            svc.set_weight_version(step + 1)
+    return groups_for, results
+
+
+def run(body, **cfg):
+    async def main(clock):
+        config = ControllerConfig(**{**dict(poll_interval_s=0.1, idle_timeout_s=60.0, call_timeout_s=2.0,
+                                            max_staleness=1,
+                                            registry=RegistryConfig(heartbeat_interval_s=0.5, drain_margin_s=1.0)),
+                                     **cfg})
+        svc = RolloutService(config, clock=clock,
+                             window_policy=ReferenceWindowRule(ReferenceWindowConfig(initial_window_s=1.0, floor_s=0)))
+        await svc.start()
+        fleet = EmulatedFleet(svc, clock)
+        try:
+            return await body(svc, clock, fleet)
+        finally:
+            await fleet.close()
+            await svc.close()
+
+    async def guarded(clock):
+        return await asyncio.wait_for(main(clock), WATCHDOG_S)
+    return run_virtual(guarded)
+
+
+def check_steps(groups_for, results, bound=1):
+    for step, (batches, metrics) in enumerate(results):
+        got = outputs(batches)  # asserts no sample is delivered twice
+        assert got.keys() == {sid for g in groups_for[step] for sid in g.sample_ids}
+        window = accepted_versions(step, bound)
+        for mb in batches:
+            for s in (s for g in mb.groups for s in g.samples):
+                changes = s.version_changes or ((0, s.weight_version),)
+                assert set(token_versions(changes, len(s.output_ids))) <= set(window)
+        assert metrics.gaps == 0 and [mb.last for mb in batches].count(True) == 1
+
+
+def test_the_next_step_runs_ahead_on_preemptible_instances_while_the_trainer_trains():
+    log = []
+
+    async def body(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        for i in range(2):
+            fleet.spawn(spot(f"spot-{i}"))
+        await clock.asleep(1.0)
+        return await train_ahead(svc, clock, 3, train_s=4.0, log=log)
+    groups_for, results = run(body)
+    check_steps(groups_for, results)
+    later = [m for _, m in results[1:]]
+    assert all(m.early_tokens > 0 and m.early_s > 0 for m in later)  # work done during training
+    assert any(s.weight_version == step - 1 for step, (batches, _) in enumerate(results) if step
+               for mb in batches for g in mb.groups for s in g.samples)
+    assert all(m.tokens_per_instance for m in later)
+
+
+def test_a_sample_that_moves_across_an_update_records_where_its_version_changed():
+    async def body(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        for i in range(2):
+            fleet.spawn(spot(f"spot-{i}", speed=8.0))
+        await clock.asleep(1.0)
+        return await train_ahead(svc, clock, 3, train_s=1.0, shape={**SHAPE, "max_new_tokens": 80, "num_groups": 6})
+    groups_for, results = run(body)
+    check_steps(groups_for, results)
+    spans = [s.version_changes for _, (batches, _) in enumerate(results) for mb in batches
+             for g in mb.groups for s in g.samples if s.version_changes]
+    assert spans and all(len(c) == 2 and c[0][1] + 1 == c[1][1] for c in spans)
+
+
+def test_ahead_needs_a_bound_and_the_reserved_instances_join_only_once_it_is_published():
+    async def body(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        fleet.spawn(spot("spot-0"))
+        await clock.asleep(1.0)
+        svc.start_step(0, make_groups(0, **SHAPE), 0)
+        with pytest.raises(RolloutError, match="end the running step"):
+            svc.set_weight_version(1)  # past the running step's own version
+        batches = []
+        while not batches or not batches[-1].last:
+            mb = await svc.next_microbatch(30.0)
+            if mb is not None:
+                batches.append(mb)
+        await svc.end_step()
+        svc.start_step(1, make_groups(1, **SHAPE), 1, ahead=True)
+        with pytest.raises(RolloutError, match="publish it"):
+            svc.join_reserved()
+        await svc.end_step()
+    run(body)
+
+    async def strict(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        with pytest.raises(RolloutError, match="max_staleness >= 1"):
+            svc.start_step(1, make_groups(1, **SHAPE), 1, ahead=True)
+    run(strict, max_staleness=0)
+
+
+@st.composite
+def preemptions(draw):
+    """Spot instances and a schedule of notices (with a grace period) and sudden deaths."""
+    names = [f"spot-{i}" for i in range(draw(st.integers(1, 3)))]
+    initial = [spot(n, speed=draw(st.floats(5.0, 40.0)), pull_s=draw(st.floats(0.0, 2.0))) for n in names]
+    events = []
+    for k in range(draw(st.integers(1, 5))):
+        at = draw(st.floats(0.0, 20.0))
+        kind = draw(st.sampled_from(["notice", "death", "join"]))
+        if kind == "join":
+            spec = spot(f"late-{k}", speed=draw(st.floats(5.0, 40.0)))
+            names.append(spec.instance_id)
+            events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
+        else:
+            events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
+                                     grace_s=draw(st.floats(0.0, 8.0))))
+    return initial, events
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedule=preemptions(), train_s=st.floats(0.5, 8.0))
+def test_under_any_preemption_schedule_no_sample_is_lost_or_duplicated_and_every_token_is_within_the_bound(
+        schedule, train_s):
+    initial, events = schedule
+    losses = len({e.instance_id for e in events if e.kind in ("death", "notice")})
+
+    async def body(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        for spec in initial:
+            fleet.spawn(spec)
+        await clock.asleep(0.5)
+        fleet.schedule(events)
+        return await train_ahead(svc, clock, 3, train_s=train_s)
+    groups_for, results = run(body, router=RouterConfig(retry_budget=losses, min_steal_gain_s=0.5))
+    check_steps(groups_for, results)
