@@ -17,9 +17,12 @@ margin of rlboost over the reference mode and its noise. Instance shape and pric
     python bench/paper_table.py --fidelity simulated  # simulated only (a few minutes)
     python bench/paper_table.py --fidelity simulated --rows staleness   # the staleness rows and their peers
 
-The staleness rows are simulated only: an emulated run of them needs the real controller to
-keep preemptible instances generating across the step boundary, which it does not yet do
-(emulating them would measure strict on-policy under another name), so they print "-" there.
+The staleness rows (controller.max_staleness 1 and 2) are simulated two ways: "rlboost,
+staleness S" with the controller's schedule (the next step starts ahead once the trainer has
+taken the running step's last micro-batch, on preemptible instances), and "free slots,
+staleness S" with the simulator's what-if schedule (once the running step's prompts are all
+placed, any free slot, the reserved engines' included while their window is open, takes the
+next steps' prompts, up to S steps ahead). They are not emulated here ("-").
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ ARTIFACT_COUNTS = (1, 2, 3, 4)
 ROWS = ("reserved only", "rlboost, 1 instance", "rlboost, 2 instances", "rlboost, 3 instances",
         "rlboost, 4 instances", "rlboost, spot trace", "reference, spot trace")
 STALENESS = (1, 2)
-STALENESS_ROWS = tuple(f"rlboost, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS)
+# the controller's schedule (the next step starts ahead once the trainer has taken the running
+# step's last micro-batch), then the simulator's what-if schedule (any free slot takes the next
+# steps' prompts once the running step's are all placed; sim.controller, SimSpec.lookahead)
+STALENESS_ROWS = tuple(f"rlboost, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS) + tuple(
+    f"free slots, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS)
 # the peers a staleness-only run measures beside its rows: the on-policy baseline and rows
 STALENESS_PEERS = ROWS[:5]
 
@@ -80,8 +87,8 @@ def row_config(row: str, args: argparse.Namespace):
         return with_instances(config, 0)
     if row.startswith("rlboost, ") and row[9].isdigit():
         return with_instances(config, int(row[9]))
-    if row in STALENESS_ROWS:  # "rlboost, staleness S, N inst."
-        bound, count = row.removeprefix("rlboost, staleness ").split(", ")
+    if row in STALENESS_ROWS:  # "rlboost, staleness S, N inst." or "free slots, staleness S, N inst."
+        bound, count = row.split(", staleness ")[1].split(", ")
         return apply_overrides(with_instances(config, int(count.split()[0])), [f"controller.max_staleness={bound}"])
     traced = on_spot_trace(config, args.trace)
     return with_reference_mechanisms(traced) if row.startswith("reference") else traced
@@ -107,12 +114,13 @@ def emulated(config, skip: int) -> dict:
     return figures(tokens, seconds, usd) | {"preemptions": sum(int(m["preemptions"]) for m in rest)}
 
 
-def simulated(config, skip: int, steps: int | None = None) -> dict:
+def simulated(config, skip: int, steps: int | None = None, lookahead: str = "after_rollout") -> dict:
     from rlboost.run.simulate import sim_spec, task_groups
     from rlboost.sim.metrics import summarize
     from rlboost.sim.simulator import Simulator
 
-    s = summarize(Simulator(sim_spec(config, steps=steps), groups=task_groups(config)).run(), skip=skip)
+    spec = sim_spec(config, steps=steps).replace(lookahead=lookahead)
+    s = summarize(Simulator(spec, groups=task_groups(config)).run(), skip=skip)
     step = s.seconds / s.steps
     stale = {"stale_share": 1.0 - s.staleness[0] / sum(s.staleness)} if len(s.staleness) > 1 else {}
     return figures(s.tokens, s.seconds, s.usd) | stale | {
@@ -217,15 +225,15 @@ def cells(fig: dict | None, base: dict | None) -> str:
 
 def render(args, results: dict, trace: dict | None, wall: float) -> str:
     emu0, sim0 = results[ROWS[0]].get("emulated"), results[ROWS[0]].get("simulated")
-    head = (f"{'':30}| {'emulated':^42}| {'simulated':^42}| {'sim-emu':>7}\n"
-            f"{'row':30}|{'tok/s':>8}{'speedup':>8}{'$/h':>8}{'tok/$':>10}{'gain':>8} |"
+    head = (f"{'':34}| {'emulated':^42}| {'simulated':^42}| {'sim-emu':>7}\n"
+            f"{'row':34}|{'tok/s':>8}{'speedup':>8}{'$/h':>8}{'tok/$':>10}{'gain':>8} |"
             f"{'tok/s':>8}{'speedup':>8}{'$/h':>8}{'tok/$':>10}{'gain':>8} |{'':>7}")
     lines = [head]
     for row in results:
         r = results[row]
         e, s = r.get("emulated"), r.get("simulated")
         diff = f"{(s['tokens_per_s'] / e['tokens_per_s'] - 1) * 100:+6.1f}%" if e and s else f"{'-':>7}"
-        lines.append(f"{row:30}|{cells(e, emu0)} |{cells(s, sim0)} |{diff}")
+        lines.append(f"{row:34}|{cells(e, emu0)} |{cells(s, sim0)} |{diff}")
     text = "\n".join(lines)
     if trace is not None:
         text += (f"\n\nspot trace ({args.trace}), simulated over {args.seeds} seeds x {args.trace_steps} steps: "
@@ -240,7 +248,8 @@ def measure(args: argparse.Namespace, rows) -> dict:
     for row in rows:
         config = row_config(row, args)
         if args.fidelity in ("both", "simulated"):
-            results[row]["simulated"] = simulated(config, args.skip)
+            lookahead = "free_slots" if row.startswith("free slots") else "after_rollout"
+            results[row]["simulated"] = simulated(config, args.skip, lookahead=lookahead)
         if args.fidelity in ("both", "emulated") and row not in STALENESS_ROWS:
             print(f"emulating {row} ({args.steps} steps)...", file=sys.stderr, flush=True)
             results[row]["emulated"] = emulated(config, args.skip)
@@ -256,12 +265,12 @@ def staleness_lines(results: dict) -> str:
     train = base["step_s"] - base["window_s"] - base["trainer_idle_s"]
     lines = [f"trainer-bound ceiling (a step of training and publishing alone, {train:.0f} s, against the "
              f"reserved-only step of {base['step_s']:.0f} s): {base['step_s'] / train:.2f}x throughput"]
-    for bound in STALENESS:
-        fig = results.get(f"rlboost, staleness {bound}, 4 inst.", {}).get("simulated")
+    for row in (r for r in STALENESS_ROWS if r.endswith(", 4 inst.")):
+        fig = results.get(row, {}).get("simulated")
         if fig is None:
             continue
         speedup, gain = fig["tokens_per_s"] / base["tokens_per_s"], fig["tokens_per_usd"] / base["tokens_per_usd"] - 1
-        lines.append(f"staleness {bound} at 4 instances (simulated): {speedup:.2f}x throughput (target 2.2x: "
+        lines.append(f"{row.removesuffix(', 4 inst.')} at 4 instances (simulated): {speedup:.2f}x throughput (target 2.2x: "
                      f"{'met' if speedup >= 2.2 else 'NOT met'}), {gain * 100:+.1f}% tokens per $ (target +60%: "
                      f"{'met' if gain >= 0.6 else 'NOT met'}); {fig['stale_share']:.0%} of trained tokens one or "
                      f"more versions old; a step {fig['step_s']:.0f} s = window {fig['window_s']:.0f} s + trainer idle "

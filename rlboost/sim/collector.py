@@ -202,6 +202,11 @@ class SimCollector:
             self._ready.append(gid)
             self.completed_at[gid] = now
 
+    @property
+    def all_taken(self) -> bool:
+        """Whether the trainer has taken every group (the last micro-batch included)."""
+        return self._emitted == len(self._groups)
+
     def ready_samples(self) -> int:
         return sum(len(self._groups[g].sample_ids) for g in self._ready)
 

@@ -5,17 +5,19 @@ the LengthModel and the RateModels are the ones the real RolloutService runs, un
 only engine calls are replaced by moves on simulated schedules (a sample's tokens are
 counted, never materialized), in the order RolloutService.tick makes them.
 
-With controller.max_staleness N >= 1 the steps ahead of the running one that
-controller.staleness opens are in rollout too (a lane each: its own collector and router):
-once the trainer holds the reserved instances and nothing of the running step waits for a
-slot, free preemptible slots take the next steps' prompts on whatever version the instance
-holds, if the rules let it start that step. The running step's samples always come first:
-one that needs a slot takes it from the latest lane's samples.
+With controller.max_staleness N >= 1 steps ahead of the running one are in rollout too (a
+lane each: its own collector and router), on whatever version an instance holds, if the
+rules of controller.staleness let it start that step. When a lane opens is spec.lookahead:
+after_rollout (what the controller's StepLifecycle does: the next step starts ahead once
+the trainer has taken the running step's last micro-batch, on preemptible instances only)
+or free_slots (a what-if: once nothing of the running step waits for a slot, any free slot
+takes the next steps' prompts, up to N steps ahead, the reserved instances' too while their
+window is open). The running step's samples always come first: one that needs a slot takes
+it from the latest lane's samples.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from typing import Callable
@@ -61,10 +63,7 @@ class SimController:
         cfg = spec.controller
         self.spec, self.clock, self.table = spec, clock, table
         self.max_staleness = cfg.max_staleness
-        registry = cfg.registry
-        if self.max_staleness:  # an instance one version behind stays routable for the steps that accept it
-            registry = dataclasses.replace(registry, max_staleness=max(registry.max_staleness, self.max_staleness))
-        self.registry = Registry(registry, clock)
+        self.registry = Registry(cfg.registry, clock, max_staleness=self.max_staleness)
         self.router = Router(cfg.router)
         self.lengths = LengthModel()
         self.policy = make_policy(cfg.window.policy, cfg.window.selected)
@@ -152,8 +151,7 @@ class SimController:
             self.router = self.decisions.router = lane.router
             self.decisions.stamp += 1
             self.st, meter = lane.st, lane.st.meter
-            meter.started_at = self.st.last_progress = self.clock.now()
-            self.st.window_open = True
+            self.st.join_reserved(self.clock.now())
         else:
             meter = StepMeter(step=step, weight_version=step, started_at=self.clock.now())
             self.router.begin_step(collector.sample_ids)
@@ -329,12 +327,13 @@ class SimController:
         """Free slots take the next steps' prompts once the running step has nothing waiting
         for one (the reserved instances' only while its window is open)."""
         st = self.st
-        if st is not None and self.router.queued:
+        if st is not None and (self.router.queued or (self.spec.lookahead == "after_rollout"
+                                                      and not st.collector.all_taken)):
             return
-        reserved = st is not None and st.window_open and not st.ending
+        reserved = self.spec.lookahead == "free_slots" and st is not None and st.window_open and not st.ending
         held = Counter() if st is None else Counter({iid: len(self.router.samples_on(iid)) for iid in self.table.nodes})
         for i in range(len(self.ahead) + 1):
-            if i == len(self.ahead) and (self.make_collector is None
+            if i == len(self.ahead) and (self.make_collector is None or (i and self.spec.lookahead == "after_rollout")
                                          or not self.ahead.open_next(self.step_no, self.make_collector, reserved)):
                 return
             lane = self.ahead[i]

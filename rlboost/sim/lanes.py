@@ -79,7 +79,7 @@ class Lanes:
         router = Router(self.router_config)
         router.begin_step(col.sample_ids)
         st = StepState(col, StepMeter(step=step, weight_version=step, started_at=self.registry.clock.now()))
-        st.window_open = False  # the reserved instances are the trainer's until the step starts
+        st.start_ahead()  # the reserved instances are the trainer's until the step starts
         self.items.append(Lane(step, st, router))
         return True
 

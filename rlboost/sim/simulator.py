@@ -265,6 +265,8 @@ class Simulator:
                 continue
             self._delivered(st, batch)
             ctl.trained(batch)
+            if ctl.max_staleness:  # a round now: the next step may start ahead once this one is taken
+                self._dirty = True
             self.advance_to(self.clock.now() + self.trainer.microbatch_s(batch.lengths))
             if batch.last:
                 st.meter.last_microbatch_tokens = batch.num_tokens
