@@ -37,3 +37,13 @@ def test_latest_checkpoint_needs_complete_marker_and_truncate(tmp_path):
         run.append_metrics({"step": step})
     run.truncate_metrics(4)
     assert [m["step"] for m in run.metrics()] == [0, 1, 2, 3, 4]
+
+
+def test_a_bounded_staleness_run_gets_a_staleness_plot(tmp_path):
+    run = RunDirectory.create(tmp_path, "tiny")
+    for step in range(3):
+        run.append_metrics({"step": step, "reward_mean": 0.1, "tokens_per_s": 50.0, "phase_train_s": 0.5,
+                            "staleness_tokens": [100 - 10 * step, 10 * step], "is_weight_mean": 1.01,
+                            "is_truncated_share": 0.002})
+    written = {p.name: p for p in plot_run(run)}
+    assert written["staleness.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

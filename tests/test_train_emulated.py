@@ -57,3 +57,29 @@ def test_emulated_run_trains_on_every_sample_through_a_preemption(tmp_path):
     assert ("notice", "spot-s0") in kinds and ("gone", "spot-s0") in kinds
     assert ("active", "spot-s0") in kinds  # it pulled the weights like a real instance
     assert "| samples lost | 0 |" in (run / "summary.md").read_text()
+
+
+def test_bounded_staleness_run_trains_every_sample_once_through_notice_and_sudden_preemptions(tmp_path):
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RLBOOST_RAY_ADDRESS", None)
+    args = [a.replace("run.steps=3", "run.steps=4").replace("max_preemptible=1", "max_preemptible=2")
+            .replace("initial_preemptible=1", "initial_preemptible=2").replace("notice@2", "notice@2,kill@3")
+            for a in ARGS]
+    proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *args, "--set", "controller.max_staleness=1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, f"rlboost train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    run = Path(proc.stdout.strip().splitlines()[-1])
+    metrics = _jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    for m in metrics:
+        assert m["samples"] == m["samples_trained"] == m["samples_unique"] == GROUPS * GROUP_SIZE
+        assert m["duplicates"] == 0 and m["gaps"] == 0
+        assert set(m["sample_versions"]) <= {m["step"] - 1, m["step"]}  # within the bound
+        assert sum(m["staleness_tokens"]) == m["response_tokens"] and len(m["staleness_tokens"]) == 2
+        assert math.isfinite(m["is_weight_mean"]) and 0.0 <= m["is_truncated_share"] <= 1.0
+    assert any(m["staleness_tokens"][1] > 0 for m in metrics[1:])  # the next step did start ahead
+    kinds = [(e["kind"], e.get("instance")) for e in _jsonl(run / "events.jsonl")]
+    assert any(k == "notice" for k, _ in kinds) and any(k == "death" for k, _ in kinds)  # notice and sudden
+    assert "| samples lost | 0 |" in (run / "summary.md").read_text()
+    assert (run / "plots" / "staleness.png").is_file()

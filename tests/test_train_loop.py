@@ -143,6 +143,26 @@ def test_a_sample_from_another_weight_version_is_refused():
                         version=3, group_size=GROUP, pad_id=TOK.pad_id, grpo=GRPOConfig(), timeout_s=60)
 
 
+def test_bounded_staleness_trains_older_versions_tokens_and_starts_the_next_step_before_the_update():
+    samples = [ScoredSample(**{**{f: getattr(s, f) for f in ScoredSample.__slots__}, "weight_version": 2})
+               if s.group_id % 2 else s for s in _samples(4)]
+    source = iter(_microbatches(samples, 2))
+    trainer, events = FakeTrainerGroupForTests(2), []
+    finish = trainer.finish_step
+    trainer.finish_step = lambda d: events.append("finish_step") or finish(d)
+    out = train_streaming(trainer, lambda timeout: next(source), _scorer(samples), version=3, group_size=GROUP,
+                          pad_id=TOK.pad_id, grpo=GRPOConfig(), timeout_s=60, max_staleness=1,
+                          on_last=lambda: events.append("next step starts"))
+    assert events == ["next step starts", "finish_step"]
+    assert out.versions == {2, 3} and all(p.decoupled for shares in trainer.shares for p in shares)
+    lag = lambda v: sum(len(s.output_ids) for s in samples if s.weight_version == v)  # noqa: E731
+    assert out.staleness == (lag(3), lag(2))
+    source = iter(_microbatches(samples, 2))
+    with pytest.raises(StaleSampleError, match="accepts 3..4"):  # version 2 is two behind step 4
+        train_streaming(FakeTrainerGroupForTests(2), lambda timeout: next(source), _scorer(samples), version=4,
+                        group_size=GROUP, pad_id=TOK.pad_id, grpo=GRPOConfig(), timeout_s=60, max_staleness=1)
+
+
 def test_a_step_with_nothing_arriving_fails_after_its_timeout():
     with pytest.raises(StepFailed, match="no micro-batch"):
         train_streaming(FakeTrainerGroupForTests(1), lambda timeout: None, lambda mb: [], version=1,

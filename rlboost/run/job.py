@@ -200,19 +200,31 @@ def launch_failure(exc: Exception, cluster: Cluster | None, run: RunDirectory, s
 
 
 def train_step(cluster: Cluster, feed: TaskFeed, step: int, config: RunConfig) -> dict:
-    """One step with weight version `step`; publishes version step + 1."""
+    """One step with weight version `step`; publishes version step + 1. With bounded
+    staleness (controller.max_staleness >= 1) the next step's rollout starts ahead, on the
+    preemptible instances, as soon as this step's last micro-batch is taken."""
     phases = Phases()
+    staleness = config.controller.max_staleness
     with phases("pull"):  # the reserved engines load the version this step samples from
         cluster.wait_for_weights(step)
     with phases("rollout"):  # the local window: reserved engines roll out, then hand over
-        cluster.start_rollout(step, feed.groups(step))
+        if cluster.started_ahead == step:
+            cluster.join_reserved()
+        else:
+            cluster.start_rollout(step, feed.groups(step))
         cluster.wait_window_closed()
+    ended = []
+
+    def start_next() -> None:  # the same prompts, in the same order, as a strict run draws
+        ended.append(cluster.end_rollout())
+        cluster.start_rollout(step + 1, feed.groups(step + 1), ahead=True)
     with phases("train"):  # micro-batches of complete groups, as they arrive
         outcome = train_streaming(
             cluster.trainer, cluster.next_microbatch, feed.score, version=step,
             group_size=config.task.group_size, pad_id=feed.tokenizer.pad_id, grpo=config.grpo,
-            timeout_s=config.run.microbatch_timeout_s)
-    rollout = cluster.end_rollout()
+            timeout_s=config.run.microbatch_timeout_s, max_staleness=staleness,
+            on_last=start_next if staleness and step < config.run.steps else None)
+    rollout = ended[0] if ended else cluster.end_rollout()
     with phases("publish"):  # gathered bucket by bucket into the staging area, then served
         published = cluster.publish(step + 1)
     pulls = cluster.fleet.pull_records(step)

@@ -80,6 +80,7 @@ class Cluster:
         self.rendezvous: Path | None = None  # the file rendezvous, removed at close
         self.controller = self.trainer = self.fleet = None
         self.injections: dict[int, list[str]] = {}
+        self.started_ahead: int | None = None  # the step whose rollout started during the last one's training
         for item in config.cluster.inject:
             kind, step = parse_injection(item)
             self.injections.setdefault(step, []).append(kind)
@@ -149,12 +150,20 @@ class Cluster:
     def wait_for_weights(self, version: int) -> None:
         self.fleet.wait_version(version, "reserved", self.config.rollout.pull_timeout_s)
 
-    def start_rollout(self, step: int, groups: list) -> float:
-        """Hand the step's groups to the controller (samples must come from version `step`)."""
-        planned = ray.get(self.controller.start_step.remote(step, groups, step))
+    def start_rollout(self, step: int, groups: list, ahead: bool = False) -> float:
+        """Hand the step's groups to the controller (samples must come from version `step`;
+        ahead: from version step - max_staleness on, the step started while the trainer
+        still trains the one before)."""
+        planned = ray.get(self.controller.start_step.remote(step, groups, step, ahead))
+        self.started_ahead = step if ahead else None
         for kind in self.injections.get(step, ()):
             self._inject(kind)
         return planned
+
+    def join_reserved(self) -> float:
+        """The reserved engines hold the version of the step started ahead: they join its rollout."""
+        self.started_ahead = None
+        return ray.get(self.controller.join_reserved.remote())
 
     def wait_window_closed(self) -> None:
         while not ray.get(self.controller.wait_window_closed.remote(1.0)):

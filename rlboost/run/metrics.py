@@ -50,7 +50,7 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
     cost = ledger.summary(at_s=elapsed_s)
     rec.update({
         "step": step, "reward_mean": outcome.reward_mean, "reward_std": _std(outcome.rewards),
-        "tokens_per_s": rollout.total_tokens / rollout.rollout_time_s if rollout.rollout_time_s > 0 else 0.0,
+        "tokens_per_s": _rollout_rate(rollout),
         "instances_up": instances_up,
         "weight_pull_s": max((p.pull_s for p in pulls), default=0.0),
         "weight_load_s": max((p.load_s for p in pulls), default=0.0),
@@ -60,6 +60,7 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
         "samples_trained": outcome.samples,
         "samples_unique": outcome.unique_samples, "sample_versions": sorted(outcome.versions),
         "microbatches": outcome.microbatches,
+        **({"staleness_tokens": list(outcome.staleness)} if outcome.staleness else {}),
         "response_tokens": outcome.denominator, **outcome.train,
         "step_wall_s": phases.total, "elapsed_s": elapsed_s,
         "cost_usd": cost.total_usd, "reserved_usd": cost.reserved_usd, "tokens_billed": cost.tokens,
@@ -67,6 +68,13 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
     rec.update({f"phase_{k}_s": v for k, v in phase.items()})
     rec.update(example)
     return rec
+
+
+def _rollout_rate(rollout: StepMetrics) -> float:
+    """Tokens per second of the step's rollout; a step started ahead (bounded staleness)
+    rolled out for early_s before its own timing began, and made early_tokens then."""
+    seconds = rollout.rollout_time_s + rollout.early_s
+    return rollout.total_tokens / seconds if seconds > 0 else 0.0
 
 
 def _pull_bytes(pulls: list[PullRecord]) -> dict:

@@ -45,6 +45,8 @@ def plot_run(run: RunDirectory) -> list[Path]:
         phases = _phase_order(metrics)
         if phases:
             written.append(_phases(metrics, phases, timeline, run.plots_dir / "phases.png"))
+        if any("staleness_tokens" in m for m in metrics):
+            written.append(_staleness(metrics, run.plots_dir / "staleness.png"))
     if events:
         written.append(_availability(timeline, _max_preemptible(run), run.plots_dir / "availability.png"))
     return written
@@ -206,6 +208,35 @@ def _phases(metrics: list[dict[str, Any]], phases: list[str], timeline: Timeline
                            "order a step runs them. 'wait' is time the trainer sat idle because the "
                            "groups it needed were still being generated (mostly on preemptible "
                            "instances after the local window closed).")
+
+
+def _staleness(metrics: list[dict[str, Any]], out: Path) -> Path:
+    """Bounded staleness: the share of each step's trained tokens by how many versions they
+    lag (stacked bars), and the behaviour importance weights (lines, right axis)."""
+    rows = [m for m in metrics if "staleness_tokens" in m]
+    steps, lags = [m["step"] for m in rows], max(len(m["staleness_tokens"]) for m in rows)
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    bottom, handles = [0.0] * len(rows), []
+    for lag in range(lags):
+        share = [(m["staleness_tokens"][lag] if lag < len(m["staleness_tokens"]) else 0)
+                 / max(1, sum(m["staleness_tokens"])) for m in rows]
+        handles.append(ax.bar(steps, share, bottom=bottom, alpha=0.6,
+                              label=f"tokens {lag} version{'s' if lag != 1 else ''} behind"))
+        bottom = [b + s for b, s in zip(bottom, share)]
+    ax.set_ylabel("share of trained tokens")
+    ax2 = ax.twinx()
+    for key, style, label in (("is_weight_mean", "o-", "mean importance weight (right axis)"),
+                              ("is_truncated_share", "s--", "share of weights truncated (right axis)")):
+        handles += ax2.plot(steps, [m.get(key, float("nan")) for m in rows], style, ms=3, color="k"
+                            if key == "is_weight_mean" else "tab:red", label=label)
+    ax2.set_ylim(bottom=0)
+    _finish_step_axis(ax)
+    ax.set_title("Staleness of the trained tokens, and their importance weights")
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.12, 1.0), fontsize=8, frameon=False)
+    return _save(fig, out, "Each bar is one training step: its trained output tokens by how many weight "
+                           "versions behind the step's own they were generated (controller.max_staleness "
+                           "bounds it). Lines: the mean behaviour importance weight pi_prox/pi_behav and "
+                           "the share of tokens whose weight was truncated at grpo.is_weight_cap.")
 
 
 def _finish_step_axis(ax: Any) -> None:

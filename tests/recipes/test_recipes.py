@@ -86,6 +86,12 @@ def test_overrides_reach_nested_sections():
     assert config.trainer.optimizer.max_grad_norm is None and config.rollout.embedded.num_blocks == 64
 
 
+def test_the_staleness_bound_is_one_setting_and_its_old_path_reaches_it():
+    assert apply_overrides(get_recipe("tiny_cpu"), ["controller.max_staleness=1"]).controller.max_staleness == 1
+    assert apply_overrides(get_recipe("tiny_cpu"),
+                           ["controller.registry.max_staleness=2"]).controller.max_staleness == 2
+
+
 def test_secrets_never_reach_config_json():
     config = apply_overrides(get_recipe("tiny_cpu"), [])
     config.transfer.secret = b"hunter2"
