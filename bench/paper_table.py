@@ -48,8 +48,14 @@ STALENESS = (1, 2)
 # steps' prompts once the running step's are all placed; sim.controller, SimSpec.lookahead)
 STALENESS_ROWS = tuple(f"rlboost, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS) + tuple(
     f"free slots, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS)
-# the peers a staleness-only run measures beside its rows: the on-policy baseline and rows
-STALENESS_PEERS = ROWS[:5]
+
+
+def staleness_rows(counts, bounds=STALENESS) -> tuple[str, ...]:
+    """The staleness rows at these instance counts and bounds, with the on-policy rows
+    (reserved only included) they are compared with, first."""
+    on_policy = ROWS[:1] + tuple(r for r in ROWS[1:5] if int(r[9]) in counts)
+    return on_policy + tuple(r for r in STALENESS_ROWS if int(r.split(", ")[-1].split()[0]) in counts
+                             and int(r.split(", staleness ")[1][0]) in bounds)
 
 
 def parse() -> argparse.Namespace:
@@ -58,6 +64,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--rows", choices=("all", "staleness"), default="all",
                    help="staleness: only the staleness rows and the on-policy rows they are compared with "
                         "(no artifact curve, trace or sensitivity sections)")
+    p.add_argument("--staleness-counts", default="1,2,3,4", help="instance counts of the staleness rows")
+    p.add_argument("--staleness-bounds", default="1,2", help="max_staleness values of the staleness rows")
+    p.add_argument("--emulate-staleness", action="store_true",
+                   help="emulate the 'rlboost, staleness S' rows too (the controller's schedule; about 3 min a row)")
     p.add_argument("--steps", type=int, default=10, help="steps of each run (emulated and its paired simulation)")
     p.add_argument("--skip", type=int, default=2, help="first steps not counted (>= 1)")
     p.add_argument("--seeds", type=int, default=5, help="simulated seeds of the trace comparison")
@@ -250,7 +260,8 @@ def measure(args: argparse.Namespace, rows) -> dict:
         if args.fidelity in ("both", "simulated"):
             lookahead = "free_slots" if row.startswith("free slots") else "after_rollout"
             results[row]["simulated"] = simulated(config, args.skip, lookahead=lookahead)
-        if args.fidelity in ("both", "emulated") and row not in STALENESS_ROWS:
+        if args.fidelity in ("both", "emulated") and (row not in STALENESS_ROWS or (
+                args.emulate_staleness and row.startswith("rlboost, "))):
             print(f"emulating {row} ({args.steps} steps)...", file=sys.stderr, flush=True)
             results[row]["emulated"] = emulated(config, args.skip)
     return results
@@ -292,7 +303,9 @@ def main() -> int:
     curve = artifact_curve(args) if simulating and every else None
     if curve is not None:  # the model's check against a measured system comes before rlboost's rows
         print(render_artifact(curve), flush=True)
-    results = measure(args, (ROWS if every else STALENESS_PEERS) + STALENESS_ROWS)
+    counts = tuple(int(n) for n in args.staleness_counts.split(","))
+    rows = staleness_rows(counts, tuple(int(n) for n in args.staleness_bounds.split(",")))
+    results = measure(args, ROWS + tuple(r for r in rows if r in STALENESS_ROWS) if every else rows)
     trace = seeded_trace(args) if simulating and every and args.seeds > 1 else None
     sens = sensitivity(args) if simulating and every and not args.no_sensitivity else None
     wall = time.perf_counter() - t0
@@ -320,7 +333,9 @@ def main() -> int:
 def json_line(args: argparse.Namespace, results: dict, trace, curve, sens) -> dict:
     """The last line: tokens per $ at 4 instances over reserved only (staleness 1's with
     --rows staleness, on-policy otherwise), every row's figures as peers."""
-    key = "rlboost, staleness 1, 4 inst." if args.rows == "staleness" else "rlboost, 4 instances"
+    key = "rlboost, 4 instances"
+    if args.rows == "staleness":
+        key = [r for r in results if r.startswith("rlboost, staleness 1, ")][-1]
     best = results[key].get("simulated") or results[key].get("emulated")
     base = results[ROWS[0]].get("simulated") or results[ROWS[0]].get("emulated")
     peers = {row: {lvl: {k: round(v, 4 if k == "stale_share" else 1) for k, v in fig.items()}
@@ -333,7 +348,10 @@ def json_line(args: argparse.Namespace, results: dict, trace, curve, sens) -> di
     if sens is not None:
         peers["sensitivity_4_instances"] = {name: round(four["tokens_per_s"] / base["tokens_per_s"], 4)
                                             for name, base, four in sens}
-    metric = "tokens_per_dollar_gain_4_instances" + ("_staleness_1" if args.rows == "staleness" else "")
+    metric = "tokens_per_dollar_gain_4_instances"
+    if args.rows == "staleness":
+        metric = f"tokens_per_dollar_gain_{key.split(', ')[-1].split()[0]}_instances_staleness_1"
+
     return {"metric": metric, "value": round(best["tokens_per_usd"] / base["tokens_per_usd"], 4), "unit": "x",
             "speedup": round(best["tokens_per_s"] / base["tokens_per_s"], 4),
             "ceiling": round(fluid_gain(args, 4), 4), "peers": peers}
