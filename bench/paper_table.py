@@ -1,5 +1,6 @@
 """The RLBoost paper's table at the artifact's proportions: reserved only; rlboost with 1, 2, 3
-and 4 preemptible instances; rlboost on a spot trace; the published mechanisms on the same trace.
+and 4 preemptible instances; rlboost on a spot trace; the published mechanisms on the same trace;
+rlboost with bounded staleness 1 and 2 (controller.max_staleness) at 1-4 instances.
 
 Every row is the paper_qwen3_8b recipe (Qwen3-8B GRPO, 128 prompts x 8 samples, responses up
 to 14,336 tokens; one reserved 8x H100 node; each preemptible instance a quarter of an 8x H100
@@ -14,6 +15,14 @@ margin of rlboost over the reference mode and its noise. Instance shape and pric
 
     python bench/paper_table.py                       # emulated and simulated (about 30 minutes)
     python bench/paper_table.py --fidelity simulated  # simulated only (a few minutes)
+    python bench/paper_table.py --fidelity simulated --rows staleness   # the staleness rows and their peers
+
+The staleness rows (controller.max_staleness 1 and 2) are simulated two ways: "rlboost,
+staleness S" with the controller's schedule (the next step starts ahead once the trainer has
+taken the running step's last micro-batch, on preemptible instances), and "free slots,
+staleness S" with the simulator's what-if schedule (once the running step's prompts are all
+placed, any free slot, the reserved engines' included while their window is open, takes the
+next steps' prompts, up to S steps ahead). They are not emulated here ("-").
 """
 
 from __future__ import annotations
@@ -33,11 +42,32 @@ from pathlib import Path
 ARTIFACT_COUNTS = (1, 2, 3, 4)
 ROWS = ("reserved only", "rlboost, 1 instance", "rlboost, 2 instances", "rlboost, 3 instances",
         "rlboost, 4 instances", "rlboost, spot trace", "reference, spot trace")
+STALENESS = (1, 2)
+# the controller's schedule (the next step starts ahead once the trainer has taken the running
+# step's last micro-batch), then the simulator's what-if schedule (any free slot takes the next
+# steps' prompts once the running step's are all placed; sim.controller, SimSpec.lookahead)
+STALENESS_ROWS = tuple(f"rlboost, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS) + tuple(
+    f"free slots, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS)
+
+
+def staleness_rows(counts, bounds=STALENESS) -> tuple[str, ...]:
+    """The staleness rows at these instance counts and bounds, with the on-policy rows
+    (reserved only included) they are compared with, first."""
+    on_policy = ROWS[:1] + tuple(r for r in ROWS[1:5] if int(r[9]) in counts)
+    return on_policy + tuple(r for r in STALENESS_ROWS if int(r.split(", ")[-1].split()[0]) in counts
+                             and int(r.split(", staleness ")[1][0]) in bounds)
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fidelity", choices=("both", "emulated", "simulated"), default="both")
+    p.add_argument("--rows", choices=("all", "staleness"), default="all",
+                   help="staleness: only the staleness rows and the on-policy rows they are compared with "
+                        "(no artifact curve, trace or sensitivity sections)")
+    p.add_argument("--staleness-counts", default="1,2,3,4", help="instance counts of the staleness rows")
+    p.add_argument("--staleness-bounds", default="1,2", help="max_staleness values of the staleness rows")
+    p.add_argument("--emulate-staleness", action="store_true",
+                   help="emulate the 'rlboost, staleness S' rows too (the controller's schedule; about 3 min a row)")
     p.add_argument("--steps", type=int, default=10, help="steps of each run (emulated and its paired simulation)")
     p.add_argument("--skip", type=int, default=2, help="first steps not counted (>= 1)")
     p.add_argument("--seeds", type=int, default=5, help="simulated seeds of the trace comparison")
@@ -67,6 +97,9 @@ def row_config(row: str, args: argparse.Namespace):
         return with_instances(config, 0)
     if row.startswith("rlboost, ") and row[9].isdigit():
         return with_instances(config, int(row[9]))
+    if row in STALENESS_ROWS:  # "rlboost, staleness S, N inst." or "free slots, staleness S, N inst."
+        bound, count = row.split(", staleness ")[1].split(", ")
+        return apply_overrides(with_instances(config, int(count.split()[0])), [f"controller.max_staleness={bound}"])
     traced = on_spot_trace(config, args.trace)
     return with_reference_mechanisms(traced) if row.startswith("reference") else traced
 
@@ -91,14 +124,16 @@ def emulated(config, skip: int) -> dict:
     return figures(tokens, seconds, usd) | {"preemptions": sum(int(m["preemptions"]) for m in rest)}
 
 
-def simulated(config, skip: int, steps: int | None = None) -> dict:
+def simulated(config, skip: int, steps: int | None = None, lookahead: str = "after_rollout") -> dict:
     from rlboost.run.simulate import sim_spec, task_groups
     from rlboost.sim.metrics import summarize
     from rlboost.sim.simulator import Simulator
 
-    s = summarize(Simulator(sim_spec(config, steps=steps), groups=task_groups(config)).run(), skip=skip)
+    spec = sim_spec(config, steps=steps).replace(lookahead=lookahead)
+    s = summarize(Simulator(spec, groups=task_groups(config)).run(), skip=skip)
     step = s.seconds / s.steps
-    return figures(s.tokens, s.seconds, s.usd) | {
+    stale = {"stale_share": 1.0 - s.staleness[0] / sum(s.staleness)} if len(s.staleness) > 1 else {}
+    return figures(s.tokens, s.seconds, s.usd) | stale | {
         "generated_tokens_per_s": s.generated_tokens_per_s, "preemptions": s.preemptions, "step_s": step, "window_s": s.window_s, "trainer_idle_s": s.trainer_idle_s,
         "rollout_end_s": step - s.rollout_idle_s, "train_after_rollout_s": s.rollout_idle_s}
 
@@ -200,21 +235,59 @@ def cells(fig: dict | None, base: dict | None) -> str:
 
 def render(args, results: dict, trace: dict | None, wall: float) -> str:
     emu0, sim0 = results[ROWS[0]].get("emulated"), results[ROWS[0]].get("simulated")
-    head = (f"{'':24}| {'emulated':^42}| {'simulated':^42}| {'sim-emu':>7}\n"
-            f"{'row':24}|{'tok/s':>8}{'speedup':>8}{'$/h':>8}{'tok/$':>10}{'gain':>8} |"
+    head = (f"{'':34}| {'emulated':^42}| {'simulated':^42}| {'sim-emu':>7}\n"
+            f"{'row':34}|{'tok/s':>8}{'speedup':>8}{'$/h':>8}{'tok/$':>10}{'gain':>8} |"
             f"{'tok/s':>8}{'speedup':>8}{'$/h':>8}{'tok/$':>10}{'gain':>8} |{'':>7}")
     lines = [head]
-    for row in ROWS:
+    for row in results:
         r = results[row]
         e, s = r.get("emulated"), r.get("simulated")
         diff = f"{(s['tokens_per_s'] / e['tokens_per_s'] - 1) * 100:+6.1f}%" if e and s else f"{'-':>7}"
-        lines.append(f"{row:24}|{cells(e, emu0)} |{cells(s, sim0)} |{diff}")
+        lines.append(f"{row:34}|{cells(e, emu0)} |{cells(s, sim0)} |{diff}")
     text = "\n".join(lines)
     if trace is not None:
         text += (f"\n\nspot trace ({args.trace}), simulated over {args.seeds} seeds x {args.trace_steps} steps: "
                  f"rlboost / reference tokens per $ = {trace['mean']:.3f}x (sd {trace['sd']:.3f}, 95% CI "
                  f"+-{trace['ci95']:.3f}; per seed {', '.join(f'{x:.3f}' for x in trace['ratios'])})")
     return text + f"\n({wall / 60:.1f} min)"
+
+
+def measure(args: argparse.Namespace, rows) -> dict:
+    """Each row's figures at the fidelities asked for (staleness rows: simulated only, see above)."""
+    results: dict = {row: {} for row in rows}
+    for row in rows:
+        config = row_config(row, args)
+        if args.fidelity in ("both", "simulated"):
+            lookahead = "free_slots" if row.startswith("free slots") else "after_rollout"
+            results[row]["simulated"] = simulated(config, args.skip, lookahead=lookahead)
+        if args.fidelity in ("both", "emulated") and (row not in STALENESS_ROWS or (
+                args.emulate_staleness and row.startswith("rlboost, "))):
+            print(f"emulating {row} ({args.steps} steps)...", file=sys.stderr, flush=True)
+            results[row]["emulated"] = emulated(config, args.skip)
+    return results
+
+
+def staleness_lines(results: dict) -> str:
+    """The staleness rows at 4 instances against the on-policy reserved-only baseline and the
+    targets (2.2x throughput, +60% tokens per $), and what bounds their step."""
+    base = results[ROWS[0]].get("simulated")
+    if base is None:
+        return ""
+    train = base["step_s"] - base["window_s"] - base["trainer_idle_s"]
+    lines = [f"trainer-bound ceiling (a step of training and publishing alone, {train:.0f} s, against the "
+             f"reserved-only step of {base['step_s']:.0f} s): {base['step_s'] / train:.2f}x throughput"]
+    for row in (r for r in STALENESS_ROWS if r.endswith(", 4 inst.")):
+        fig = results.get(row, {}).get("simulated")
+        if fig is None:
+            continue
+        speedup, gain = fig["tokens_per_s"] / base["tokens_per_s"], fig["tokens_per_usd"] / base["tokens_per_usd"] - 1
+        lines.append(f"{row.removesuffix(', 4 inst.')} at 4 instances (simulated): {speedup:.2f}x throughput (target 2.2x: "
+                     f"{'met' if speedup >= 2.2 else 'NOT met'}), {gain * 100:+.1f}% tokens per $ (target +60%: "
+                     f"{'met' if gain >= 0.6 else 'NOT met'}); {fig['stale_share']:.0%} of trained tokens one or "
+                     f"more versions old; a step {fig['step_s']:.0f} s = window {fig['window_s']:.0f} s + trainer idle "
+                     f"{fig['trainer_idle_s']:.0f} s + training and publishing "
+                     f"{fig['step_s'] - fig['window_s'] - fig['trainer_idle_s']:.0f} s")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -226,20 +299,15 @@ def main() -> int:
     from rlboost.recipes.paper_qwen3_8b import TIME_SCALE, TOKEN_BLOCK
 
     t0 = time.perf_counter()
-    curve = artifact_curve(args) if args.fidelity in ("both", "simulated") else None
+    simulating, every = args.fidelity in ("both", "simulated"), args.rows == "all"
+    curve = artifact_curve(args) if simulating and every else None
     if curve is not None:  # the model's check against a measured system comes before rlboost's rows
         print(render_artifact(curve), flush=True)
-    results: dict = {row: {} for row in ROWS}
-    for row in ROWS:
-        config = row_config(row, args)
-        if args.fidelity in ("both", "simulated"):
-            results[row]["simulated"] = simulated(config, args.skip)
-        if args.fidelity in ("both", "emulated"):
-            print(f"emulating {row} ({args.steps} steps)...", file=sys.stderr, flush=True)
-            results[row]["emulated"] = emulated(config, args.skip)
-    trace = seeded_trace(args) if args.fidelity in ("both", "simulated") and args.seeds > 1 else None
-    simulating = args.fidelity in ("both", "simulated")
-    sens = sensitivity(args) if simulating and not args.no_sensitivity else None
+    counts = tuple(int(n) for n in args.staleness_counts.split(","))
+    rows = staleness_rows(counts, tuple(int(n) for n in args.staleness_bounds.split(",")))
+    results = measure(args, ROWS + tuple(r for r in rows if r in STALENESS_ROWS) if every else rows)
+    trace = seeded_trace(args) if simulating and every and args.seeds > 1 else None
+    sens = sensitivity(args) if simulating and every and not args.no_sensitivity else None
     wall = time.perf_counter() - t0
     shape = (f"inputs: reserved = one 8x H100 node on demand, ${args.on_demand_node_usd_h}/h (trainer on 8 GPUs, "
              f"rolling out as 4 TP-2 engines in the local window); preemptible instance = one TP-2 engine, "
@@ -252,15 +320,26 @@ def main() -> int:
                                                   f"node's rollout, fully used): {(4 + 4) / 4:.2f}x "
                                                   f"throughput, {fluid_gain(args, 4):.3f}x tokens per $")
     if simulating:
-        table += "\n" + where_time_goes(results["rlboost, 4 instances"]["simulated"])
+        table += "\n" + where_time_goes(results["rlboost, 4 instances"]["simulated"]) + "\n" + staleness_lines(results)
     if sens is not None:
         table += "\n\n" + render_sensitivity(sens)
     print(shape)
     print(table)
     write_results(args, shape, table)
-    best = results["rlboost, 4 instances"].get("simulated") or results["rlboost, 4 instances"].get("emulated")
+    print(json.dumps(json_line(args, results, trace, curve, sens)))
+    return 0
+
+
+def json_line(args: argparse.Namespace, results: dict, trace, curve, sens) -> dict:
+    """The last line: tokens per $ at 4 instances over reserved only (staleness 1's with
+    --rows staleness, on-policy otherwise), every row's figures as peers."""
+    key = "rlboost, 4 instances"
+    if args.rows == "staleness":
+        key = [r for r in results if r.startswith("rlboost, staleness 1, ")][-1]
+    best = results[key].get("simulated") or results[key].get("emulated")
     base = results[ROWS[0]].get("simulated") or results[ROWS[0]].get("emulated")
-    peers = {row: {lvl: {k: round(v, 1) for k, v in fig.items()} for lvl, fig in r.items()} for row, r in results.items()}
+    peers = {row: {lvl: {k: round(v, 4 if k == "stale_share" else 1) for k, v in fig.items()}
+                   for lvl, fig in r.items()} for row, r in results.items()}
     if trace is not None:
         peers["trace_rlboost_over_reference"] = {"mean": round(trace["mean"], 4), "sd": round(trace["sd"], 4),
                                                  "seeds": args.seeds}
@@ -269,12 +348,13 @@ def main() -> int:
     if sens is not None:
         peers["sensitivity_4_instances"] = {name: round(four["tokens_per_s"] / base["tokens_per_s"], 4)
                                             for name, base, four in sens}
-    print(json.dumps({"metric": "tokens_per_dollar_gain_4_instances",
-                      "value": round(best["tokens_per_usd"] / base["tokens_per_usd"], 4), "unit": "x",
-                      "speedup": round(best["tokens_per_s"] / base["tokens_per_s"], 4),
-                      "ceiling": round(fluid_gain(args, 4), 4),
-                      "peers": peers}))
-    return 0
+    metric = "tokens_per_dollar_gain_4_instances"
+    if args.rows == "staleness":
+        metric = f"tokens_per_dollar_gain_{key.split(', ')[-1].split()[0]}_instances_staleness_1"
+
+    return {"metric": metric, "value": round(best["tokens_per_usd"] / base["tokens_per_usd"], 4), "unit": "x",
+            "speedup": round(best["tokens_per_s"] / base["tokens_per_s"], 4),
+            "ceiling": round(fluid_gain(args, 4), 4), "peers": peers}
 
 
 def fluid_gain(args: argparse.Namespace, n: int) -> float:
@@ -285,8 +365,9 @@ def fluid_gain(args: argparse.Namespace, n: int) -> float:
 
 
 def write_results(args: argparse.Namespace, shape: str, table: str) -> None:
+    theme = "paper" if args.rows == "all" else "paper_staleness"
     out = Path(args.out) if args.out else (Path(__file__).parent / "results" /
-                                           f"paper_{platform.machine()}-{os.cpu_count()}c_{date.today()}.md")
+                                           f"{theme}_{platform.machine()}-{os.cpu_count()}c_{date.today()}.md")
     cmd = "python bench/paper_table.py " + " ".join(sys.argv[1:])
     out.write_text(f"# Paper table, {platform.machine()}, {date.today()}\n\nCommand: `{cmd.strip()}`\n\n"
                    f"{shape}\n\n```\n{table}\n```\n")

@@ -4,7 +4,10 @@ It answers the queries the controller's StepDecisions asks of a step's collector
 progress, position, max_new, max_length, tokens, all_done), so the simulator runs the
 controller's own decisions, and releases complete groups in micro-batches by the same
 rule as controller.collector.Collector (at least min_samples, the rest at the end).
-A sample on an engine reports what that engine has produced by now.
+A sample on an engine reports what that engine has produced by now. Every sample keeps the
+weight versions of its tokens as controller.staleness change points: its tokens come from
+the version of the engine that produced them, and an engine that takes a new version
+mid-sample starts a new run there.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+from rlboost.controller.staleness import VersionChanges, extend_changes
 from rlboost.rollout.emulated.schedule import BatchSchedule
 
 
@@ -46,13 +50,25 @@ class SimBatch:
 
 
 class _Sample:
-    __slots__ = ("group", "length", "progress", "done", "engine")
+    __slots__ = ("group", "length", "progress", "done", "engine", "version", "changes", "marked")
 
     def __init__(self, group: SimGroup, length: int):
         self.group, self.length = group, length
         self.progress = 0
         self.done = False
         self.engine: BatchSchedule | None = None
+        self.version = 0  # the weight version producing its tokens now
+        self.changes: VersionChanges = ()  # version change points of its first `marked` tokens
+        self.marked = 0
+
+    def mark(self, upto: int) -> None:
+        """Record its tokens up to `upto` as the current version's, or forget those past it
+        (tokens it lost or gave up)."""
+        if upto >= self.marked:
+            self.changes = extend_changes(self.changes, self.marked, upto - self.marked, self.version)
+        else:
+            self.changes = tuple(c for c in self.changes if c[0] < upto)
+        self.marked = upto
 
 
 class SimCollector:
@@ -76,6 +92,9 @@ class SimCollector:
     @property
     def sample_ids(self) -> tuple[int, ...]:
         return tuple(self._samples)
+
+    def __contains__(self, sid: int) -> bool:
+        return sid in self._samples
 
     def missing(self) -> tuple[int, ...]:
         return tuple(self._missing)
@@ -118,6 +137,19 @@ class SimCollector:
     def group_of(self, sid: int) -> SimGroup:
         return self._samples[sid].group
 
+    @property
+    def sequence_tokens(self) -> int:
+        """Prompt + response tokens of every sample of the step."""
+        return sum(g.prompt_len * len(g.lengths) + sum(g.lengths) for g in self._groups.values())
+
+    def changes(self, sid: int) -> tuple[VersionChanges, int]:
+        """The sample's version change points and the tokens they cover (controller.staleness)."""
+        s = self._samples[sid]
+        return s.changes, s.marked
+
+    def group_samples(self, group_id: int) -> tuple[int, ...]:
+        return self._groups[group_id].sample_ids
+
     def finished_shortest(self, sids) -> dict[int, int]:
         """For the groups of sids: the shortest length among each one's finished members."""
         out: dict[int, int] = {}
@@ -127,11 +159,19 @@ class SimCollector:
                 out[g.group_id] = min(done)
         return out
 
-    def place(self, sid: int, engine: BatchSchedule) -> None:
-        """The sample runs on this engine from now on (its progress is the engine's)."""
+    def place(self, sid: int, engine: BatchSchedule, version: int = 0) -> None:
+        """The sample runs on this engine, which holds weight `version`, from now on (its
+        progress is the engine's)."""
         s = self._samples[sid]
         self._settled_tokens -= s.progress
-        s.engine = engine
+        s.engine, s.version = engine, version
+
+    def version_changed(self, sid: int, version: int) -> None:
+        """The sample's engine took weight `version`: its tokens from now on are that version's."""
+        s = self._samples[sid]
+        if s.engine is not None:
+            s.mark(s.engine.produced(sid))
+        s.version = version
 
     def lift(self, sid: int, progress: int | None = None) -> int:
         """The sample leaves its engine with what it produced (or `progress`, e.g. a trimmed
@@ -145,6 +185,7 @@ class SimCollector:
         if progress is not None and progress != s.progress:
             self._settled_tokens += progress - s.progress
             s.progress = progress
+        s.mark(s.progress)
         return s.progress
 
     def finish(self, sid: int, now: float) -> None:
@@ -160,6 +201,11 @@ class SimCollector:
         if self._left[gid] == 0:
             self._ready.append(gid)
             self.completed_at[gid] = now
+
+    @property
+    def all_taken(self) -> bool:
+        """Whether the trainer has taken every group (the last micro-batch included)."""
+        return self._emitted == len(self._groups)
 
     def ready_samples(self) -> int:
         return sum(len(self._groups[g].sample_ids) for g in self._ready)

@@ -1,6 +1,8 @@
 """What a simulated (or emulated) run achieved, in the modelled cluster's units: tokens/s,
 dollars per hour, tokens per dollar, idle times and preemptions, over the steps after the
 first (which includes start-up and the first weight pulls, as cost_efficiency counts it).
+With controller.max_staleness >= 1 each step also has its staleness histogram: trained
+output tokens by lag (step - the weight version that produced them).
 
 Tokens are counted as the RLBoost artifact counts its throughput (verl's perf/throughput: the
 attention mask, prompt + response of every sample, over the step's wall time); the
@@ -13,6 +15,16 @@ import statistics
 from dataclasses import dataclass
 
 from rlboost.sim.simulator import SimResult
+
+
+def staleness_fields(lags: tuple[int, ...], block: int) -> dict:
+    """With max_staleness >= 1: the trained output tokens at lag 0, 1, .. (step - the version
+    that produced them), real tokens, and the share not from the step's own version."""
+    if len(lags) < 2:
+        return {}
+    total = sum(lags)
+    return {"staleness_tokens": [n * block for n in lags],
+            "stale_share": round(1.0 - lags[0] / total, 4) if total else 0.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +44,7 @@ class SimSummary:
     deaths: int
     mean_preemptible: float
     generated_tokens: float = 0.0
+    staleness: tuple[int, ...] = ()  # trained output tokens at lag 0..max_staleness (real), summed
 
     @property
     def generated_tokens_per_s(self) -> float:
@@ -58,7 +71,7 @@ class SimSummary:
                 "trainer_idle_s": round(self.trainer_idle_s, 2), "rollout_idle_s": round(self.rollout_idle_s, 2),
                 "window_s": round(self.window_s, 2), "offload_share": round(self.offload_share, 4),
                 "preemptions": self.preemptions, "deaths": self.deaths,
-                "mean_preemptible": round(self.mean_preemptible, 2)}
+                "mean_preemptible": round(self.mean_preemptible, 2)} | staleness_fields(self.staleness, 1)
 
 
 def summarize(result: SimResult, skip: int = 1) -> SimSummary:
@@ -79,4 +92,5 @@ def summarize(result: SimResult, skip: int = 1) -> SimSummary:
         window_s=statistics.mean(m.window_s for m in metrics) * scale,
         offload_share=statistics.mean(m.offload_share for m in metrics),
         preemptions=sum(m.preemptions for m in metrics), deaths=sum(m.deaths for m in metrics),
-        mean_preemptible=statistics.mean(s.preemptible_up for s in rest))
+        mean_preemptible=statistics.mean(s.preemptible_up for s in rest),
+        staleness=tuple(sum(lags) * block for lags in zip(*(s.staleness for s in rest))))

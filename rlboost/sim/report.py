@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlboost.sim.metrics import SimSummary
+from rlboost.sim.metrics import SimSummary, staleness_fields
 from rlboost.sim.simulator import SimStep
 
 # a sweep's knee: the first count at which the reserved GPUs roll out (local window) and wait
@@ -42,7 +42,8 @@ def step_record(rec: SimStep, scale: float, block: int) -> dict:
             "offload_share": round(m.offload_share, 4), "migrations": m.migrations, "resumes": m.resumes,
             "preemptions": m.preemptions, "deaths": m.deaths, "num_preemptible": m.num_preemptible,
             "preemptible_up": rec.preemptible_up, "cost_usd": round(rec.cost_usd, 4),
-            "reserved_usd": round(rec.reserved_usd, 4)}
+            "reserved_usd": round(rec.reserved_usd, 4)} | staleness_fields(rec.staleness, block)
+
 
 
 @dataclass(frozen=True, slots=True)

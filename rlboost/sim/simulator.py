@@ -47,6 +47,7 @@ class SimStep:
     cost_usd: float
     reserved_usd: float
     sequence_tokens: int = 0
+    staleness: tuple[int, ...] = ()  # trained output tokens at lag 0..max_staleness (emulated tokens)
 
 
 @dataclass(slots=True)
@@ -72,6 +73,7 @@ class Simulator:
         self.nodes = SimNodes(spec, self.table, self.ledger)
         self.ctl = SimController(spec, self.clock, self.table)
         self.ctl.pace = self.nodes.pace
+        self.ctl.make_collector = self._collector
         self.trainer = TrainerTiming(spec.rollout.emulated, spec.trainer_gpus)
         self.link = WeightLink(spec, self.trainer.payload_bytes(spec.transfer.publisher.egress_bytes_per_s))
         self.poll = spec.round_s or spec.controller.poll_interval_s
@@ -194,9 +196,11 @@ class Simulator:
                 self._replay_trace(wall)
             cost = self.ledger.summary(at_s=self.clock.now())
             up = sum(1 for n in self.table.nodes.values() if n.kind == "preemptible" and n.alive)
+            lags = self.ctl.lags.pop(step, {})
             rec = SimStep(metrics=metrics, started_s=started, wall_s=wall, preemptible_up=up,
                           cost_usd=cost.total_usd, reserved_usd=cost.reserved_usd,
-                          sequence_tokens=self._sequence_tokens)
+                          sequence_tokens=self._sequence_tokens,
+                          staleness=tuple(lags.get(lag, 0) for lag in range(spec.controller.max_staleness + 1)))
             self.result.steps.append(rec)
             if progress is not None:
                 progress(rec)
@@ -236,16 +240,9 @@ class Simulator:
         """Roll out with the reserved engines until the window closes, then train on complete
         groups as they arrive (lending the reserved engines back when only they can finish),
         then step the optimizer."""
-        spec, ctl = self.spec, self.ctl
-        if self.groups is not None:
-            groups = as_sim_groups(self.groups(step), spec.rollout.emulated)
-        else:
-            groups = sim_groups(step, num_groups=spec.groups_per_step, group_size=spec.group_size,
-                                prompt_len=spec.prompt_tokens, max_new_tokens=spec.max_new_tokens,
-                                engine=spec.rollout.emulated, seed=spec.seed)
-        self._sequence_tokens = sum(g.prompt_len * len(g.lengths) + sum(g.lengths) for g in groups)
-        col = SimCollector(groups, min_samples=spec.microbatch_min_samples,
-                           max_samples=spec.controller.microbatch_max_samples)
+        ctl = self.ctl
+        col = ctl.lane_collector(step) or self._collector(step)  # already in rollout with max_staleness
+        self._sequence_tokens = col.sequence_tokens
         ctl.start_step(step, col)
         self._dirty = True
         st = ctl.st
@@ -267,12 +264,27 @@ class Simulator:
                 st.handed_over = True
                 continue
             self._delivered(st, batch)
+            ctl.trained(batch)
+            if ctl.max_staleness:  # a round now: the next step may start ahead once this one is taken
+                self._dirty = True
             self.advance_to(self.clock.now() + self.trainer.microbatch_s(batch.lengths))
             if batch.last:
                 st.meter.last_microbatch_tokens = batch.num_tokens
                 break
         self.advance_to(self.clock.now() + self.trainer.timing.optimizer_s() / self.trainer.scale)
         return ctl.end_step()
+
+    def _collector(self, step: int) -> SimCollector:
+        """The step's samples: the task feed's groups, or synthetic ones."""
+        spec = self.spec
+        if self.groups is not None:
+            groups = as_sim_groups(self.groups(step), spec.rollout.emulated)
+        else:
+            groups = sim_groups(step, num_groups=spec.groups_per_step, group_size=spec.group_size,
+                                prompt_len=spec.prompt_tokens, max_new_tokens=spec.max_new_tokens,
+                                engine=spec.rollout.emulated, seed=spec.seed)
+        return SimCollector(groups, min_samples=spec.microbatch_min_samples,
+                            max_samples=spec.controller.microbatch_max_samples)
 
     def _delivered(self, st, batch) -> None:
         """Record when each group was ready and when the trainer took it (the policy's slack)."""

@@ -17,6 +17,8 @@ from rlboost.trainer.emulated import TrainerTiming
 from rlboost.transfer.config import TransferConfig
 from rlboost.validate import require
 
+LOOKAHEADS = ("after_rollout", "free_slots")
+
 
 @dataclass(kw_only=True, slots=True)
 class SimSpec:
@@ -41,6 +43,12 @@ class SimSpec:
     prompt_tokens: int
     steps: int
     seed: int = 0
+    lookahead: str = "after_rollout"
+    """with controller.max_staleness >= 1, when the next step's rollout starts:
+    after_rollout (as the controller does: once the trainer has taken the running step's last
+    micro-batch, on preemptible instances) or free_slots (a what-if: on any free slot once
+    nothing of the running step waits, up to max_staleness steps ahead, the reserved
+    instances' too while their window is open); see sim.controller"""
     round_s: float | None = None
     """seconds between the simulated controller's rounds (None: controller.poll_interval_s, as
     the real loop); a coarser grid trades reaction time for speed at hundreds of instances"""
@@ -53,6 +61,7 @@ class SimSpec:
         require(self.prompt_tokens >= 1, "prompt_tokens", ">= 1", self.prompt_tokens)
         require(self.trainer_gpus >= 1, "trainer.world_size", ">= 1", self.trainer_gpus)
         require(self.round_s is None or self.round_s > 0, "round_s", "None or > 0", self.round_s)
+        require(self.lookahead in LOOKAHEADS, "lookahead", f"one of {LOOKAHEADS}", self.lookahead)
         TrainerTiming.check_scale(emu, self.cost)
 
     @classmethod
