@@ -15,6 +15,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _ONE_THREAD = ("rollout", "tasks", "trainer", "test_train_loop.py")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def starting_weights_cache(tmp_path_factory):
+    """One RLBOOST_CACHE for the session, shared by both workers: the starting checkpoints a
+    run builds (a tiny model and its supervised warm-up steps, tens of seconds on 2 cores) are
+    keyed by every setting they depend on and installed atomically, as for concurrent runs,
+    so each whole run of a recipe reuses the one built first. A test of the cache itself sets
+    its own."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: <session>/popen-gwN
+    patch = pytest.MonkeyPatch()
+    patch.setenv("RLBOOST_CACHE", str(root / "rlboost-cache"))
+    yield root / "rlboost-cache"
+    patch.undo()
+
+
 @pytest.fixture
 def one_torch_thread():
     before = torch.get_num_threads()
