@@ -15,6 +15,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _ONE_THREAD = ("rollout", "tasks", "trainer", "test_train_loop.py")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def starting_weights_cache(tmp_path_factory):
+    """One RLBOOST_CACHE for the session, shared by both workers: the starting checkpoints a
+    run builds (a tiny model and its supervised warm-up steps, tens of seconds on 2 cores) are
+    keyed by every setting they depend on and installed atomically, as for concurrent runs,
+    so each whole run of a recipe reuses the one built first. A test of the cache itself sets
+    its own."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: <session>/popen-gwN
+    patch = pytest.MonkeyPatch()
+    patch.setenv("RLBOOST_CACHE", str(root / "rlboost-cache"))
+    yield root / "rlboost-cache"
+    patch.undo()
+
+
 @pytest.fixture
 def one_torch_thread():
     before = torch.get_num_threads()
@@ -23,9 +38,27 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+# Modules whose tests each start whole runs (tens of seconds apiece), longest first. They are
+# collected first: two workers deal the first tests out in turn and then take the rest as
+# they free up, so the long runs are shared out at the start, and the suite does not end with
+# one worker alone on a run while the other idles. Within a module the order is kept.
+_LONG_FIRST = ("test_supervision.py", "cluster/test_live_capacity.py", "test_train_cli.py",
+               "tasks/test_dataset_run.py", "tasks/test_reward_plugin_run.py", "test_two_nodes.py",
+               "cluster/test_session.py", "test_outsider.py", "cluster/test_fleet.py", "cluster/test_egress_run.py",
+               "cluster/test_fleet_deaths.py", "test_train_transformers.py", "test_train_emulated.py",
+               "bench/test_paper_table_smoke.py")
+
+
 def pytest_collection_modifyitems(config, items):
     root = Path(__file__).parent
+    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
     for item in items:
         path = Path(item.fspath)
         if path.is_relative_to(root) and path.relative_to(root).parts[0] in _ONE_THREAD:
             item.fixturenames.insert(0, "one_torch_thread")
+
+    def first(item) -> int:
+        path = Path(item.fspath)
+        return rank.get(path.relative_to(root).as_posix(), len(rank)) if path.is_relative_to(root) else len(rank)
+
+    items.sort(key=first)  # stable: every other module keeps its place and order

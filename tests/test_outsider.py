@@ -42,7 +42,7 @@ def _listening(pids: list[int]) -> set[int]:
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux /proc")
 def test_a_process_without_the_runs_secret_reads_no_tensor_from_a_live_run(tmp_path, monkeypatch):
     monkeypatch.delenv("RLBOOST_SECRET", raising=False)
-    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     for name in ("RLBOOST_RAY_ADDRESS", "RLBOOST_SET", "RLBOOST_SECRET"):
         env.pop(name, None)

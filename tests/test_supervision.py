@@ -39,7 +39,7 @@ RUN_TIMEOUT_S = 420
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     for name in ("RLBOOST_RAY_ADDRESS", "RLBOOST_SET"):
         env.pop(name, None)

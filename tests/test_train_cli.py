@@ -32,7 +32,7 @@ SAMPLES_PER_STEP = 8 * 4
 
 def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+    env.update(RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RLBOOST_RAY_ADDRESS", None)
     return env

@@ -32,7 +32,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def test_emulated_run_trains_on_every_sample_through_a_preemption(tmp_path):
-    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RLBOOST_RAY_ADDRESS", None)
     # cwd=tmp_path: the installed package is imported, not the source tree

@@ -18,7 +18,7 @@ ARGS = ["--recipe", "paper_qwen3_8b", "--set", "run.steps=2", "--set", "run.prog
 
 @pytest.mark.slow
 def test_the_paper_recipe_trains_with_the_emulated_trainer(tmp_path):
-    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RLBOOST_RAY_ADDRESS", None)
     env.pop("RLBOOST_SET", None)

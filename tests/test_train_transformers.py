@@ -41,7 +41,7 @@ def _mistral(directory: Path) -> Path:
 
 
 def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", HF_HUB_OFFLINE="1")
     env.pop("RLBOOST_RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *ARGS, *extra], cwd=tmp_path, env=env,

@@ -124,7 +124,7 @@ def _spot_busy(run: Path) -> bool:
 
 def test_a_preemptible_node_that_dies_mid_step_loses_no_sample(tmp_path):
     with two_nodes(preemptible=1) as (nodes, worker):
-        env = dict(nodes.env, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+        env = dict(nodes.env, RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                    RLBOOST_SECRET=secrets.token_hex(16))
         env.pop("RLBOOST_RAY_ADDRESS", None)
         args = [f"cluster.address={nodes.address}", "transfer.bind_host=0.0.0.0", "trainer.rendezvous=tcp",

@@ -279,14 +279,15 @@ class Fleet:
                                    f"within {timeout_s:.0f} s")
             self._stop.wait(0.02)
 
-    def wait_busy(self, instance_id: str, timeout_s: float) -> bool:
-        """Wait (up to timeout_s) until the controller has samples on the instance."""
+    def wait_busy(self, instance_id: str, timeout_s: float, until: threading.Event | None = None) -> bool:
+        """Wait (up to timeout_s) until the controller has samples on the instance; False at
+        once when the fleet closes or `until` (the caller's own stop) is set."""
         deadline = time.monotonic() + timeout_s
         while True:
             states = ray.get(self.controller.instances.remote())
             if any(s.instance_id == instance_id and s.samples > 0 for s in states):
                 return True
-            if time.monotonic() >= deadline or self._stop.wait(0.01):
+            if time.monotonic() >= deadline or self._stop.wait(0.01) or (until is not None and until.is_set()):
                 return False
 
     def pull_records(self, version: int, timeout_s: float = 10.0) -> list[PullRecord]:

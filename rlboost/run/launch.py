@@ -95,6 +95,9 @@ class Cluster:
         config, run = self.config, self.run
         t, r = config.trainer, config.rollout
         options = actor_options("reserved", cpus=t.rank_cpus, gpus=t.rank_gpus)
+        node = only_node(config)
+        if node is not None:  # rank 0 can only be there: the controller starts beside the ranks, not after
+            self.controller = start_controller(config, node)
         if emulates_trainer(r):  # engines emulating a named model: the trainer takes its time too
             self.trainer = launch_emulated(EmulatedTrainerSpec(emulated=r.emulated, gpus=t.world_size,
                                                                checkpoint=str(weights), transfer=config.transfer),
@@ -102,10 +105,10 @@ class Cluster:
         else:
             self.trainer = TrainerGroup.launch(rank_specs(config, weights, reference), options)
         publisher = ray.get(self.trainer.ranks[0].address.remote(), timeout=READY_TIMEOUT_S)
-        # beside trainer rank 0, on a reserved node: a preemptible node's death must not take it
-        node = ray.get(self.trainer.ranks[0].__ray_call__.remote(  # a lambda travels by value
-            lambda _rank: ray.get_runtime_context().get_node_id()), timeout=READY_TIMEOUT_S)
-        self.controller = start_controller(config, node)
+        if self.controller is None:  # beside trainer rank 0, on a reserved node: a preemptible node's death must not take it
+            node = ray.get(self.trainer.ranks[0].__ray_call__.remote(  # a lambda travels by value
+                lambda _rank: ray.get_runtime_context().get_node_id()), timeout=READY_TIMEOUT_S)
+            self.controller = start_controller(config, node)
         self.fleet = Fleet(self.controller, instance_template(config, weights, publisher),
                            lambda kind: actor_options(kind, cpus=r.instance_cpus, gpus=r.instance_gpus),
                            self.ledger, run.append_event, run.elapsed)
@@ -254,6 +257,16 @@ class Cluster:
         if "reserved-cluster" in self.ledger.running() and not failed:
             # after a failure its machines stay held (and billed) until the run is launched again
             self.ledger.stop("reserved-cluster", at_s=self.run.elapsed())
+
+
+def only_node(config: RunConfig) -> str | None:
+    """The node id of a local cluster's one node (None: the run joins a cluster, or Ray's holds
+    several nodes). A local cluster gains no node while the run launches, so every actor of
+    the run goes there; on a joined one, rank 0's node is known only once it is placed."""
+    if join_address(config.cluster.address):
+        return None
+    alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    return alive[0] if len(alive) == 1 else None
 
 
 def start_controller(config: RunConfig, node_id: str | None = None) -> Any:

@@ -29,7 +29,7 @@ ARGS = [
 
 
 def test_a_run_prices_weight_egress_and_counts_it_in_tokens_per_dollar(tmp_path):
-    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RLBOOST_RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *ARGS], cwd=tmp_path, env=env,

@@ -221,3 +221,19 @@ def test_an_instance_a_wait_reports_active_has_its_active_event_already(ray_clus
         fleet.kill("spot-0")
         assert [e["kind"] for e in rec.events] == ["join", "active", "death"]
         assert rec.events[1]["preemptible_up"] == 1 and rec.events[2]["preemptible_up"] == 0
+
+
+def test_a_local_cluster_s_one_node_takes_the_controller_as_the_trainer_ranks_start(ray_cluster, monkeypatch):
+    """A local cluster has one node, and every actor of the run goes there: the controller
+    starts on it beside the trainer ranks. A run that joins a cluster learns rank 0's node
+    only once rank 0 is placed, and starts the controller there after it."""
+    from rlboost.config.overrides import apply_overrides
+    from rlboost.recipes import get_recipe
+    from rlboost.run.launch import only_node
+
+    monkeypatch.delenv("RLBOOST_RAY_ADDRESS", raising=False)
+    config = get_recipe("tiny_cpu")
+    assert only_node(config) == ray.get_runtime_context().get_node_id()
+    joining = apply_overrides(config, ["cluster.address=127.0.0.1:6379", "transfer.bind_host=0.0.0.0",
+                                       "trainer.rendezvous=tcp"])  # what a run that joins a cluster needs
+    assert only_node(joining) is None

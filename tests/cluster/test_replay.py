@@ -111,8 +111,8 @@ class TimedFakeFleetForTests:
     def kill(self, instance_id):
         self._end(instance_id, "death")
 
-    def wait_busy(self, instance_id, timeout_s):
-        time.sleep(min(timeout_s, self.busy_s))
+    def wait_busy(self, instance_id, timeout_s, until=None):
+        (until or threading.Event()).wait(min(timeout_s, self.busy_s))
         return False
 
     def wait_ended(self, instance_id, timeout_s):
@@ -135,3 +135,19 @@ def test_a_late_notice_delays_the_replacement_so_the_cap_holds():
         if e.kind == "kill":  # each replacement joined after the instance it replaces left
             replacement = next(x for x in events if x.kind == "join" and x.time_s > e.time_s)
             assert fleet.order.index(("gone", e.instance_id)) < fleet.order.index(("join", replacement.instance_id))
+
+
+def test_stopping_a_replay_ends_a_wait_for_its_victim_to_get_busy():
+    """A run that ends while the replay waits for a victim to hold samples (a short run's
+    last preemption) stops the replay at once: the victim is left alone and nothing later
+    is applied, and the run's close does not sit out the wait."""
+    events = (InstanceEvent(time_s=0.0, instance_id="spot-0", kind="join"),
+              InstanceEvent(time_s=0.0, instance_id="spot-0", kind="notice", deadline_s=1.0),
+              InstanceEvent(time_s=0.1, instance_id="spot-1", kind="join"))
+    fleet = TimedFakeFleetForTests(busy_s=600.0)
+    replay = TraceReplay(fleet, events, busy_wait_s=600.0).start()
+    while fleet.order != [("join", "spot-0")]:  # the replay is now waiting on spot-0
+        time.sleep(0.01)
+    replay.stop()
+    assert replay.wait(timeout=0) and replay.error is None
+    assert fleet.order == [("join", "spot-0")]

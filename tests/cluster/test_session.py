@@ -39,7 +39,7 @@ def test_a_local_run_starts_its_own_cluster_beside_another_one(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-           "RLBOOST_RUN_ROOT": str(tmp_path / "runs"), "RLBOOST_CACHE": str(tmp_path / "cache")}
+           "RLBOOST_RUN_ROOT": str(tmp_path / "runs")}
     env.pop("RLBOOST_RAY_ADDRESS", None)
     env.pop("RAY_ADDRESS", None)
     log = tmp_path / "other.log"

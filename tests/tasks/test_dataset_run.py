@@ -31,7 +31,7 @@ def score(prompt, completion, row, metadata):
 
 
 def _train(tmp_path: Path, *args: str) -> Path:
-    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RLBOOST_RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *RUN, *args], cwd=tmp_path, env=env,

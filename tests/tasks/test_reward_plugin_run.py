@@ -46,7 +46,7 @@ SHORT = ["--set", "run.steps=3", "--set", "run.progress=false", "--set", "model.
 
 def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
+    env.update(RLBOOST_RUN_ROOT=str(tmp_path / "runs"),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RLBOOST_RAY_ADDRESS", None)
     return env
