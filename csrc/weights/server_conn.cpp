@@ -13,11 +13,15 @@ bool Open(const ServerConn& c) { return !c.done && !c.evicted && c.current() != 
 // Lower is closed first; -1: not to be closed. A busy connection that has not stalled
 // long goes only when nothing else can (the one stalled longest): peers that keep
 // reconnecting to hold every slot with fresh stalls cannot keep a newcomer out, and an
-// honest connection, whose frames take milliseconds, is the youngest there.
+// honest connection, whose frames take milliseconds, is the youngest there. The same holds
+// for one that has just gone idle: an honest puller is idle for a moment between its
+// requests (after its login, between chunk batches), and ranking it below a stall only
+// half a second old let a swarm of such stalls close it mid-pull on a loaded host.
 int Rank(const ServerConn& c, double min_stall_s) {
+  const bool settled = c.InStateFor() >= min_stall_s;
   switch (c.current()) {
-    case ConnState::kBusy: return c.InStateFor() >= min_stall_s ? 0 : 3;
-    case ConnState::kIdle: return 1;
+    case ConnState::kBusy: return settled ? 0 : 3;
+    case ConnState::kIdle: return settled ? 1 : 3;
     case ConnState::kWaiting: return 2;
     default: return -1;
   }

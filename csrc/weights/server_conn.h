@@ -1,9 +1,10 @@
 // ServerConn: one connection of a weight server as its bookkeeping sees it (who, in which
 // state since when), and the admission rules that choose whom to close when a newcomer
 // would pass a cap: one stalled mid-frame (or mid-response) past min_stall_s first, then
-// the one idle longest, then the one long-polling longest, and last the busy one stalled
-// longest. A peer that stalls, trickles or hoards connections, authenticated or not, so
-// loses its own connections first and cannot keep an honest puller out.
+// the one idle longest (idle past min_stall_s), then the one long-polling longest, and
+// last, of those busy or idle for less than min_stall_s, the one in its state longest. A
+// peer that stalls, trickles or hoards connections, authenticated or not, so loses its own
+// connections first and cannot keep an honest puller out.
 #pragma once
 
 #include <atomic>
@@ -54,7 +55,7 @@ struct AdmissionLimits {
   int max_connections_per_host = 192;  // ... from one address
   int max_handshakes = 128;            // unauthenticated, in all
   int max_handshakes_per_host = 32;    // ... from one address
-  double min_stall_s = 0.5;            // a busy connection must have stalled this long to go
+  double min_stall_s = 0.5;            // busy (stalled) or idle this long before it goes first
 };
 
 struct AdmissionCounts {

@@ -54,3 +54,30 @@ def test_a_socket_that_does_not_authenticate_in_time_is_closed():
         with silent:
             silent.settimeout(SHORT)  # far beyond the handshake deadline
             assert silent.recv(1) == b""
+
+
+def test_a_connection_idle_for_a_moment_between_requests_outlives_a_younger_stall():
+    """An honest puller is idle for milliseconds between its requests; a newcomer over the cap
+    must close a peer's fresh stall mid-frame rather than that connection (under a swarm of
+    such stalls on a loaded host, honest pulls were cut mid-pull)."""
+    from .helpers import SECRET
+    from .wire_client import W, client_handshake, connect, frame, is_closed_by_peer
+
+    with WeightPublisher(make_config(publisher=ServerConfig(max_connections=2))) as pub:
+        pub.publish(1, random_tensors(13))
+        stall = client_handshake(connect(pub.address), SECRET)
+        stall.sock.sendall(frame(W["manifest_request"], bytes(8), request_id=1)[:10])  # a partial frame, then silence
+        honest = client_handshake(connect(pub.address), SECRET)
+        honest.sendall(frame(W["manifest_request"], (1).to_bytes(8, "little"), request_id=1))
+        honest.recv_frame()  # answered: now idle, younger in its state than the stall
+        newcomer = client_handshake(connect(pub.address), SECRET)
+        try:
+            stall.settimeout(SHORT)
+            assert is_closed_by_peer(stall.sock)  # the stall went for the newcomer
+            honest.sendall(frame(W["manifest_request"], (1).to_bytes(8, "little"), request_id=2))
+            honest.settimeout(SHORT)
+            assert honest.recv_frame()  # and the idle one still serves
+            assert pub.stats()["connections_evicted"] + pub.stats()["stalled_evicted"] == 1
+        finally:
+            for s in (stall, honest, newcomer):
+                s.close()
