@@ -199,7 +199,7 @@ def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tm
     with _running_fleet(ctl, ckpt, weights, ledger, rec, lambda: 0.0) as (fleet, pub):
         metrics = []
         out = _rollout(ctl, 1, 1, prompts, long, metrics)
-        assert metrics[0].kv_migrations > 0 and metrics[0].samples == 4
+        assert metrics[0].kv_migrations > 0 and metrics[0].samples == 4, metrics[0]
         assert dict(metrics[0].tokens_per_instance).get("spot-0", 0) > 0
         assert out == _reference(ckpt, weights, 1, prompts, long)
         assert all(len(ids) == 200 for ids in out.values())
