@@ -39,9 +39,9 @@ def one_torch_thread():
 
 
 # Modules whose tests each start whole runs (tens of seconds apiece), longest first. They are
-# collected first: two workers deal the first tests out in turn and then take the rest as
-# they free up, so the long runs are shared out at the start, and the suite does not end with
-# one worker alone on a run while the other idles. Within a module the order is kept.
+# collected first: two workers take the first files in turn and then the rest as they free
+# up, so the long runs are shared out at the start, and the suite does not end with one
+# worker alone on a run while the other idles. Within a module the order is kept.
 _LONG_FIRST = ("test_supervision.py", "cluster/test_live_capacity.py", "test_train_cli.py",
                "tasks/test_dataset_run.py", "tasks/test_reward_plugin_run.py", "test_two_nodes.py",
                "cluster/test_session.py", "test_outsider.py", "cluster/test_fleet.py", "cluster/test_egress_run.py",

@@ -63,7 +63,6 @@ def _first_steps(run: Path, steps: int = 3) -> list[dict]:
     return [m for m in _jsonl(run / "metrics.jsonl") if m["step"] <= steps]  # before any resume
 
 
-@pytest.mark.xdist_group("preempted")
 def test_short_run_survives_both_preemptions_and_resumes(preempted):
     tmp_path, run = preempted
     metrics = _first_steps(run)
@@ -104,7 +103,6 @@ def test_short_run_survives_both_preemptions_and_resumes(preempted):
     assert not list(run.glob(".rendezvous-*"))  # each launch removes its rendezvous file
 
 
-@pytest.mark.xdist_group("preempted")
 def test_preemptions_change_nothing_the_trainer_sees(preempted, tmp_path):
     """Sampling depends only on (seed, sample, position) and resumed samples continue from
     their last token, so a run with both preemptions trains on exactly what a run without
