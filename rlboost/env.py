@@ -52,7 +52,10 @@ def ray_address() -> str | None:
 
 # Without this, a local Ray cluster binds to the machine's non-loopback address.
 RAY_LOOPBACK_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-_RAY_DEFAULTS = {RAY_LOOPBACK_VARIABLE: "0"}
+# Ray reports usage statistics to its maintainers' server unless told not to; a run sends
+# nothing to any address it was not given.
+RAY_USAGE_STATS_VARIABLE = "RAY_USAGE_STATS_ENABLED"
+_RAY_DEFAULTS = {RAY_LOOPBACK_VARIABLE: "0", RAY_USAGE_STATS_VARIABLE: "0"}
 # transformers and huggingface_hub must not try to reach a model hub for local directories.
 _HF_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 

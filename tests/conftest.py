@@ -38,15 +38,14 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-# Modules whose tests each start whole runs (tens of seconds apiece), longest first. They are
+# Files whose tests start whole runs (tens of seconds apiece), longest file first. They are
 # collected first: two workers take the first files in turn and then the rest as they free
 # up, so the long runs are shared out at the start, and the suite does not end with one
 # worker alone on a run while the other idles. Within a module the order is kept.
-_LONG_FIRST = ("test_supervision.py", "cluster/test_live_capacity.py", "test_train_cli.py",
-               "tasks/test_dataset_run.py", "tasks/test_reward_plugin_run.py", "test_two_nodes.py",
-               "cluster/test_session.py", "test_outsider.py", "cluster/test_fleet.py", "cluster/test_egress_run.py",
-               "cluster/test_fleet_deaths.py", "test_train_transformers.py", "test_train_emulated.py",
-               "bench/test_paper_table_smoke.py")
+_LONG_FIRST = ("test_train_cli.py", "cluster/test_live_capacity.py", "test_train_emulated.py", "test_two_nodes.py",
+               "test_supervision.py", "cluster/test_session.py", "tasks/test_own_task_run.py", "cluster/test_fleet.py",
+               "test_outsider.py", "test_train_transformers.py", "bench/test_paper_table_smoke.py",
+               "cluster/test_egress_run.py", "controller/test_actor.py", "cluster/test_fleet_deaths.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,6 @@
 """run.trackers: each dashboard gets every step's numbers as metrics.jsonl has them, the
 config and the plots, in the run directory; a tracker whose package is missing is one line
-before anything runs. (tests/tasks/test_dataset_run.py checks them under a real run.)"""
+before anything runs. (tests/tasks/test_own_task_run.py checks them under a real run.)"""
 
 from __future__ import annotations
 

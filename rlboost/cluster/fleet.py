@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.instance import InstanceSpec, PullRecord, RolloutInstance
+from rlboost.cluster.session import process_info
 
 WATCH_INTERVAL_S = 0.25
 # Why an instance ended. "gone" events: its notice's deadline came, or the run shut its
@@ -399,13 +399,6 @@ class Fleet:
             for iid, m in self._members.items():
                 if m.alive:
                     self._terminate(iid, "gone", reason="shutdown", source="run")
-
-
-def process_info(_actor: Any = None) -> dict:
-    """{"pid", "node"} of the calling process (run inside an actor with __ray_call__), so
-    the run's events say which process each instance, the controller and each trainer
-    rank was: what to look for in Ray's logs when one dies."""
-    return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
 
 
 def _ready_or_empty(ref: Any) -> dict:

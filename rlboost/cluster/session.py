@@ -11,7 +11,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import ray
 from ray._private import ray_constants
@@ -177,3 +177,11 @@ def actor_options(kind: str, *, cpus: float = 0.0, gpus: float = 0.0, **extra) -
     if kind not in ("reserved", "preemptible"):
         raise ValueError(f"kind must be reserved or preemptible, got {kind!r}")
     return {"num_cpus": cpus, "num_gpus": gpus, "resources": {kind: 1}, "max_restarts": 0, **extra}
+
+
+def process_info(_actor: Any = None) -> dict:
+    """{"pid", "node"} of the calling process (run inside an actor with __ray_call__), so
+    the run's events say which process each instance, the controller and each trainer
+    rank was: what to look for in Ray's logs when one dies. It lives here, in a module
+    without torch, because the actor that runs it imports the module it comes from."""
+    return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlboost.controller.staleness import check_changes
-from rlboost.migration.kv import KVLayout
+from rlboost.migration.layout import KVLayout
 from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.validate import check_format_version
 

@@ -14,7 +14,7 @@ import torch
 
 from rlboost import _C
 from rlboost.errors import ProtocolError
-from rlboost.migration.kv import KV_FORMAT_VERSION, KVLayout
+from rlboost.migration.layout import KV_FORMAT_VERSION, KVLayout
 from rlboost.migration.state import RequestState, pack_states, unpack_states
 from rlboost.transfer.descriptors import describe
 from rlboost.validate import check_format_version

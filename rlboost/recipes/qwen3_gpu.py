@@ -29,8 +29,7 @@ from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.rollout.vllm.config import VLLMEngineConfig
 from rlboost.tasks.config import TaskConfig
 from rlboost.tasks.dataset import MathDatasetConfig
-from rlboost.trainer.config import TrainerConfig
-from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
+from rlboost.trainer.config import FSDPConfig, OptimizerConfig, TrainerConfig
 from rlboost.trainer.grpo import GRPOConfig
 from rlboost.trainer.starting_weights import ModelSource
 from rlboost.transfer.config import TransferConfig

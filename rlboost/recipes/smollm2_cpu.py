@@ -19,8 +19,7 @@ from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.embedded.config import EmbeddedEngineConfig
 from rlboost.tasks.arithmetic import ArithmeticConfig
 from rlboost.tasks.config import TaskConfig
-from rlboost.trainer.config import TrainerConfig
-from rlboost.trainer.fsdp import OptimizerConfig
+from rlboost.trainer.config import OptimizerConfig, TrainerConfig
 from rlboost.trainer.starting_weights import ModelSource
 
 

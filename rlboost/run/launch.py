@@ -18,11 +18,11 @@ from rlboost.cluster.capacity.trace import TracePlan
 from rlboost.cluster.capacity.trace import plan_trace as plan_cluster_trace
 from rlboost.cluster.config import parse_injection
 from rlboost.cluster.cost import CostLedger
-from rlboost.cluster.fleet import Fleet, process_info
+from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.placement import GpuNeeds
 from rlboost.cluster.replay import notice_seconds
-from rlboost.cluster.session import RaySettings, actor_options, join_address
+from rlboost.cluster.session import RaySettings, actor_options, join_address, process_info
 from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics

@@ -1,17 +1,95 @@
 """TrainerConfig: the FSDP2 trainer group of a run, holding its sharding and optimizer
-configs whole, so `--set trainer.optimizer.lr=...` reaches the optimizer unchanged."""
+configs whole, so `--set trainer.optimizer.lr=...` reaches the optimizer unchanged. The
+configs import no torch: reading or checking a run's config loads no FSDP."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from rlboost.timing import ACCELERATORS
-from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
 from rlboost.validate import require
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 RENDEZVOUS = ("file", "tcp")
+DTYPES = ("float32", "float16", "bfloat16")  # dtype names a config may use
+GRAD_REDUCTIONS = ("sum", "mean")
+
+
+@dataclass(kw_only=True, slots=True)
+class FSDPConfig:
+    """How the trainer shards its model.
+
+    param_dtype / reduce_dtype: compute and gradient-reduction dtypes (None keeps the
+    parameters' own dtype; sharded master weights stay in their stored dtype).
+    grad_reduction "sum" adds the ranks' gradients, so a loss normalised by the whole
+    step's token count (grpo.aggregate's denominator, which batch.micro_batch_loss
+    requires under a process group) gives the exact full-batch gradient however samples
+    are spread over ranks and micro-batches; "mean" is FSDP's default average (then the
+    gradient is 1/world of the full-batch one).
+    gather_bucket_mb bounds the extra memory of one full-weight gather step.
+    """
+
+    param_dtype: str | None = None
+    """compute dtype of sharded parameters (bfloat16, float16, float32; None: their own)"""
+    reduce_dtype: str | None = None
+    """dtype in which gradients are reduced across ranks (None: the compute dtype)"""
+    reshard_after_forward: bool = True
+    """free each block's gathered weights after its forward (less memory, one more gather)"""
+    grad_reduction: str = "sum"
+    """how ranks' gradients combine: sum (exact full-batch gradient) or mean (FSDP's default)"""
+    gather_bucket_mb: int = 64
+    """MiB of full weights gathered at once when publishing or checkpointing"""
+
+    def __post_init__(self) -> None:
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPES:
+                raise ValueError(f"{name} must be None or one of {tuple(DTYPES)}, got {value!r}")
+        if self.grad_reduction not in GRAD_REDUCTIONS:
+            raise ValueError(f"grad_reduction must be one of {GRAD_REDUCTIONS}, "
+                             f"got {self.grad_reduction!r}")
+        if self.gather_bucket_mb < 1:
+            raise ValueError(f"gather_bucket_mb must be >= 1, got {self.gather_bucket_mb}")
+
+    @property
+    def gather_bucket_bytes(self) -> int:
+        return self.gather_bucket_mb << 20
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimizerConfig:
+    """AdamW settings; max_grad_norm None disables clipping. offload moves the optimizer's
+    whole state (fp32 shards, gradients, moments) to host memory: about 16 bytes per
+    parameter over the ranks leave the GPU, for a host-side step and copies each step."""
+
+    lr: float = 1e-5
+    """AdamW learning rate, in (0, 1)"""
+    beta1: float = 0.9
+    """AdamW first-moment decay"""
+    beta2: float = 0.999
+    """AdamW second-moment decay"""
+    eps: float = 1e-8
+    """AdamW epsilon"""
+    weight_decay: float = 0.0
+    """decoupled weight decay"""
+    max_grad_norm: float | None = 1.0
+    """clip the global gradient norm to this (None: no clipping)"""
+    offload: bool = False
+    """keep the parameter shards, their gradients and AdamW's state in host memory (FSDP2's CPUOffloadPolicy; the step runs on the CPU)"""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.lr < 1.0:
+            raise ValueError(f"lr must be in (0, 1), got {self.lr}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.eps > 0.0:
+            raise ValueError(f"eps must be > 0, got {self.eps}")
+        if not self.weight_decay >= 0.0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0.0:
+            raise ValueError(f"max_grad_norm must be None or > 0, got {self.max_grad_norm}")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -18,9 +18,10 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 
 from rlboost.errors import CheckpointError
+from rlboost.models.checkpoint import TORCH_DTYPES
 from rlboost.trainer import fsdp, rng
 from rlboost.trainer.batch import MicroBatch, micro_batch_loss, reference_logprobs
-from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
+from rlboost.trainer.config import DTYPES, FSDPConfig, OptimizerConfig
 from rlboost.trainer.grpo import GRPOConfig
 from rlboost.trainer.model_impl import model_impl
 from rlboost.transfer.config import TransferConfig, node_ip, on_this_node
@@ -69,8 +70,8 @@ class RankSpec:
         check_format_version(self, RANK_SPEC_FORMAT_VERSION)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
-        if self.publish_dtype not in fsdp.DTYPES:
-            raise ValueError(f"publish_dtype must be one of {tuple(fsdp.DTYPES)}, got {self.publish_dtype!r}")
+        if self.publish_dtype not in DTYPES:
+            raise ValueError(f"publish_dtype must be one of {DTYPES}, got {self.publish_dtype!r}")
         model_impl(self.impl)  # ValueError naming model.impl
 
 
@@ -155,7 +156,7 @@ class TrainerRank:
         """Gather the full weights bucket by bucket into the publisher's staging area (rank 0)
         and start serving them as `version`. Extra memory: one bucket."""
         t0 = time.perf_counter()
-        dtype = fsdp.DTYPES[self.spec.publish_dtype]
+        dtype = TORCH_DTYPES[self.spec.publish_dtype]
         views = None
         if self.publisher is not None:
             layout = [(name, self.spec.publish_dtype, tuple(p.shape)) for name, p in self.model.named_parameters()]

@@ -227,7 +227,7 @@ def test_every_field_says_what_it_means():
 
 def test_sections_are_the_components_own_configs():
     """RunConfig holds component configs whole: no section repeats another's fields."""
-    from rlboost.trainer.fsdp import FSDPConfig, OptimizerConfig
+    from rlboost.trainer.config import FSDPConfig, OptimizerConfig
 
     trainer = RunConfig().trainer
     assert isinstance(trainer.optimizer, OptimizerConfig) and isinstance(trainer.sharding, FSDPConfig)

@@ -44,7 +44,7 @@ class TestEmulatedEngine(EngineContract):
 def test_kv_pages_in_a_foreign_layout_or_not_matching_the_tokens_are_refused():
     from rlboost.errors import RolloutError
     from rlboost.migration.batch import MigrationBatch
-    from rlboost.migration.kv import KVLayout
+    from rlboost.migration.layout import KVLayout
 
     src, dst = make_engine(), make_engine()
     from engine_contract import make_state

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from rlboost.errors import ProtocolError
 from rlboost.migration.batch import MigrationBatch, pack_batch, unpack_batch
-from rlboost.migration.kv import KVLayout
+from rlboost.migration.layout import KVLayout
 from rlboost.migration.state import RequestState, pack_states, unpack_states
 
 from .hostile import BATCH_HEADER, reseal_batch_header, reseal_states

@@ -10,7 +10,7 @@ from engine_contract import Collected, absorb, collect, make_state, run_alone
 
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
-from rlboost.migration.kv import KVLayout
+from rlboost.migration.layout import KVLayout
 from rlboost.models import load_pretrained
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
 

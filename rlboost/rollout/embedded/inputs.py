@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from rlboost.errors import RolloutError
-from rlboost.migration.kv import KVLayout
+from rlboost.migration.layout import KVLayout
 from rlboost.models.checkpoint import match_weight_names
 from rlboost.models.decoder import DecoderLM
 

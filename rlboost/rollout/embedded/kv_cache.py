@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rlboost.migration.kv import KVLayout
+from rlboost.migration.layout import KVLayout
 
 
 class BlockAllocator:

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rlboost.errors import RolloutError
-from rlboost.migration.kv import KVLayout
+from rlboost.migration.layout import KVLayout
 from rlboost.migration.state import RequestState
 
 _MASK = (1 << 64) - 1
