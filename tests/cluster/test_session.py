@@ -56,7 +56,7 @@ def test_a_local_run_starts_its_own_cluster_beside_another_one(tmp_path):
             assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         other = {pid: started_at(pid) for pid in [head.pid, *descendants(head.pid)]}
-        steps = ["--set", "run.steps=1", "--set", "run.progress=false", "--set", "model.warmup_steps=5",
+        steps = ["--set", "run.steps=1", "--set", "run.progress=false", "--set", "model.warmup_steps=10",
                  "--set", "task.groups_per_step=4", "--set", "task.group_size=2", "--set", "cluster.trace=none",
                  "--set", "cluster.max_preemptible=1", "--set", "cluster.initial_preemptible=1"]
         run = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *steps], cwd=tmp_path, env=env,
