@@ -20,19 +20,18 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
-import torch
 
 from rlboost.controller.records import InstanceInfo
 from rlboost.errors import RlboostError, TransferTimeout
-from rlboost.rollout.config import RolloutConfig
-from rlboost.rollout.factory import build_engine
-from rlboost.rollout.handoff.endpoint import MigratingEngine
-from rlboost.transfer.config import TransferConfig, on_this_node
-from rlboost.transfer.puller import WeightPuller
+from rlboost.transfer.config import on_this_node
 from rlboost.validate import check_format_version
+
+if TYPE_CHECKING:
+    from rlboost.rollout.config import RolloutConfig
+    from rlboost.transfer.config import TransferConfig
 
 SPEC_FORMAT_VERSION = 1
 PULL_RECORD_FORMAT_VERSION = 2
@@ -43,6 +42,8 @@ log = logging.getLogger(__name__)
 class InstanceSpec:
     """What a rollout instance needs to start.
 
+    >>> from rlboost.rollout.config import RolloutConfig
+    >>> from rlboost.transfer.config import TransferConfig
     >>> InstanceSpec(instance_id="spot-0", kind="preemptible", model_dir="/ckpt/tiny", rollout=RolloutConfig(),
     ...              transfer=TransferConfig(secret=b"s"), sources=("127.0.0.1:7000",)).capacity
     64
@@ -109,6 +110,14 @@ class RolloutInstance:
     """The actor class (wrap with ray.remote). controller is the RolloutController handle."""
 
     def __init__(self, spec: InstanceSpec, controller: Any):
+        # The engine, the puller and torch are imported here, not with the module: a process
+        # that only holds a handle to this actor (the controller) loads this module too.
+        import torch
+
+        from rlboost.rollout.factory import build_engine
+        from rlboost.rollout.handoff.endpoint import MigratingEngine
+        from rlboost.transfer.puller import WeightPuller
+
         torch.set_num_threads(spec.torch_threads)  # engines share a few cores with the trainer
         self.spec = spec
         self.controller = controller

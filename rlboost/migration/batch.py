@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from rlboost import _C
 from rlboost.errors import ProtocolError
 from rlboost.migration.layout import KV_FORMAT_VERSION, KVLayout
 from rlboost.migration.state import RequestState, pack_states, unpack_states
-from rlboost.transfer.descriptors import describe
 from rlboost.validate import check_format_version
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where KV bytes are handled, not with the module: a batch without KV
+# pages (an export of token states) goes to the controller, which never loads torch.
 
 BATCH_FORMAT_VERSION = 1
 _DTYPE_CODES = {"float32": 1, "float16": 2, "bfloat16": 3}
@@ -30,6 +35,7 @@ _STATE_HEADER = 48
 class MigrationBatch:
     """Samples leaving one engine for another; KV pages are optional (else re-prefill).
 
+    >>> import torch
     >>> from rlboost.migration.state import SamplingParams
     >>> s = RequestState(sample_id=7, prompt_ids=(1, 2, 3), params=SamplingParams(), seed=1,
     ...                  weight_version=3, output_ids=(9,), output_logprobs=(-0.5,))
@@ -68,6 +74,8 @@ class MigrationBatch:
         self._check_kv()
 
     def _check_kv(self) -> None:
+        import torch
+
         n = len(self.states)
         if len(self.kv_tokens) != n or len(self.kv_data) != n:
             raise ValueError(f"kv_tokens ({len(self.kv_tokens)}) and kv_data ({len(self.kv_data)}) "
@@ -109,6 +117,8 @@ def pack_batch(b: MigrationBatch, out=None):
     returns the view of out's first bytes that now hold the batch (a tensor or array
     slice, else a memoryview). ValueError if `out` is too small or read-only.
     """
+    import torch
+
     if out is None:
         return _encode(b, None)
     n = _encode(b, _writable(out))
@@ -116,6 +126,8 @@ def pack_batch(b: MigrationBatch, out=None):
 
 
 def _writable(out):
+    import torch
+
     """`out` as a writable buffer the native encoder takes."""
     if isinstance(out, torch.Tensor):
         if out.device.type != "cpu" or out.dtype != torch.uint8 or not out.is_contiguous():
@@ -144,6 +156,8 @@ def _align(v: int) -> int:
 
 
 def _encode(b: MigrationBatch, out):
+    from rlboost.transfer.descriptors import describe
+
     states = pack_states(b.states)
     if b.kv_layout is None:
         return _C.migration.encode_batch(states, len(b.states), None, b.format_version, KV_FORMAT_VERSION, [], out)
@@ -183,6 +197,8 @@ def unpack_batch(buf) -> MigrationBatch:
 
 
 def _bytes_tensor(view: memoryview, offset: int, nbytes: int) -> torch.Tensor:
+    import torch
+
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
     part = view[offset:offset + nbytes]

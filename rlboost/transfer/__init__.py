@@ -17,12 +17,16 @@ that delta when it pays and checks the rebuilt bytes against version v + 1's own
 falling back to the full version on any doubt (transfer/delta.py, transfer/delta_pull.py).
 """
 
+from typing import TYPE_CHECKING
+
 from rlboost.transfer.config import ServerConfig, TransferConfig, new_secret, run_secret
-from rlboost.transfer.manifest import Manifest, TensorSpec
-from rlboost.transfer.progress import TqdmProgress
-from rlboost.transfer.publisher import WeightPublisher
-from rlboost.transfer.pulled import PulledWeights, PullHandle
-from rlboost.transfer.puller import WeightPuller
+
+if TYPE_CHECKING:
+    from rlboost.transfer.manifest import Manifest, TensorSpec
+    from rlboost.transfer.progress import TqdmProgress
+    from rlboost.transfer.publisher import WeightPublisher
+    from rlboost.transfer.pulled import PulledWeights, PullHandle
+    from rlboost.transfer.puller import WeightPuller
 
 __all__ = [
     "Manifest",
@@ -37,3 +41,17 @@ __all__ = [
     "new_secret",
     "run_secret",
 ]
+
+# The rest loads on first use (they bring torch): a process that reads a transfer config
+# (the controller, a simulator) does not pay for them.
+_LAZY = {"Manifest": "manifest", "TensorSpec": "manifest", "TqdmProgress": "progress",
+         "WeightPublisher": "publisher", "PulledWeights": "pulled", "PullHandle": "pulled",
+         "WeightPuller": "puller"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"rlboost.transfer.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlboost.errors import HandoffFailed
-from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState
 from rlboost.rollout.engine import RolloutEngine
+
+if TYPE_CHECKING:  # the record crosses to the controller, which never loads torch
+    from rlboost.migration.batch import MigrationBatch
 
 HANDOFF_FORMAT_VERSION = 1
 MODES = ("tokens", "kv")  # tokens: the destination re-prefills; kv: KV pages travel along
@@ -107,6 +110,8 @@ def make_result(mode: str, batch: MigrationBatch, batch_bytes: int, drain_s: flo
 
 def subset(batch: MigrationBatch, sample_ids: Collection[int]) -> MigrationBatch:
     """The part of a batch holding the given samples (in the batch's order)."""
+    from rlboost.migration.batch import MigrationBatch
+
     keep = [i for i, s in enumerate(batch.states) if s.sample_id in sample_ids]
     if len(keep) == len(batch.states):
         return batch

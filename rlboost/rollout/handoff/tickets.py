@@ -9,7 +9,6 @@ import itertools
 import threading
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,18 +17,9 @@ from rlboost.errors import HandoffFailed, ProtocolError, RolloutError
 from rlboost.migration.batch import MigrationBatch, pack_batch, unpack_batch
 from rlboost.migration.state import RequestState
 from rlboost.rollout.engine import RolloutEngine
-from rlboost.rollout.handoff.result import (
-    HANDOFF_FORMAT_VERSION,
-    HandoffResult,
-    check_mode,
-    drain,
-    give_back,
-    make_result,
-    subset,
-)
+from rlboost.rollout.handoff.result import HandoffResult, drain, give_back, make_result, subset
+from rlboost.rollout.handoff.ticket import HandoffTicket
 from rlboost.transfer import Manifest, TransferConfig, WeightPublisher, WeightPuller
-from rlboost.transfer.config import parse_address
-from rlboost.validate import check_format_version
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -88,34 +78,6 @@ class TransferChannel:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class HandoffTicket:
-    """Where a drained batch waits for its destination; the source hands it to whoever
-    tells the destination (a controller), so it crosses processes.
-
-    >>> HandoffTicket(address="127.0.0.1:41000", key=3, nbytes=8192, mode="kv", sample_ids=(7, 9),
-    ...               drain_s=0.002, pack_s=0.001, publish_s=0.001).key
-    3
-    """
-
-    address: str
-    key: int
-    nbytes: int
-    mode: str
-    sample_ids: tuple[int, ...]
-    drain_s: float
-    pack_s: float
-    publish_s: float
-    format_version: int = HANDOFF_FORMAT_VERSION
-
-    def __post_init__(self) -> None:
-        check_format_version(self, HANDOFF_FORMAT_VERSION)
-        check_mode(self.mode)
-        parse_address(self.address)
-        if self.key < 0 or self.nbytes < 1:
-            raise ValueError(f"key must be >= 0 and nbytes >= 1, got key={self.key}, nbytes={self.nbytes}")
 
 
 class SampleSender:
