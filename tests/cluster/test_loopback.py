@@ -50,7 +50,10 @@ def listening(pids: set[int]) -> list[tuple[str, str, int]]:
 
 
 def test_a_local_cluster_and_the_run_s_actors_listen_on_loopback_only(monkeypatch):
+    from ray._common.usage.usage_lib import usage_stats_enabled
+
     monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    monkeypatch.delenv("RAY_USAGE_STATS_ENABLED", raising=False)
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)  # as imported without the variable
 
     class ActorOfTheRun:
@@ -69,4 +72,5 @@ def test_a_local_cluster_and_the_run_s_actors_listen_on_loopback_only(monkeypatc
         names = {name for name, _, _ in sockets}
         assert {"gcs_server", "raylet"} <= names, sockets  # the cluster's own servers were seen
         assert any(pid == worker for pid in tree if name_of(pid).startswith("ray::"))
+        assert not usage_stats_enabled()  # Ray reports nothing to its maintainers' server
     assert ray_constants.ENABLE_RAY_CLUSTER is True  # Ray's setting is back once the run's cluster is gone
