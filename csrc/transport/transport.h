@@ -104,10 +104,6 @@ struct ChunkLease {
   const uint8_t* data = nullptr;
   uint32_t length = 0;
   std::shared_ptr<void> pin;
-  // The region's file (a memfd) and the chunk's offset in it, when the bytes can go to a
-  // socket from the file (sendfile) instead of being copied through the server; -1: no file.
-  int fd = -1;
-  uint64_t offset = 0;
 };
 
 struct RegionLease {

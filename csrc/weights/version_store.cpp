@@ -397,10 +397,8 @@ ReplyStatus VersionStore::LeaseChunk(int64_t version, uint32_t index, ChunkLease
   auto e = FindLocked(version);
   if (e == nullptr || version < 0) return ReplyStatus::kUnknownVersion;
   if (index >= e->held.num_chunks || !IsHeld(e->held, index)) return ReplyStatus::kNotHeld;
-  out->offset = e->manifest.ChunkOffset(index);
-  out->data = e->region->data() + out->offset;
+  out->data = e->region->data() + e->manifest.ChunkOffset(index);
   out->length = e->manifest.ChunkLength(index);
-  out->fd = e->region->fd();
   out->pin = Pin(e);
   return ReplyStatus::kOk;
 }

@@ -8,7 +8,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -152,24 +151,6 @@ Status Socket::SendV(struct iovec* iov, int iovcnt, Deadline d) {
       // A partial send: the next call may wait only for what is left of the deadline.
       RLB_RETURN_IF_ERROR(ApplyTimeout(SO_SNDTIMEO, d));
     }
-  }
-  return Status::Ok();
-}
-
-Status Socket::SendFile(int in_fd, uint64_t offset, size_t n, Deadline d) {
-  if (fd_ < 0) return Status(Code::kClosed, "socket is closed");
-  RLB_RETURN_IF_ERROR(ApplyTimeout(SO_SNDTIMEO, d));
-  auto off = static_cast<off_t>(offset);
-  while (n > 0) {
-    if (d.Expired()) return Status(Code::kTimeout, "send did not finish before the deadline");
-    ssize_t sent = ::sendfile(fd_, in_fd, &off, n);
-    if (sent < 0) {
-      RLB_RETURN_IF_ERROR(AfterFailedCall(SO_SNDTIMEO, "sendfile", d));
-      continue;
-    }
-    if (sent == 0) return Status(Code::kIo, "sendfile: the file ended before the bytes to send");
-    n -= static_cast<size_t>(sent);
-    if (n > 0) RLB_RETURN_IF_ERROR(ApplyTimeout(SO_SNDTIMEO, d));
   }
   return Status::Ok();
 }

@@ -38,10 +38,6 @@ class Socket {
   Status SendAll(const void* data, size_t n, Deadline d);
   // Gathers iov in as few sendmsg calls as the kernel allows; iov is consumed.
   Status SendV(struct iovec* iov, int iovcnt, Deadline d);
-  // Sends n bytes of file `in_fd` from `offset` without copying them through this process
-  // (sendfile: the socket takes references to the file's pages). The bytes must not change
-  // until the peer has read them. SIGPIPE must be ignored (Python ignores it).
-  Status SendFile(int in_fd, uint64_t offset, size_t n, Deadline d);
   Status RecvAll(void* data, size_t n, Deadline d);
   // Receives what has arrived (at least one byte, at most n) into data, waiting no longer
   // than the deadline.

@@ -166,38 +166,11 @@ namespace {
 // the piece is still in cache.
 constexpr size_t kSealPieceBytes = 256u << 10;
 
-// Plaintext chunks at least this large whose region is a file go out with sendfile.
-constexpr size_t kFileSendMinBytes = 64u << 10;
-
-// A plaintext chunk straight from its region's file: the header and prefix, the bytes by
-// sendfile (the socket references the region's pages; no copy through this process, which
-// on a loopback pull leaves the receiver's as the only copy), then the MAC, which covers
-// the header and prefix only (the bytes have their own tag in the manifest).
-Status SendChunkFromFile(Socket& s, uint8_t* head, std::string& prefix, const ChunkLease& lease, size_t len,
-                         FrameCipher* c, Pacer* pacer, Deadline d) {
-  uint8_t tag[kFrameTagBytes];
-  if (c != nullptr) c->Tag(tag);
-  struct iovec iov[2] = {{head, kFrameHeaderBytes}, {&prefix[0], kChunkPrefixBytes}};
-  RLB_RETURN_IF_ERROR(s.SendV(iov, 2, d));
-  auto gone = [&s] { return s.HungUp(); };
-  const size_t piece_bytes = pacer != nullptr ? kPacedPieceBytes : len;
-  for (size_t sent = 0; sent < len;) {
-    const size_t piece = std::min(len - sent, piece_bytes);
-    if (sent > 0 && pacer != nullptr) RLB_RETURN_IF_ERROR(pacer->Acquire(piece, d, gone));
-    RLB_RETURN_IF_ERROR(s.SendFile(lease.fd, lease.offset + sent, piece, d));
-    sent += piece;
-  }
-  if (c == nullptr) return Status::Ok();
-  struct iovec t = {tag, kFrameTagBytes};
-  return s.SendV(&t, 1, d);
-}
-
 // Sends a chunk frame whose header is already encoded: prefix and bytes, then (sealed
 // connections) the tag; pacing piece by piece when a pacer is given (the first piece's
 // tokens were already granted with the header).
-Status SendChunkBody(Socket& s, uint8_t* head, std::string& prefix, const ChunkLease& lease, size_t len,
+Status SendChunkBody(Socket& s, uint8_t* head, std::string& prefix, const uint8_t* data, size_t len,
                      Pacer* pacer, Deadline d) {
-  const uint8_t* data = lease.data;
   FrameSeal* seal = s.seal();
   FrameCipher* c = seal != nullptr ? &seal->send() : nullptr;
   if (c != nullptr) {
@@ -206,9 +179,6 @@ Status SendChunkBody(Socket& s, uint8_t* head, std::string& prefix, const ChunkL
     c->Cover(p, p, kChunkPrefixBytes);
   }
   const bool encrypts = c != nullptr && c->encrypts();
-  if (!encrypts && lease.fd >= 0 && len >= kFileSendMinBytes) {
-    return SendChunkFromFile(s, head, prefix, lease, len, c, pacer, d);
-  }
   const size_t piece_bytes = std::max<size_t>(1, encrypts ? kSealPieceBytes : (pacer != nullptr ? kPacedPieceBytes : len));
   thread_local std::vector<uint8_t> scratch;
   if (encrypts && scratch.size() < kSealPieceBytes) scratch.resize(kSealPieceBytes);
@@ -263,7 +233,7 @@ Status SendChunkOverTcp(Socket& s, uint64_t request_id, int64_t version, uint32_
   }
   uint8_t head[kFrameHeaderBytes];
   EncodeFrameHeader(h, head);
-  return SendChunkBody(s, head, prefix, lease, len, pacer, d);
+  return SendChunkBody(s, head, prefix, lease.data, len, pacer, d);
 }
 
 }  // namespace rlboost
