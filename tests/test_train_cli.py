@@ -28,6 +28,10 @@ SHORT = [
     "--set", "cluster.notice_s=3",
 ]
 SAMPLES_PER_STEP = 8 * 4
+# What the Ctrl-C tests run: a long run with one preemptible instance and no preemption (the
+# stop, not the preemptions, is what they look at; each instance is a process to start).
+LONG = [a.replace("run.steps=3", "run.steps=200").replace("run.progress=false", "run.progress=true")
+        .replace("preemptible=2", "preemptible=1").replace("notice@2,kill@3", "") for a in SHORT]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -128,9 +132,7 @@ def _wait_for(stream, text: str, timeout: float) -> str:
 
 
 def test_ctrl_c_checkpoints_the_current_step_and_stops(tmp_path):
-    args = [a.replace("run.steps=3", "run.steps=200").replace("run.progress=false", "run.progress=true")
-            for a in SHORT]
-    proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", *args], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", *LONG], cwd=tmp_path,
                             env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _wait_for(proc.stderr, "| 1/200", timeout=120)  # the progress bar shows step 1 done
@@ -179,9 +181,7 @@ def test_two_ctrl_c_a_moment_apart_stop_at_once(tmp_path):
     resume (exit 130), and the run's processes must not outlive it."""
     from own_processes import descendants, kill_leftovers, started_at
 
-    args = [a.replace("run.steps=3", "run.steps=200").replace("run.progress=false", "run.progress=true")
-            for a in SHORT]
-    proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", *args], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", *LONG], cwd=tmp_path,
                             env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     processes: dict[int, int | None] = {}
     try:
