@@ -122,3 +122,24 @@ def test_run_seed_seeds_the_driver(tmp_path, monkeypatch):
         open_run(apply_overrides(RunConfig(), [f"run.seed={seed}"]), None, echo=print)
         draws.append((random.random(), float(torch.rand(1))))
     assert draws[0] == draws[1] and draws[0] != draws[2]
+
+
+def test_a_run_stopped_at_once_names_its_resume_command_even_while_its_checkpoint_is_written(tmp_path, monkeypatch):
+    """The last words of a run whose processes do not close in time are read beside the main
+    thread, which may be renaming or replacing a checkpoint that moment: whatever reading the
+    checkpoints raises, the user still gets the step and the command that continues the run."""
+    import rlboost.run.job as job
+
+    run = RunDirectory(tmp_path / "run")
+    run.append_metrics({"step": 1})
+    assert job._interrupted_lines(run) == [
+        "rlboost train: interrupted in step 2",
+        "no checkpoint was written; start the run again with the same command"]
+
+    def being_replaced(_run):
+        raise FileNotFoundError("step_000002/model.safetensors")
+
+    monkeypatch.setattr(job, "last_checkpoint_step", being_replaced)
+    first, last = job._interrupted_lines(run)
+    assert first == "rlboost train: interrupted in step 2"
+    assert last.endswith(f"rlboost train --resume {run.path}")

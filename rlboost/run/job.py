@@ -16,7 +16,7 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.placement import check_local, local_gpus
 from rlboost.cluster.session import RaySession, join_address
 from rlboost.config.run import RunConfig, check_multi_node
-from rlboost.errors import ConfigError, RunFailed, RunInterrupted
+from rlboost.errors import ConfigError, RlboostError, RunFailed, RunInterrupted
 from rlboost.models.checkpoint import verify_checkpoint_dir
 from rlboost.rollout.factory import check_installed
 from rlboost.run.checkpoints import checkpoint_state, last_checkpoint_step, open_run, resume_weights, save_checkpoint
@@ -93,8 +93,14 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
 
 
 def _interrupted_lines(run: RunDirectory) -> list[str]:
-    """What a run stopped at once says when its processes take too long to close."""
-    return ending_lines(halted(RunInterrupted, "interrupted", run, run.step, last_checkpoint_step(run)))
+    """What a run stopped at once says when its processes take too long to close. It runs
+    beside the main thread, which may be writing or replacing a checkpoint that moment: a
+    checkpoint that cannot be read then still leaves the resume command."""
+    try:
+        return ending_lines(halted(RunInterrupted, "interrupted", run, run.step, last_checkpoint_step(run)))
+    except (OSError, RlboostError):
+        return [f"rlboost train: interrupted in step {run.step}",
+                f"continue from its newest complete checkpoint with: rlboost train --resume {run.path}"]
 
 
 def supervise(config: RunConfig, run: RunDirectory, launch: Launch, terminal: TextIO, stop: StopSignal) -> int:
