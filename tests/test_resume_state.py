@@ -143,3 +143,32 @@ def test_a_run_stopped_at_once_names_its_resume_command_even_while_its_checkpoin
     first, last = job._interrupted_lines(run)
     assert first == "rlboost train: interrupted in step 2"
     assert last.endswith(f"rlboost train --resume {run.path}")
+
+
+def test_a_stop_now_press_outside_a_step_still_ends_with_the_step_and_the_resume_command(tmp_path, monkeypatch):
+    """The second Ctrl-C can land after the last step, while the run's processes close or its
+    report is written: the run still ends as interrupted in a step, with the command that
+    continues it, not as a bare 'interrupted'."""
+    import pytest
+
+    import rlboost.run.job as job
+    from rlboost.errors import RunInterrupted
+    from rlboost.recipes import get_recipe
+
+    def steps_then_a_press_while_closing_for_tests(config, run, launch, terminal, stop):
+        run.append_metrics({"step": 1})
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setattr(job, "prepare_launch", lambda *a, **k: None)
+    monkeypatch.setattr(job, "supervise", steps_then_a_press_while_closing_for_tests)
+    monkeypatch.setattr(job, "write_report", lambda *a, **k: None)
+    try:
+        job.train(get_recipe("tiny_cpu"), echo=lambda line: None)
+    except RunInterrupted as exc:
+        assert exc.step == 2 and exc.resume_from is None
+        assert str(tmp_path / "runs") in exc.run_dir
+    except KeyboardInterrupt:
+        pytest.fail("the press left train() as a bare KeyboardInterrupt")
+    else:
+        pytest.fail("train() returned although the run was stopped")

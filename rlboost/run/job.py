@@ -82,6 +82,13 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
                 write_report(run, echo=config.run.progress)
             if trackers is not None:
                 trackers.finish(run.plots_dir)
+    except KeyboardInterrupt:
+        if resume is None and not run.metrics():
+            shutil.rmtree(run.path, ignore_errors=True)
+            raise
+        # A stop-now press that lands outside a step (the run's processes closing, its report
+        # being written) still ends with the step and the command that continues the run.
+        raise halted(RunInterrupted, "interrupted", run, run.step, last_checkpoint_step(run)) from None
     except BaseException:
         if resume is None and not run.metrics():
             shutil.rmtree(run.path, ignore_errors=True)
