@@ -27,6 +27,11 @@ RUNS = {  # script -> the smallest arguments that still run its whole path
     "trainer_memory.py": ["--scale", "256", "--samples", "4"],
 }
 IMPORTED = ("cost_efficiency.py", "delta_weights.py", "live_capacity.py", "gpu_transfer.py")
+# script -> (its JSON line's metric, peers it must report), where a reader relies on them
+EXPECTED = {
+    "migration_cost.py": ("kv_resume_speedup_256", {"reprefill_ms_256", "kv_ms_256", "kv_transfer_ms_256",
+                                                    "scratch_ms_256"}),
+}
 
 
 def test_every_bench_script_is_named_by_a_smoke_test():
@@ -43,6 +48,10 @@ def test_a_light_script_runs_and_ends_with_its_json_line(script, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert REQUIRED_KEYS <= set(result), result
+    if script in EXPECTED:
+        metric, peers = EXPECTED[script]
+        assert result["metric"] == metric and result["value"] > 0 and result["ceiling"] > 0, result
+        assert peers <= set(result["peers"]), result["peers"]
 
 
 def _module(script: str, monkeypatch):
