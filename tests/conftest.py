@@ -43,7 +43,7 @@ def one_torch_thread():
 # up, so the long runs are shared out at the start, and the suite does not end with one
 # worker alone on a run while the other idles. Within a module the order is kept.
 _LONG_FIRST = ("test_train_cli.py", "cluster/test_live_capacity.py", "test_train_emulated.py", "test_two_nodes.py",
-               "test_supervision.py", "cluster/test_session.py", "tasks/test_own_task_run.py", "cluster/test_fleet.py",
+               "test_supervision.py", "tasks/test_own_task_run.py", "cluster/test_fleet.py",
                "test_outsider.py", "test_train_transformers.py", "bench/test_paper_table_smoke.py",
                "cluster/test_egress_run.py", "controller/test_actor.py", "cluster/test_fleet_deaths.py")
 

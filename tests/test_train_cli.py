@@ -107,17 +107,6 @@ def test_short_run_survives_both_preemptions_and_resumes(preempted):
     assert not list(run.glob(".rendezvous-*"))  # each launch removes its rendezvous file
 
 
-def test_preemptions_change_nothing_the_trainer_sees(preempted, tmp_path):
-    """Sampling depends only on (seed, sample, position) and resumed samples continue from
-    their last token, so a run with both preemptions trains on exactly what a run without
-    them does: the same rewards step by step."""
-    calm = [a.replace("notice@2,kill@3", "") for a in SHORT]  # no preemption
-    disturbed = _first_steps(preempted[1])
-    undisturbed = _jsonl(_train(tmp_path, *calm) / "metrics.jsonl")
-    assert [m["reward_mean"] for m in disturbed] == [m["reward_mean"] for m in undisturbed]
-    assert [m["total_tokens"] for m in disturbed] == [m["total_tokens"] for m in undisturbed]
-
-
 def _wait_for(stream, text: str, timeout: float) -> str:
     """Read a child's output until text appears (select waits for output, up to timeout)."""
     seen, deadline = "", time.monotonic() + timeout
@@ -131,26 +120,48 @@ def _wait_for(stream, text: str, timeout: float) -> str:
     return seen
 
 
-def test_ctrl_c_checkpoints_the_current_step_and_stops(tmp_path):
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> tuple[int, list[str], Path]:
+    """A long run with one preemptible instance and no preemption, stopped by one Ctrl-C once
+    its progress bar shows step 3 done: its exit code, stderr lines and run directory (the
+    stop is read by the test below, its first steps by the preemption test above)."""
+    tmp_path = tmp_path_factory.mktemp("stopped")
     proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", *LONG], cwd=tmp_path,
                             env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_for(proc.stderr, "| 1/200", timeout=120)  # the progress bar shows step 1 done
+        _wait_for(proc.stderr, "| 3/200", timeout=120)  # the progress bar shows step 3 done
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
     lines = err.decode(errors="replace").strip().splitlines()
-    assert proc.returncode == 130, "\n".join(lines[-30:])  # interrupted, though cleanly
+    assert lines and "rlboost train --resume " in lines[-1], "\n".join(lines[-30:])
+    return proc.returncode, lines, Path(lines[-1].split("rlboost train --resume ", 1)[1])
+
+
+def test_ctrl_c_checkpoints_the_current_step_and_stops(stopped):
+    code, lines, run = stopped
+    assert code == 130, "\n".join(lines[-30:])  # interrupted, though cleanly
     # the last line says where it stopped and the command that continues it
     assert lines[-1].startswith("rlboost train: stopped at step "), lines[-3:]
-    run = Path(lines[-1].split("rlboost train --resume ", 1)[1])
     assert f"stopped at step {_jsonl(run / 'metrics.jsonl')[-1]['step']} " in lines[-1]
     last = _jsonl(run / "metrics.jsonl")[-1]["step"]
-    assert 1 <= last < 200
+    assert 3 <= last < 200
     assert (run / "checkpoints" / f"step_{last:06d}" / "COMPLETE").is_file()
     assert (run / "summary.md").is_file()
+
+
+def test_preemptions_change_nothing_the_trainer_sees(preempted, stopped):
+    """Sampling depends only on (seed, sample, position) and resumed samples continue from
+    their last token, so a run with both preemptions trains on exactly what a run without
+    them (the Ctrl-C run: one preemptible instance, never preempted) does: the same rewards
+    step by step."""
+    disturbed = _first_steps(preempted[1])
+    undisturbed = _first_steps(stopped[2])
+    assert len(undisturbed) == len(disturbed) == 3
+    assert [m["reward_mean"] for m in disturbed] == [m["reward_mean"] for m in undisturbed]
+    assert [m["total_tokens"] for m in disturbed] == [m["total_tokens"] for m in undisturbed]
 
 
 def test_bad_settings_fail_before_anything_starts(tmp_path, capsys):

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 
 from rlboost.errors import CheckpointError
 from rlboost.models.checkpoint import TORCH_DTYPES
-from rlboost.trainer import fsdp, rng
+from rlboost.trainer import rng
 from rlboost.trainer.batch import MicroBatch, micro_batch_loss, reference_logprobs
 from rlboost.trainer.config import DTYPES, FSDPConfig, OptimizerConfig
 from rlboost.trainer.grpo import GRPOConfig
@@ -32,6 +31,15 @@ from rlboost.validate import check_format_version
 RANK_SPEC_FORMAT_VERSION = 1
 OPTIMIZER_FILE = "optimizer.pt"
 MODEL_DIR = "model"
+
+
+def _fsdp():
+    """The FSDP2 helpers, imported in the rank's own process on first use: the driver and
+    the controller hold this actor class only as a handle and need not load
+    torch.distributed's FSDP and checkpoint modules (about a second of every start)."""
+    from rlboost.trainer import fsdp
+
+    return fsdp
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,7 +114,7 @@ class TrainerRank:
         and each rank's random state from the rng_rank{r}.pt files beside it. Returns the
         number of parameters."""
         s = self.spec
-        mesh = fsdp.init_distributed(s.rank, s.world_size, backend=s.backend, init_method=init_method)
+        mesh = _fsdp().init_distributed(s.rank, s.world_size, backend=s.backend, init_method=init_method)
         self.device = torch.device(s.device if s.device == "cpu" else f"cuda:{torch.cuda.current_device()}")
         impl = model_impl(s.impl)
         model = impl.load(s.checkpoint, self.device)
@@ -114,11 +122,11 @@ class TrainerRank:
             impl.checkpoint_layers(model)
         self.model_config = model.config
         num_params = sum(p.numel() for p in model.parameters())
-        self.model = fsdp.shard_model(model, mesh, s.sharding, offload=s.optimizer.offload)
-        self.optimizer = fsdp.build_optimizer(self.model, s.optimizer)
+        self.model = _fsdp().shard_model(model, mesh, s.sharding, offload=s.optimizer.offload)
+        self.optimizer = _fsdp().build_optimizer(self.model, s.optimizer)
         if s.grpo.kl_coef > 0:  # no gradients, no optimizer: nothing of it to offload
             ref = impl.load(s.reference_checkpoint or s.checkpoint, self.device)
-            self.ref_model = fsdp.shard_model(ref.requires_grad_(False), mesh, s.sharding)
+            self.ref_model = _fsdp().shard_model(ref.requires_grad_(False), mesh, s.sharding)
         if optimizer_state is not None:
             self._load_optimizer(optimizer_state)
             rng.load_all(Path(optimizer_state).parent, self.device)
@@ -146,7 +154,7 @@ class TrainerRank:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(1.0 / denominator)
-        norm = fsdp.optimizer_step(self.model, self.optimizer, self.spec.optimizer)
+        norm = _fsdp().optimizer_step(self.model, self.optimizer, self.spec.optimizer)
         sums, self._sums = self._sums, _StepSums()
         return {**sums.as_dict(), "grad_norm": norm, "train_s": sums.seconds + time.perf_counter() - t0}
 
@@ -163,7 +171,7 @@ class TrainerRank:
             views = self.publisher.stage(version, Manifest.from_layout(version, layout,
                                                                        self.spec.transfer.alignment))
         try:
-            for _ in fsdp.iter_full_parameters(self.model, bucket_bytes=self.spec.sharding.gather_bucket_bytes,
+            for _ in _fsdp().iter_full_parameters(self.model, bucket_bytes=self.spec.sharding.gather_bucket_bytes,
                                                dtype=dtype, into=views):
                 pass
         except BaseException:
@@ -182,9 +190,11 @@ class TrainerRank:
         impl = model_impl(self.spec.impl)
         shell = impl.shell(self.model_config) if self.spec.rank == 0 else None
         into = dict(shell.named_parameters()) if shell is not None else None
-        for _ in fsdp.iter_full_parameters(self.model, bucket_bytes=self.spec.sharding.gather_bucket_bytes,
+        for _ in _fsdp().iter_full_parameters(self.model, bucket_bytes=self.spec.sharding.gather_bucket_bytes,
                                            into=into):
             pass
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
         state = get_optimizer_state_dict(self.model, self.optimizer,
                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if shell is None:
@@ -197,6 +207,8 @@ class TrainerRank:
 
     def _load_optimizer(self, path: str) -> None:
         saved = read_optimizer_file(path) if self.spec.rank == 0 else {}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
         set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=saved.get("optimizer", {}),
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         if "torch_rng" in saved:  # a checkpoint from before per-rank random state files
@@ -205,7 +217,7 @@ class TrainerRank:
     def close(self) -> None:
         """Leave the process group (every rank) and stop serving weights."""
         self.model = self.ref_model = self.optimizer = None
-        fsdp.destroy_distributed()
+        _fsdp().destroy_distributed()
         if self.publisher is not None:
             self.publisher.close()
 
