@@ -131,7 +131,7 @@ def live_overrides(hook_dir: Path, steps: int, **more: Any) -> list[str]:
         "cluster.capacity": "live", "transfer.bind_host": "0.0.0.0", "trainer.rendezvous": "tcp",
         "run.steps": steps, "run.progress": "false", "run.checkpoint_every": 1000, "model.warmup_steps": 10,
         "task.groups_per_step": 8, "task.group_size": 4, "trainer.microbatch_groups": 2,
-        "rollout.capacity": 16, "cluster.max_preemptible": 3, "cluster.live_poll_s": 0.25,
+        "rollout.capacity": 16, "trainer.world_size": 1, "cluster.max_preemptible": 3, "cluster.live_poll_s": 0.25,
         "cluster.notices.poll_s": 0.25, "cluster.notices.hook_dir": str(hook_dir),
         "rollout.backend": "emulated", "task.max_new_tokens": 24, "rollout.emulated.decode_tokens_per_s": 200,
         "rollout.emulated.sample_tokens_per_s": 8, "rollout.emulated.stop_probability": 0.01,

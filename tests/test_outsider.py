@@ -31,7 +31,8 @@ from rlboost.errors import AuthError, TransferError, VersionMismatch
 from rlboost.transfer import TransferConfig, WeightPuller
 
 RUN = ["--set", "run.steps=40", "--set", "run.progress=false", "--set", "model.warmup_steps=10",
-       "--set", "cluster.trace=none", "--set", "cluster.max_preemptible=1", "--set", "cluster.initial_preemptible=1"]
+       "--set", "cluster.trace=none", "--set", "cluster.max_preemptible=1", "--set", "cluster.initial_preemptible=1",
+       "--set", "trainer.world_size=1"]  # one trainer rank: nothing here depends on the rank count (two ranks: test_train_cli, test_supervision)
 
 
 def _listening(pids: list[int]) -> set[int]:

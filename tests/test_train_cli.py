@@ -192,7 +192,8 @@ def test_two_ctrl_c_a_moment_apart_stop_at_once(tmp_path):
     resume (exit 130), and the run's processes must not outlive it."""
     from own_processes import descendants, kill_leftovers, started_at
 
-    proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", *LONG], cwd=tmp_path,
+    one_rank = ["--set", "trainer.world_size=1"]  # the stop is the driver's: one rank will do
+    proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", *LONG, *one_rank], cwd=tmp_path,
                             env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     processes: dict[int, int | None] = {}
     try:

@@ -24,6 +24,7 @@ ARGS = [
     "--set", "rollout.emulated_preemptible_speed=0.5",
     "--set", "cluster.trace=none", "--set", "cluster.max_preemptible=1", "--set", "cluster.initial_preemptible=1",
     "--set", "cluster.inject=notice@2", "--set", "cluster.notice_s=3",
+    "--set", "trainer.world_size=1",  # one trainer rank: nothing here depends on the rank count (two ranks: test_train_cli, test_supervision)
 ]
 
 

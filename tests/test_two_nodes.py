@@ -132,6 +132,7 @@ def test_a_preemptible_node_that_dies_mid_step_loses_no_sample(tmp_path):
                 f"task.groups_per_step={GROUPS}", f"task.group_size={GROUP_SIZE}", "trainer.microbatch_groups=2",
                 "rollout.capacity=16", "cluster.capacity=trace", "cluster.trace=none", "cluster.max_preemptible=1",
                 "cluster.initial_preemptible=1",  # placed by the run itself, not by live capacity
+                "trainer.world_size=1",  # the node that dies holds an instance, not a rank
                 # emulated engines that take about five seconds per step, so the node dies mid-step
                 "rollout.backend=emulated", "task.max_new_tokens=24", "rollout.emulated.decode_tokens_per_s=200",
                 "rollout.emulated.sample_tokens_per_s=5", "rollout.emulated.stop_probability=0.01"]

@@ -23,7 +23,8 @@ ARGS = [
     "--set", "rollout.backend=emulated", "--set", "rollout.emulated.decode_tokens_per_s=400",
     "--set", "rollout.emulated.sample_tokens_per_s=40", "--set", "rollout.embedded.dtype=bfloat16",
     "--set", "cluster.trace=none", "--set", "cluster.max_preemptible=1", "--set", "cluster.initial_preemptible=1",
-    "--set", "cluster.inject=", "--set",
+    "--set", "cluster.inject=", "--set", "trainer.world_size=1",  # one trainer rank: nothing here depends on the rank count (two ranks: test_train_cli, test_supervision)
+    "--set",
     f'cost.egress_usd_per_gb={{"reserved": {USD_PER_GB}, "preemptible": {USD_PER_GB}}}',
 ]
 

@@ -52,7 +52,8 @@ RUN = ["--set", f"run.steps={STEPS}", "--set", "run.progress=false", "--set", "m
        "--set", f"task.groups_per_step={GROUPS}", "--set", f"task.group_size={GROUP_SIZE}",
        "--set", "task.reward=my_rewards:score", "--set", "task.reward_timeout_s=2", "--set", "task.reward_workers=2",
        "--set", "trainer.microbatch_groups=2", "--set", "rollout.capacity=8", "--set", "cluster.trace=none",
-       "--set", "cluster.max_preemptible=1", "--set", "cluster.initial_preemptible=1"]
+       "--set", "cluster.max_preemptible=1", "--set", "cluster.initial_preemptible=1",
+       "--set", "trainer.world_size=1"]  # one trainer rank: nothing here depends on the rank count (two ranks: test_train_cli, test_supervision)
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # the test extra installs all three
 
 
