@@ -1,10 +1,15 @@
-"""A run with cost.egress_usd_per_gb set: every step records the bytes each instance
-pulled (a delta once it holds the previous version), the ledger prices what came from the
-trainer, and the summary shows those dollars inside tokens per dollar."""
+"""A run with cost.egress_usd_per_gb set, on emulated engines (a GPU's time, hash tokens)
+under the real controller, weight pulls and trainer: every step records the bytes each
+instance pulled (a delta once it holds the previous version), the ledger prices what came
+from the trainer, and the summary shows those dollars inside tokens per dollar. Emulated
+engines through preemptions: tests/test_train_emulated.py (notice and sudden, bounded
+staleness), tests/cluster/test_live_capacity.py (notice) and tests/test_two_nodes.py (a
+node's death), all strict on-policy but the first."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,7 +26,8 @@ ARGS = [
     "--set", "model.warmup_steps=10", "--set", "task.groups_per_step=4", "--set", "task.group_size=4",
     "--set", "task.max_new_tokens=16", "--set", "trainer.microbatch_groups=2", "--set", "rollout.capacity=16",
     "--set", "rollout.backend=emulated", "--set", "rollout.emulated.decode_tokens_per_s=400",
-    "--set", "rollout.emulated.sample_tokens_per_s=40", "--set", "rollout.embedded.dtype=bfloat16",
+    "--set", "rollout.emulated.sample_tokens_per_s=40", "--set", "rollout.emulated.stop_probability=0.05",
+    "--set", "rollout.embedded.dtype=bfloat16",
     "--set", "cluster.trace=none", "--set", "cluster.max_preemptible=1", "--set", "cluster.initial_preemptible=1",
     "--set", "cluster.inject=", "--set", "trainer.world_size=1",  # one trainer rank: nothing here depends on the rank count (two ranks: test_train_cli, test_supervision)
     "--set",
@@ -40,6 +46,14 @@ def test_a_run_prices_weight_egress_and_counts_it_in_tokens_per_dollar(tmp_path)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
+        # emulated engines under the real controller and trainer: every sample trained once,
+        # strictly on-policy; hash tokens earn nothing (equal rewards, zero advantages), and
+        # the GRPO step on them stays finite; some samples end early on the end token
+        assert m["samples"] == m["samples_trained"] == m["samples_unique"] == 4 * 4
+        assert m["duplicates"] == 0 and m["gaps"] == 0 and m["sample_versions"] == [m["step"]]
+        assert m["reward_mean"] == 0.0 and m["reward_std"] == 0.0
+        assert all(math.isfinite(m[k]) for k in ("loss", "grad_norm", "kl", "mean_ratio"))
+        assert 4 * 4 <= m["response_tokens"] < 4 * 4 * 16
         assert set(m["weight_bytes_per_instance"]) == {"reserved-0", "spot-s0"}
         assert m["weight_bytes"] == sum(m["weight_bytes_per_instance"].values()) >= m["weight_egress_bytes"] > 0
     # version 1 arrives whole; later ones as deltas against the version each instance holds
