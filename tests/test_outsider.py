@@ -146,6 +146,7 @@ def beside(tmp_path_factory) -> dict:
     return seen
 
 
+@pytest.mark.timeout(900)  # the module's whole run; on a loaded 2-core machine one has taken minutes
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux /proc")
 def test_a_process_without_the_runs_secret_reads_no_tensor_from_a_live_run(beside):
     assert not beside["wrong"], beside["wrong"]
@@ -154,6 +155,7 @@ def test_a_process_without_the_runs_secret_reads_no_tensor_from_a_live_run(besid
     assert beside["refused_ports"] & beside["publisher_ports"], "the trainer's publisher was not among the ports dialled"
 
 
+@pytest.mark.timeout(900)  # the module's whole run; on a loaded 2-core machine one has taken minutes
 def test_a_local_run_starts_its_own_cluster_beside_another_one(beside):
     # the run worked beside the other cluster and stopped as a Ctrl-C stops it
     assert beside["code"] == 130, beside["err"][-3000:]

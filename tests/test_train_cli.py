@@ -42,7 +42,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _train(tmp_path: Path, *args: str, timeout: float = 300) -> Path:
+def _train(tmp_path: Path, *args: str, timeout: float = 600) -> Path:
     # cwd=tmp_path: the installed package is imported, not the source tree
     tmp_path.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *args], cwd=tmp_path,
@@ -67,6 +67,7 @@ def _first_steps(run: Path, steps: int = 3) -> list[dict]:
     return [m for m in _jsonl(run / "metrics.jsonl") if m["step"] <= steps]  # before any resume
 
 
+@pytest.mark.timeout(900)  # its module's whole runs; on a loaded 2-core machine one has taken minutes
 def test_short_run_survives_both_preemptions_and_resumes(preempted):
     tmp_path, run = preempted
     metrics = _first_steps(run)
@@ -129,9 +130,9 @@ def stopped(tmp_path_factory) -> tuple[int, list[str], Path]:
     proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", *LONG], cwd=tmp_path,
                             env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_for(proc.stderr, "| 3/200", timeout=120)  # the progress bar shows step 3 done
+        _wait_for(proc.stderr, "| 3/200", timeout=600)  # the progress bar shows step 3 done
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=90)
+        out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -140,6 +141,7 @@ def stopped(tmp_path_factory) -> tuple[int, list[str], Path]:
     return proc.returncode, lines, Path(lines[-1].split("rlboost train --resume ", 1)[1])
 
 
+@pytest.mark.timeout(900)  # its module's whole runs; on a loaded 2-core machine one has taken minutes
 def test_ctrl_c_checkpoints_the_current_step_and_stops(stopped):
     code, lines, run = stopped
     assert code == 130, "\n".join(lines[-30:])  # interrupted, though cleanly
@@ -152,6 +154,7 @@ def test_ctrl_c_checkpoints_the_current_step_and_stops(stopped):
     assert (run / "summary.md").is_file()
 
 
+@pytest.mark.timeout(900)  # its module's whole runs; on a loaded 2-core machine one has taken minutes
 def test_preemptions_change_nothing_the_trainer_sees(preempted, stopped):
     """Sampling depends only on (seed, sample, position) and resumed samples continue from
     their last token, so a run with both preemptions trains on exactly what a run without
@@ -186,6 +189,7 @@ def test_joining_a_cluster_from_the_environment_with_a_loopback_config_is_refuse
     assert not any(tmp_path.iterdir())  # no run directory was made
 
 
+@pytest.mark.timeout(900)  # its module's whole runs; on a loaded 2-core machine one has taken minutes
 def test_two_ctrl_c_a_moment_apart_stop_at_once(tmp_path):
     """The second press lands while the driver waits in ray.get, where Python runs its
     handler once a second: it must still count, stop the run within seconds and say how to
@@ -197,7 +201,7 @@ def test_two_ctrl_c_a_moment_apart_stop_at_once(tmp_path):
                             env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     processes: dict[int, int | None] = {}
     try:
-        _wait_for(proc.stderr, "| 1/200", timeout=120)
+        _wait_for(proc.stderr, "| 1/200", timeout=600)
         processes = {pid: started_at(pid) for pid in descendants(proc.pid)}
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
