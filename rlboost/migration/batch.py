@@ -117,18 +117,18 @@ def pack_batch(b: MigrationBatch, out=None):
     returns the view of out's first bytes that now hold the batch (a tensor or array
     slice, else a memoryview). ValueError if `out` is too small or read-only.
     """
-    import torch
-
     if out is None:
         return _encode(b, None)
+    import torch
+
     n = _encode(b, _writable(out))
     return out[:n] if isinstance(out, (torch.Tensor, np.ndarray)) else memoryview(out).cast("B")[:n]
 
 
 def _writable(out):
+    """`out` as a writable buffer the native encoder takes."""
     import torch
 
-    """`out` as a writable buffer the native encoder takes."""
     if isinstance(out, torch.Tensor):
         if out.device.type != "cpu" or out.dtype != torch.uint8 or not out.is_contiguous():
             raise ValueError("out must be a contiguous CPU torch.uint8 tensor")
