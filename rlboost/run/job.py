@@ -82,16 +82,14 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
                 write_report(run, echo=config.run.progress)
             if trackers is not None:
                 trackers.finish(run.plots_dir)
-    except KeyboardInterrupt:
-        if resume is None and not run.metrics():
+    except BaseException as exc:
+        if resume is None and not run.metrics():  # nothing done: no run directory left behind
             shutil.rmtree(run.path, ignore_errors=True)
             raise
-        # A stop-now press that lands outside a step (the run's processes closing, its report
-        # being written) still ends with the step and the command that continues the run.
-        raise halted(RunInterrupted, "interrupted", run, run.step, last_checkpoint_step(run)) from None
-    except BaseException:
-        if resume is None and not run.metrics():
-            shutil.rmtree(run.path, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt):
+            # A stop-now press that lands outside a step (the run's processes closing, its
+            # report being written) still ends with the step and the command that continues.
+            raise halted(RunInterrupted, "interrupted", run, run.step, last_checkpoint_step(run)) from None
         raise
     finally:
         if stop is not None:
