@@ -123,6 +123,9 @@ def test_a_puller_further_behind_than_the_deltas_served_pulls_the_full_version()
         for version in (2, 3, 4):  # the delta into 2 went with version 2
             expected = trainer.step()
             pub.publish(version, expected)
+            # deltas are encoded on a thread of their own: on busy cores the one into 3 could
+            # otherwise still wait for its base (version 2) when version 4 retires it
+            assert pub.wait_for_deltas(WAIT)
         pulled = puller.pull(4, into=pulled, timeout=WAIT)
         assert_same(pulled, expected)
         assert pulled.stats["route"] == "full" and "into version 2" in pulled.stats["fallback"]
