@@ -41,7 +41,7 @@ def test_rlboost_info_says_whether_frames_can_be_sealed():
     ],
 )
 def test_native_status_becomes_typed_exception(name, cls):
-    from rlboost import _C
+    from rlboost import _C, _C_testing
 
     with pytest.raises(cls, match="boom"):
-        _C._raise_status(_C.STATUS_CODES[name], "boom")
+        _C_testing.raise_status(_C.STATUS_CODES[name], "boom")

@@ -57,10 +57,6 @@ void BindErrors(py::module_& m) {
       py::arg("checksum") = static_cast<int>(Code::kChecksum),
       py::arg("integrity") = static_cast<int>(Code::kIntegrity),
       py::arg("unknown_version") = static_cast<int>(Code::kUnknownVersion));
-  // Lets tests check the translation without a network round trip.
-  m.def("_raise_status", [](int code, const std::string& msg) {
-    throw StatusError(Status(static_cast<Code>(code), msg));
-  });
 }
 
 }  // namespace rlboost

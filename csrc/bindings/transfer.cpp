@@ -1,7 +1,8 @@
 // Bindings for the weight server, version store, puller and transports. Thin: argument
 // conversion, GIL release around every blocking call, and lifetimes (a pull job keeps its
 // destination object alive until its threads have stopped). Constructors take keywords
-// only; ranges are validated once, by the Python config that calls them.
+// only; the Python config validates ranges for users, and the boundary checks them again
+// so that a direct call with a bad value is a ValueError, never a crash.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -10,7 +11,7 @@
 #include "bindings/bind.h"
 #include "bindings/buffer_view.h"
 #include "common/frame.h"
-#include "transport/tcp/handshake.h"
+#include "channel/handshake.h"
 #include "transport/transport.h"
 #ifdef RLBOOST_HAS_UCX
 #include "transport/ucx/ucx_transport.h"
@@ -23,6 +24,36 @@ namespace py = pybind11;
 
 namespace rlboost {
 namespace {
+
+template <typename T>
+void RequireAtLeast(const char* name, T value, T low) {
+  if (value < low) {
+    throw StatusError(Status(Code::kInvalidArgument, std::string(name) + " must be >= " + std::to_string(low) +
+                                                         ", got " + std::to_string(value)));
+  }
+}
+
+template <typename T>
+void RequireAtMost(const char* name, T value, T high) {
+  if (value > high) {
+    throw StatusError(Status(Code::kInvalidArgument, std::string(name) + " must be <= " + std::to_string(high) +
+                                                         ", got " + std::to_string(value)));
+  }
+}
+
+void RequirePositive(const char* name, double value) {
+  if (!(value > 0)) {
+    throw StatusError(Status(Code::kInvalidArgument, std::string(name) + " must be > 0, got " + std::to_string(value)));
+  }
+}
+
+EncryptPolicy PolicyOf(int encrypt) {
+  if (encrypt < 0 || encrypt > 2) {
+    throw StatusError(Status(Code::kInvalidArgument, "encrypt must be 0 (off), 1 (auto) or 2 (on), got " +
+                                                         std::to_string(encrypt)));
+  }
+  return static_cast<EncryptPolicy>(encrypt);
+}
 
 // A running pull plus the Python object that owns its destination memory.
 struct PyPullJob {
@@ -136,6 +167,7 @@ void BindStoreAndServer(py::module_& m) {
   py::class_<VersionStore, std::shared_ptr<VersionStore>>(m, "VersionStore",
                                                           "Versions a server holds, with read pins.")
       .def(py::init([](int versions_kept, py::bytes secret) {
+             RequireAtLeast("versions_kept", versions_kept, 1);
              return std::make_shared<VersionStore>(versions_kept, std::string(secret));
            }), py::kw_only(), py::arg("versions_kept"), py::arg("secret"),
            "secret keys the tags of the chunks this store commits.")
@@ -204,18 +236,25 @@ void BindStoreAndServer(py::module_& m) {
       .def("held_bytes", &VersionStore::HeldBytes,
            "Bytes of every region held: served, retired but still read, staged, the spare.")
       .def("latest", &VersionStore::Latest)
-      .def("versions", &VersionStore::Versions)
-      .def("corrupt_byte_for_tests", [](VersionStore& s, int64_t v, uint64_t off) {
-            ThrowIfError(s.CorruptByteForTests(v, off));
-          }, py::arg("version"), py::arg("offset"));
+      .def("versions", &VersionStore::Versions);
 
   py::class_<WeightServer>(m, "WeightServer", "Serves a VersionStore on one TCP port.")
       .def(py::init([](std::shared_ptr<VersionStore> store, const std::string& host, int port, py::bytes secret,
                        uint64_t egress, int max_connections, int max_connections_per_peer,
                        int max_connections_per_host, int max_handshakes, double handshake_timeout_s,
                        double frame_timeout_s, double send_timeout_s, double lease_timeout_s, int encrypt) {
+             RequireAtLeast("port", port, 0);
+             RequireAtMost("port", port, 65535);
+             RequireAtLeast("max_connections", max_connections, 1);
+             RequireAtLeast("max_connections_per_peer", max_connections_per_peer, 1);
+             RequireAtLeast("max_connections_per_host", max_connections_per_host, 1);
+             RequireAtLeast("max_handshakes", max_handshakes, 1);
+             RequirePositive("handshake_timeout_s", handshake_timeout_s);
+             RequirePositive("frame_timeout_s", frame_timeout_s);
+             RequirePositive("send_timeout_s", send_timeout_s);
+             RequirePositive("lease_timeout_s", lease_timeout_s);
              ServerOptions o;
-             o.encrypt = static_cast<EncryptPolicy>(encrypt);
+             o.encrypt = PolicyOf(encrypt);
              o.host = host;
              o.port = port;
              o.secret = secret;
@@ -287,7 +326,10 @@ void BindPuller(py::module_& m) {
 
   py::class_<ConnectionPool, std::shared_ptr<ConnectionPool>>(
       m, "ConnectionPool", "Authenticated connections to sources, kept open between pulls.")
-      .def(py::init<size_t, double>(), py::kw_only(), py::arg("max_idle_per_source"), py::arg("max_idle_s"))
+      .def(py::init([](size_t max_idle_per_source, double max_idle_s) {
+             RequirePositive("max_idle_s", max_idle_s);
+             return std::make_shared<ConnectionPool>(max_idle_per_source, max_idle_s);
+           }), py::kw_only(), py::arg("max_idle_per_source"), py::arg("max_idle_s"))
       .def_property_readonly("idle", &ConnectionPool::idle, "Connections open and unused now.")
       .def("close", &ConnectionPool::Close, py::call_guard<py::gil_scoped_release>(),
            "Closes the idle connections; those in use close when their pull ends.");
@@ -298,9 +340,16 @@ void BindPuller(py::module_& m) {
                        double request_timeout_s, double connect_timeout_s, int reconnect_attempts,
                        uint64_t self_server_id, std::shared_ptr<ConnectionPool> pool, uint32_t relay_poll_ms,
                        int encrypt, uint64_t max_version_bytes) {
+             RequireAtLeast("streams", streams, 1);
+             RequireAtLeast("max_in_flight", max_in_flight, 1);
+             RequireAtLeast("reconnect_attempts", reconnect_attempts, 0);
+             RequirePositive("request_timeout_s", request_timeout_s);
+             RequirePositive("connect_timeout_s", connect_timeout_s);
+             RequireAtLeast("max_version_bytes", max_version_bytes, uint64_t{1});
+             RequireAtLeast("relay_poll_ms", relay_poll_ms, uint32_t{1});
              PullOptions o;
              o.secret = secret;
-             o.encrypt = static_cast<EncryptPolicy>(encrypt);
+             o.encrypt = PolicyOf(encrypt);
              o.max_version_bytes = max_version_bytes;
              o.transport = transport;
              o.streams = streams;
@@ -380,17 +429,6 @@ void BindUtilities(py::module_& m) {
         return py::dict(py::arg("endpoints") = st.endpoints, py::arg("rejected") = st.rejected);
       }, "UCX serving in this process: endpoints open now, connection requests refused.");
 #endif
-  m.def("parse_frame", [](py::bytes data) {
-        std::string s = data;
-        if (s.size() < kFrameHeaderBytes) ThrowIfError(Status(Code::kProtocol, "truncated frame header"));
-        FrameHeader h;
-        ThrowIfError(DecodeFrameHeader(reinterpret_cast<const uint8_t*>(s.data()), &h));
-        if (s.size() - kFrameHeaderBytes != h.length) ThrowIfError(Status(Code::kProtocol, "frame length mismatch"));
-        const auto* body = reinterpret_cast<const uint8_t*>(s.data()) + kFrameHeaderBytes;
-        if (h.type == FrameType::kError) ThrowIfError(DecodeErrorBody(body, h.length));
-        return py::make_tuple(static_cast<int>(h.type), h.status, h.request_id,
-                              py::bytes(reinterpret_cast<const char*>(body), h.length));
-      }, py::arg("frame"), "Decodes one whole frame; an error frame raises its typed error.");
   m.attr("WIRE") = py::dict(
       py::arg("magic") = kWireMagic, py::arg("format_version") = kWireFormatVersion,
       py::arg("header_bytes") = kFrameHeaderBytes, py::arg("min_chunk_bytes") = kMinChunkBytes,

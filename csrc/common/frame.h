@@ -14,7 +14,7 @@ namespace rlboost {
 constexpr uint32_t kWireMagic = 0x57424C52u;  // bytes "RLBW"
 // 2: client proves first, MACed manifests. 3: chunks checked by keyed tags (no longer
 // crc32c), the client names itself in the hello. 4: every frame after the login MACed or
-// sealed under keys bound to that login (transport/tcp/frame_seal.h).
+// sealed under keys bound to that login (channel/frame_seal.h).
 constexpr uint16_t kWireFormatVersion = 4;
 constexpr size_t kFrameHeaderBytes = 24;
 

@@ -98,28 +98,37 @@ Digest256 Sha256Of(const void* data, size_t n) {
   return s.Finish();
 }
 
-Digest256 HmacSha256(const std::string& key, const void* msg, size_t n) {
+HmacKey::HmacKey(const void* key, size_t n) {
   uint8_t k[64] = {};
-  if (key.size() > 64) {
-    Digest256 kd = Sha256Of(key.data(), key.size());
+  if (n > 64) {
+    Digest256 kd = Sha256Of(key, n);
     std::memcpy(k, kd.data(), kd.size());
-  } else {
-    std::memcpy(k, key.data(), key.size());
+  } else if (n > 0) {
+    std::memcpy(k, key, n);
   }
   uint8_t ipad[64], opad[64];
   for (int i = 0; i < 64; ++i) {
     ipad[i] = k[i] ^ 0x36;
     opad[i] = k[i] ^ 0x5c;
   }
-  Sha256 inner;
-  inner.Update(ipad, 64);
-  inner.Update(msg, n);
+  inner_.Update(ipad, 64);
+  outer_.Update(opad, 64);
+}
+
+Digest256 HmacKey::Finish(Sha256 inner) const {
   Digest256 ih = inner.Finish();
-  Sha256 outer;
-  outer.Update(opad, 64);
+  Sha256 outer = outer_;
   outer.Update(ih.data(), ih.size());
   return outer.Finish();
 }
+
+Digest256 HmacKey::Mac(const void* msg, size_t n) const {
+  Sha256 inner = Start();
+  inner.Update(msg, n);
+  return Finish(inner);
+}
+
+Digest256 HmacSha256(const std::string& key, const void* msg, size_t n) { return HmacKey(key).Mac(msg, n); }
 
 bool ConstantTimeEqual(const uint8_t* a, const uint8_t* b, size_t n) {
   uint8_t diff = 0;

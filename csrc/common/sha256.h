@@ -1,6 +1,6 @@
 // SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), self-contained so the native module
 // needs no crypto library. Used for the connect-time challenge-response and the
-// per-connection manifest MAC (transport/tcp/handshake.h).
+// per-connection manifest MAC (channel/handshake.h).
 #pragma once
 
 #include <array>
@@ -27,6 +27,22 @@ class Sha256 {
 };
 
 Digest256 Sha256Of(const void* data, size_t n);
+
+// HMAC-SHA256 under one key, with the padded key's two hash states computed once: each
+// message then costs its own blocks plus two. The one place the key padding is written.
+class HmacKey {
+ public:
+  HmacKey(const void* key, size_t n);
+  explicit HmacKey(const std::string& key) : HmacKey(key.data(), key.size()) {}
+  // A hash to feed the message into, then Finish() it.
+  Sha256 Start() const { return inner_; }
+  Digest256 Finish(Sha256 inner) const;
+  Digest256 Mac(const void* msg, size_t n) const;
+
+ private:
+  Sha256 inner_, outer_;
+};
+
 Digest256 HmacSha256(const std::string& key, const void* msg, size_t n);
 
 // Compares without an early exit so timing does not reveal the first differing byte.

@@ -1,12 +1,5 @@
 list(APPEND RLBOOST_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/registry.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tcp/socket.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tcp/frame_io.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tcp/frame_seal.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tcp/handshake.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tcp/login_stage.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tcp/interrupt.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tcp/connection_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tcp/tcp_transport.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/shm_region.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shm/shm_transport.cpp)

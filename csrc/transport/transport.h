@@ -15,8 +15,8 @@
 #include "common/frame.h"
 #include "common/polyval.h"
 #include "common/status.h"
-#include "transport/tcp/connection_pool.h"
-#include "transport/tcp/handshake.h"
+#include "channel/connection_pool.h"
+#include "channel/handshake.h"
 
 namespace rlboost {
 

@@ -32,12 +32,32 @@ ChunkMap::ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t rank, uint3
   }
 }
 
+class ChunkMap::Change {
+ public:
+  explicit Change(ChunkMap* map) : map_(map), lock_(map->mu_) {}
+  ~Change() {
+    std::function<void(bool)> report;
+    bool complete = false;
+    if (map_->finish_due_) {
+      map_->finish_due_ = false;
+      report = map_->on_finish_;
+      complete = map_->held_ == map_->n_;
+    }
+    lock_.unlock();
+    if (report) report(complete);
+  }
+
+ private:
+  ChunkMap* map_;
+  std::unique_lock<std::mutex> lock_;
+};
+
 void ChunkMap::BumpLocked() {
   ++epoch_;
   cv_.notify_all();
   if (FinishedLocked() && !finish_reported_ && on_finish_) {
     finish_reported_ = true;
-    on_finish_(held_ == n_);
+    finish_due_ = true;
   }
 }
 
@@ -47,7 +67,7 @@ void ChunkMap::OnFinish(std::function<void(bool)> fn) {
 }
 
 void ChunkMap::SeedHeld(const std::vector<uint8_t>& bitmap) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Change change(this);
   for (uint32_t c = 0; c < n_ && c / 8 < bitmap.size(); ++c) {
     if (((bitmap[c / 8] >> (c % 8)) & 1u) && state_[c] != kHeldChunk) {
       state_[c] = kHeldChunk;
@@ -58,7 +78,7 @@ void ChunkMap::SeedHeld(const std::vector<uint8_t>& bitmap) {
 }
 
 void ChunkMap::UpdateSource(size_t s, const HeldState& held, bool may_grow) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Change change(this);
   if (!alive_[s]) return;
   auto& known = known_[s];
   for (uint32_t c = 0; c < n_ && c < held.num_chunks; ++c) {
@@ -120,7 +140,7 @@ void ChunkMap::LandLocked(uint32_t c, uint8_t to) {
 }
 
 bool ChunkMap::Held(uint32_t chunk) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Change change(this);
   bool fresh = state_[chunk] != kHeldChunk;
   LandLocked(chunk, kHeldChunk);
   if (fresh) {
@@ -132,7 +152,7 @@ bool ChunkMap::Held(uint32_t chunk) {
 }
 
 void ChunkMap::Release(uint32_t chunk, const Status& cause) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Change change(this);
   LandLocked(chunk, kMissing);
   CheckServableLocked(cause);
   BumpLocked();
@@ -148,7 +168,7 @@ void ChunkMap::ForgetLocked(size_t s, uint32_t c, uint8_t to) {
 }
 
 void ChunkMap::NotHeld(size_t s, uint32_t chunk) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Change change(this);
   LandLocked(chunk, kMissing);
   ForgetLocked(s, chunk, kUnknown);
   CheckServableLocked(Status(Code::kUnknownVersion, "no source holds chunk " + std::to_string(chunk)));
@@ -156,7 +176,7 @@ void ChunkMap::NotHeld(size_t s, uint32_t chunk) {
 }
 
 void ChunkMap::Bad(size_t s, uint32_t chunk, const Status& cause) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Change change(this);
   LandLocked(chunk, kMissing);
   ForgetLocked(s, chunk, kExcluded);
   CheckServableLocked(cause);
@@ -164,7 +184,7 @@ void ChunkMap::Bad(size_t s, uint32_t chunk, const Status& cause) {
 }
 
 void ChunkMap::RetireSource(size_t s, const Status& cause) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Change change(this);
   if (!alive_[s]) return;
   alive_[s] = false;
   cause_[s] = cause;
@@ -178,7 +198,7 @@ void ChunkMap::RetireSource(size_t s, const Status& cause) {
 }
 
 void ChunkMap::Cancel(const Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Change change(this);
   if (held_ != n_ && failure_.ok()) failure_ = why;
   BumpLocked();
 }
@@ -200,7 +220,7 @@ void ChunkMap::CheckServableLocked(const Status& cause) {
 }
 
 void ChunkMap::FailIfStalled(double stall_s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Change change(this);
   if (FinishedLocked()) return;
   double idle = std::chrono::duration<double>(Deadline::Clock::now() - last_progress_).count();
   if (idle < stall_s) return;

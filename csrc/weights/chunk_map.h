@@ -30,7 +30,8 @@ class ChunkMap {
   ChunkMap(uint32_t num_chunks, size_t num_sources, uint32_t rank, uint32_t pullers, uint32_t seed);
 
   // Called once, when the pull first finishes (complete: every chunk held; else failed or
-  // cancelled), with the map's lock held: it must not call back into the map.
+  // cancelled), by the thread whose change finished it, after the map's lock is released:
+  // it may read the map and take its own locks (no lock of the map is held around it).
   void OnFinish(std::function<void(bool complete)> fn);
   // Marks chunks held before the pull started (resuming an earlier attempt).
   void SeedHeld(const std::vector<uint8_t>& bitmap);
@@ -70,6 +71,9 @@ class ChunkMap {
   bool BetterElsewhereLocked(size_t s, uint32_t c) const;
   void LandLocked(uint32_t c, uint8_t to);  // an in-flight chunk leaves flight
   void BumpLocked();
+  // Holds the map's lock for one change; on leaving, unlocks and then reports a finish
+  // that change caused.
+  class Change;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -88,6 +92,7 @@ class ChunkMap {
   uint64_t epoch_ = 0;
   std::function<void(bool)> on_finish_;
   bool finish_reported_ = false;
+  bool finish_due_ = false;  // reached under the lock, reported once it is released
   Status failure_;
   Status last_cause_;
   Deadline::Clock::time_point last_progress_ = Deadline::Clock::now();

@@ -27,21 +27,16 @@ Digest256 MasterKey(const std::string& secret, int64_t version) {
   return HmacSha256(secret, msg.data(), msg.size());
 }
 
+Digest256 TagKeyFrom(const Digest256& master) {
+  return HmacSha256(AsKey(master), kTagLabel, sizeof(kTagLabel) - 1);
+}
+
 }  // namespace
 
 ChunkKeys::ChunkKeys(const std::string& secret, int64_t version)
-    : version_(version), hash_(HashKeyFrom(MasterKey(secret, version))) {
-  Digest256 master = MasterKey(secret, version);
-  Digest256 tag_key = HmacSha256(AsKey(master), kTagLabel, sizeof(kTagLabel) - 1);
-  uint8_t ipad[64], opad[64];
-  for (size_t i = 0; i < 64; ++i) {
-    uint8_t k = i < tag_key.size() ? tag_key[i] : 0;
-    ipad[i] = k ^ 0x36;
-    opad[i] = k ^ 0x5c;
-  }
-  inner_.Update(ipad, 64);
-  outer_.Update(opad, 64);
-}
+    : version_(version),
+      hash_(HashKeyFrom(MasterKey(secret, version))),
+      tag_key_(AsKey(TagKeyFrom(MasterKey(secret, version)))) {}
 
 ChunkTag ChunkKeys::Tag(uint32_t index, uint32_t length, const Block128& digest) const {
   std::string msg;
@@ -50,12 +45,7 @@ ChunkTag ChunkKeys::Tag(uint32_t index, uint32_t length, const Block128& digest)
   w.U32(index);
   w.U32(length);
   w.Raw(digest.data(), digest.size());
-  Sha256 inner = inner_;
-  inner.Update(msg.data(), msg.size());
-  Digest256 ih = inner.Finish();
-  Sha256 outer = outer_;
-  outer.Update(ih.data(), ih.size());
-  Digest256 full = outer.Finish();
+  Digest256 full = tag_key_.Mac(msg.data(), msg.size());
   ChunkTag tag;
   std::memcpy(tag.data(), full.data(), tag.size());
   return tag;

@@ -2,7 +2,7 @@
 // computes, once per version, tag = HMAC-SHA256(prf_key, version | index | length |
 // POLYVAL_H(chunk))[:16], with H and prf_key derived from the run's shared secret and the
 // version; the tags travel in the manifest, whose reply is MACed per connection
-// (transport/tcp/handshake.h). This is hash-then-PRF: a party without the secret cannot
+// (channel/handshake.h). This is hash-then-PRF: a party without the secret cannot
 // find other bytes that match a tag (a POLYVAL collision under an unknown H: at most
 // blocks/2^128; the PRF hides H), so a forged or altered chunk fails its check whichever
 // source or path it came through. Being deterministic, two publishers of the same bytes
@@ -34,8 +34,7 @@ class ChunkKeys {
  private:
   int64_t version_;
   PolyvalKey hash_;
-  // HMAC's inner and outer hashes after the padded key: two blocks per tag, not four.
-  Sha256 inner_, outer_;
+  HmacKey tag_key_;  // padded once: two blocks per tag, not four
 };
 
 // Whether a chunk's tag matches (in constant time).

@@ -84,6 +84,9 @@ struct PullStats {
   std::vector<SourceStats> sources;
 };
 
+// Lock order: a lane's mutex, a source's mutex, the job's mutex and the chunk map's lock
+// are never held together, so none can wait on another. The map reports a finish
+// (OnFinished) with its lock released, and OnFinished takes each lane's mutex in turn.
 class PullJob {
  public:
   PullJob(const PullOptions& opts, Manifest manifest, std::vector<PullSource> sources, uint8_t* dst,

@@ -5,10 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <new>
 
 #include "common/bytes.h"
 #include "common/random.h"
-#include "transport/tcp/frame_io.h"
+#include "channel/frame_io.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace rlboost {
@@ -24,6 +25,16 @@ Status WeightServer::Start(const ServerOptions& opts, std::shared_ptr<VersionSto
   s->self_.host_key = LocalHostKey();
   s->self_.pid = static_cast<uint32_t>(getpid());
   RLB_RETURN_IF_ERROR(ListenTcp(opts.host, opts.port, &s->listener_, &s->port_));
+  LoginLimits limits;
+  limits.slots = opts.limits.max_handshakes;
+  limits.per_host = opts.limits.max_handshakes_per_host;
+  limits.timeout_s = opts.handshake_timeout_s;
+  WeightServer* raw = s.get();
+  RLB_RETURN_IF_ERROR(LoginStage::Create(
+      s->listener_, opts.secret, s->self_, opts.encrypt, limits, &s->logins_,
+      [raw](Socket sock, uint64_t id, const std::string& host, const std::string& welcome,
+            std::shared_ptr<FrameSeal> seal) { raw->OnLogin(std::move(sock), id, host, welcome, std::move(seal)); },
+      &s->stage_));
   s->owner_pid_ = getpid();
   s->accept_thread_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   *out = std::move(s);
@@ -62,6 +73,7 @@ void WeightServer::AbandonInForkedChild() {
   new std::thread(std::move(accept_thread_));
   for (auto& svc : services_) static_cast<void>(svc.release());
   static_cast<void>(limiter_.release());
+  static_cast<void>(stage_.release());
 }
 
 ServerStats WeightServer::stats() const {
@@ -76,6 +88,9 @@ ServerStats WeightServer::stats() const {
   s.leases_expired = leases_expired_;
   s.leases_revoked = leases_revoked_;
   s.encrypted_connections = encrypted_;
+  s.accept_queue_peak = logins_.accept_queue_peak;
+  s.accept_errors = logins_.accept_errors;
+  s.resource_errors = resource_errors_;
   std::lock_guard<std::mutex> lock(mu_);
   s.connections_refused = admission_.refused;
   s.connections_evicted = admission_.evicted_idle;
@@ -97,14 +112,9 @@ void WeightServer::ReapLocked() {
 }
 
 void WeightServer::AcceptLoop() {
-  LoginLimits limits;
-  limits.slots = opts_.limits.max_handshakes;
-  limits.per_host = opts_.limits.max_handshakes_per_host;
-  limits.timeout_s = opts_.handshake_timeout_s;
-  LoginStage stage(listener_, opts_.secret, self_, opts_.encrypt, limits, &logins_,
-                   [this](Socket s, uint64_t id, const std::string& host, const std::string& welcome,
-                          std::shared_ptr<FrameSeal> seal) { OnLogin(std::move(s), id, host, welcome, std::move(seal)); });
-  stage.Run(closing_);
+  // Run fails only when epoll itself does; the listener then accepts nothing more, and
+  // the failure is counted where a user looks (stats: accept_errors).
+  if (!stage_->Run(closing_).ok()) ++logins_.accept_errors;
 }
 
 void WeightServer::OnLogin(Socket s, uint64_t client_id, const std::string& host, const std::string& welcome,
@@ -115,7 +125,7 @@ void WeightServer::OnLogin(Socket s, uint64_t client_id, const std::string& host
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_) return;
   ReapLocked();
-  auto conn = std::make_unique<ServerConn>();
+  auto conn = std::make_shared<ServerConn>();
   conn->peer_host = host;
   conn->accepted_at = Deadline::Clock::now();
   conn->socket = std::move(s);
@@ -123,38 +133,54 @@ void WeightServer::OnLogin(Socket s, uint64_t client_id, const std::string& host
   if (seal->encrypts()) ++encrypted_;
   ServerConn* raw = conn.get();
   conns_.push_back(std::move(conn));
-  raw->thread = std::thread([this, raw, welcome, seal] { Serve(raw, welcome, seal); });
+  std::shared_ptr<ServerConn> shared = conns_.back();
+  raw->thread = std::thread([this, shared, welcome, seal] { Serve(shared, welcome, seal); });
 }
 
-void WeightServer::Serve(ServerConn* conn, const std::string& welcome, std::shared_ptr<FrameSeal> seal) {
-  // Everything a client can cause ends here: its connection closes, nothing else.
+void WeightServer::Serve(const std::shared_ptr<ServerConn>& conn, const std::string& welcome,
+                         std::shared_ptr<FrameSeal> seal) {
+  // Everything a client can cause ends here: its connection closes, nothing else. Nothing
+  // below throws on a client's bytes; running out of memory is the one exception, and it
+  // is counted as what it is.
   try {
-    Socket& s = conn->socket;
-    Status st = SendFrame(s, FrameType::kWelcome, 0, 0, welcome, Deadline::After(opts_.handshake_timeout_s));
-    s.set_seal(std::move(seal));
-    if (st.ok()) st = ServeFrames(conn);
-    if (st.code() == Code::kAuth) ++auth_failures_;
-    if (st.code() == Code::kProtocol) ++protocol_errors_;
-    if (st.code() == Code::kTimeout) ++deadlines_missed_;
-    if ((st.code() == Code::kAuth || st.code() == Code::kProtocol) && !closing_ && !conn->evicted) {
-      SendError(s, st, 0, Deadline::After(1.0));
-    }
-  } catch (...) {
-    ++protocol_errors_;
+    ServeGuarded(conn, welcome, std::move(seal));
+  } catch (const std::bad_alloc&) {
+    ++resource_errors_;
   }
   conn->state = static_cast<int>(ConnState::kClosing);
   conn->socket.Shutdown();
   conn->done = true;
 }
 
-Status WeightServer::ServeFrames(ServerConn* c) {
+void WeightServer::ServeGuarded(const std::shared_ptr<ServerConn>& conn, const std::string& welcome,
+                                std::shared_ptr<FrameSeal> seal) {
+  Socket& s = conn->socket;
+  Status st = SendFrame(s, FrameType::kWelcome, 0, 0, welcome, Deadline::After(opts_.handshake_timeout_s));
+  s.set_seal(std::move(seal));
+  if (st.ok()) st = ServeFrames(conn);
+  if (st.code() == Code::kAuth) ++auth_failures_;
+  if (st.code() == Code::kProtocol) ++protocol_errors_;
+  if (st.code() == Code::kTimeout) ++deadlines_missed_;
+  if ((st.code() == Code::kAuth || st.code() == Code::kProtocol) && !closing_ && !conn->evicted) {
+    SendError(s, st, 0, Deadline::After(1.0));
+  }
+}
+
+Status WeightServer::ServeFrames(const std::shared_ptr<ServerConn>& owner) {
+  ServerConn* c = owner.get();
   Socket& s = c->socket;
   ServiceConnection conn;
   conn.socket = &s;
-  conn.revoke = [this, c] {
-    if (!c->evicted.exchange(true)) ++leases_revoked_;
-    c->Evict();
+  // Called by the version store under its lock: it only shuts the socket down, and a
+  // connection already reaped is out of its reach.
+  std::weak_ptr<ServerConn> weak = owner;
+  conn.revoke = [this, weak] {
+    std::shared_ptr<ServerConn> target = weak.lock();
+    if (target == nullptr) return;
+    if (!target->evicted.exchange(true)) ++leases_revoked_;
+    target->Evict();
   };
+  bool proven = false;  // a request verified under this login's keys
   // A region lease pins its version; it lasts lease_timeout_s from when it was granted,
   // however busy the connection keeps itself (closing the connection ends its leases).
   Deadline lease_expiry = Deadline::Never();
@@ -177,6 +203,12 @@ Status WeightServer::ServeFrames(ServerConn* c) {
     }
     std::string body;
     RLB_RETURN_IF_ERROR(RecvBody(s, h, &body, frame_deadline));
+    if (!proven) {
+      // Only now, with a request that carries this login's MAC (or AES-GCM tag), has the
+      // address shown it holds the keys: a relayed login never gets this far.
+      proven = true;
+      stage_->MarkGood(c->peer_host);
+    }
     const size_t leases_before = conn.leases();
     RLB_RETURN_IF_ERROR(Dispatch(h, body, c, conn));
     if (conn.leases() == 0) {

@@ -1,6 +1,6 @@
 // WeightServer: serves the versions of a VersionStore to authenticated pullers on one
 // TCP port. Logins are stepped by one thread for all of them, with budgets per address and
-// slots kept for addresses that logged in recently (transport/tcp/login_stage.h); each
+// slots kept for addresses that logged in recently (channel/login_stage.h); each
 // authenticated connection then has a thread of its own. A connection's failures (a wrong
 // secret, a malformed or unauthentic frame, a vanished peer) close that connection only.
 // Every login and every frame has a deadline for the whole of it. Authenticated
@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
-#include "transport/tcp/handshake.h"
-#include "transport/tcp/login_stage.h"
-#include "transport/tcp/socket.h"
+#include "channel/handshake.h"
+#include "channel/login_stage.h"
+#include "channel/socket.h"
 #include "transport/transport.h"
 #include "weights/rate_limiter.h"
 #include "weights/server_conn.h"
@@ -61,6 +61,9 @@ struct ServerStats {
   uint64_t leases_expired = 0;  // connections closed because their lease ran out
   uint64_t leases_revoked = 0;  // ... because the leased version was retired
   uint64_t encrypted_connections = 0;  // logins whose frames are sealed (AES-256-GCM)
+  uint64_t accept_queue_peak = 0;      // deepest the kernel's accept queue was seen
+  uint64_t accept_errors = 0;          // accept() failures (out of descriptors, ...)
+  uint64_t resource_errors = 0;        // connections ended because memory ran out
 };
 
 class WeightServer {
@@ -83,8 +86,10 @@ class WeightServer {
   void AcceptLoop();
   void OnLogin(Socket s, uint64_t client_id, const std::string& host, const std::string& welcome,
                std::shared_ptr<FrameSeal> seal);
-  void Serve(ServerConn* conn, const std::string& welcome, std::shared_ptr<FrameSeal> seal);
-  Status ServeFrames(ServerConn* conn);
+  void Serve(const std::shared_ptr<ServerConn>& conn, const std::string& welcome, std::shared_ptr<FrameSeal> seal);
+  void ServeGuarded(const std::shared_ptr<ServerConn>& conn, const std::string& welcome,
+                    std::shared_ptr<FrameSeal> seal);
+  Status ServeFrames(const std::shared_ptr<ServerConn>& conn);
   Status Dispatch(const FrameHeader& h, const std::string& body, ServerConn* c, ServiceConnection& conn);
   Status ServeChunk(const FrameHeader& h, const std::string& body, Socket& s);
   Status ServeHave(const FrameHeader& h, const std::string& body, ServerConn* c);
@@ -99,6 +104,7 @@ class WeightServer {
   Socket listener_;
   int port_ = 0;
   pid_t owner_pid_ = 0;  // the process whose threads serve
+  std::unique_ptr<LoginStage> stage_;  // made by Start (its failures are Start's), run by accept_thread_
   std::thread accept_thread_;
   std::atomic<bool> closing_{false};
   mutable std::mutex mu_;
@@ -108,7 +114,7 @@ class WeightServer {
 
   std::atomic<uint64_t> bytes_sent_{0}, chunks_sent_{0}, not_held_{0}, deadlines_missed_{0},
       auth_failures_{0}, protocol_errors_{0}, leases_expired_{0}, leases_revoked_{0},
-      encrypted_{0};
+      encrypted_{0}, resource_errors_{0};
 };
 
 }  // namespace rlboost

@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "common/deadline.h"
-#include "transport/tcp/handshake.h"
-#include "transport/tcp/socket.h"
+#include "channel/handshake.h"
+#include "channel/socket.h"
 
 namespace rlboost {
 
@@ -64,7 +64,9 @@ struct AdmissionCounts {
   uint64_t evicted_stalled = 0;  // busy ones (the most stalled) closed for one
 };
 
-using ConnList = std::list<std::unique_ptr<ServerConn>>;
+// Shared: a region lease's revoke callback holds a weak reference to its connection, so
+// it can never reach one that was reaped.
+using ConnList = std::list<std::shared_ptr<ServerConn>>;
 
 // Under the server's lock: makes room for `c` (authenticated now, client `peer_id`)
 // within every cap; false only when no connection there can be closed.

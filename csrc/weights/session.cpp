@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "common/bytes.h"
-#include "transport/tcp/frame_io.h"
-#include "transport/tcp/handshake.h"
+#include "channel/frame_io.h"
+#include "channel/handshake.h"
 
 namespace rlboost {
 

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <string>
 
-#include "transport/tcp/connection_pool.h"
-#include "transport/tcp/socket.h"
+#include "channel/connection_pool.h"
+#include "channel/socket.h"
 #include "transport/transport.h"
 #include "weights/manifest.h"
 #include "weights/version_store.h"

@@ -11,6 +11,8 @@ struct VersionStore::Sync {
   // Called under mu when the last pin of a retired version goes, so its memory is freed
   // then rather than at the next publish; cleared when the store goes.
   std::function<void()> on_unpinned;
+  int have_waiters = 0;       // Have() calls waiting on cv: chunk news wakes nobody without them
+  uint64_t wake_all = 0;      // bumped by WakeAll: waiters then ask their stop() at once
 };
 
 struct VersionStore::Entry {
@@ -260,7 +262,7 @@ void VersionStore::MarkHeld(int64_t version, uint64_t registration, uint32_t ind
   e->held.pending[index / 8] &= static_cast<uint8_t>(~(1u << (index % 8)));
   ++e->held.held_count;
   ++e->held.generation;
-  sync_->cv.notify_all();
+  if (sync_->have_waiters > 0) sync_->cv.notify_all();
 }
 
 void VersionStore::MarkPending(int64_t version, uint64_t registration, uint32_t index, bool pending) {
@@ -275,7 +277,7 @@ void VersionStore::MarkPending(int64_t version, uint64_t registration, uint32_t 
   if (((byte & bit) != 0) == pending) return;
   byte = pending ? (byte | bit) : (byte & ~bit);
   ++e->held.generation;
-  sync_->cv.notify_all();
+  if (sync_->have_waiters > 0) sync_->cv.notify_all();
 }
 
 void VersionStore::RetireLocked(std::map<int64_t, std::shared_ptr<Entry>>::iterator it) {
@@ -371,16 +373,30 @@ Status VersionStore::EncodedManifest(int64_t version, std::string* out) const {
 Status VersionStore::Have(int64_t version, uint64_t known, uint32_t wait_ms,
                           const std::function<bool()>& stop, HeldState* out) {
   std::unique_lock<std::mutex> lock(sync_->mu);
-  auto until = Deadline::After(std::min(wait_ms, kMaxHaveWaitMs) / 1000.0).at();
+  const auto until = Deadline::After(std::min(wait_ms, kMaxHaveWaitMs) / 1000.0).at();
   std::shared_ptr<Entry> e;
-  auto done = [&] {
+  auto ready = [&] {
     e = FindLocked(version);
     // A version not (yet) held is waited for too: a peer may register it any moment.
-    return (e != nullptr && (e->held.generation > known || e->complete())) || stop();
+    return e != nullptr && (e->held.generation > known || e->complete());
   };
-  while (!sync_->cv.wait_until(lock, std::min(until, Deadline::After(kStopPollMs / 1000.0).at()), done)) {
-    if (Deadline::Clock::now() >= until) break;
+  ++sync_->have_waiters;
+  uint64_t wake_all = sync_->wake_all;
+  while (!ready()) {
+    const auto slice = std::min(until, Deadline::After(kStopPollMs / 1000.0).at());
+    const bool timed_out = sync_->cv.wait_until(lock, slice) == std::cv_status::timeout;
+    if (ready() || Deadline::Clock::now() >= until) break;
+    if (!timed_out && wake_all == sync_->wake_all) continue;  // another version's news
+    wake_all = sync_->wake_all;
+    // stop() may make a system call (has the client hung up?): never under the store's
+    // lock, which every chunk lease takes.
+    lock.unlock();
+    const bool stopped = stop();
+    lock.lock();
+    if (stopped) break;
   }
+  --sync_->have_waiters;
+  ready();
   if (e == nullptr) return Status(Code::kUnknownVersion, "version " + std::to_string(version) + " is not held here");
   *out = e->held;
   return Status::Ok();
@@ -388,6 +404,7 @@ Status VersionStore::Have(int64_t version, uint64_t known, uint32_t wait_ms,
 
 void VersionStore::WakeAll() {
   std::lock_guard<std::mutex> lock(sync_->mu);
+  ++sync_->wake_all;
   sync_->cv.notify_all();
 }
 

@@ -96,8 +96,9 @@ class VersionStore : public ServingBackend {
   Status EncodedManifest(int64_t version, std::string* out) const;  // -1 = latest
   // Held chunks of a version; waits up to wait_ms for a generation newer than `known`
   // (or for the version to appear) before answering, or until stop() says so: it is
-  // asked at every change and at least every kStopPollMs, so it may watch what nothing
-  // here signals (a client that hung up).
+  // asked every kStopPollMs and after WakeAll, always outside the store's lock, so it may
+  // make a system call (has the client hung up?) without holding up chunk leases. Each
+  // change of a version wakes the waiters once; chunk news wakes nobody when nobody waits.
   Status Have(int64_t version, uint64_t known, uint32_t wait_ms, const std::function<bool()>& stop,
               HeldState* out);
   // Wakes Have() waiters so a closing server's threads return promptly.

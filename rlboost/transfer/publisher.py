@@ -147,10 +147,6 @@ class WeightPublisher(Closing):
         out["held_bytes"] = self._store.held_bytes()
         return out
 
-    def corrupt_byte_for_tests(self, version: int, offset: int) -> None:
-        """Flips one served byte in place; only for tests of integrity checks."""
-        self._store.corrupt_byte_for_tests(version, offset)
-
     def close(self) -> None:
         """Stops serving and joins every server thread. Idempotent."""
         if not self._closed:

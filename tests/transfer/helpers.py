@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from rlboost import _C
+from rlboost import _C, _C_testing
 from rlboost.errors import TransferTimeout
 from rlboost.transfer import TransferConfig
 
@@ -94,3 +94,8 @@ def wait_until(condition, timeout: float = 30.0) -> bool:
             return False
         tick.wait(0.05)
     return True
+
+
+def corrupt_served_byte(pub, version: int, offset: int) -> None:
+    """Flips one byte of a version `pub` serves, in place (the test-only native hook)."""
+    _C_testing.corrupt_byte(pub._store, version, offset)

@@ -11,7 +11,7 @@ import torch
 from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 from rlboost.transfer.delta import delta_key
 
-from .helpers import assert_same, make_config
+from .helpers import assert_same, corrupt_served_byte, make_config
 
 WAIT = 20.0
 
@@ -175,7 +175,7 @@ def test_a_corrupt_delta_falls_back_to_the_full_version():
         expected = trainer.step()
         pub.publish(2, expected)
         assert pub.wait_for_deltas(WAIT)
-        pub.corrupt_byte_for_tests(delta_key(2), 100)
+        corrupt_served_byte(pub, delta_key(2), 100)
         pulled = puller.pull(2, into=held, timeout=WAIT)
         assert_same(pulled, expected)
         assert pulled.stats["route"] == "full" and "IntegrityError" in pulled.stats["fallback"]

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from rlboost import _C
+from rlboost import _C, _C_testing
 from rlboost.errors import AuthError, IntegrityError, ProtocolError
 from rlboost.transfer import WeightPuller
 
@@ -34,11 +34,11 @@ def test_server_proves_nothing_to_a_client_that_has_not_proven_itself(served):
     pub, _ = served
     with connect(pub.address) as s:
         s.sendall(frame(W["hello"], hello_body(bytes(32), 0)))  # a nonce and client id the client chose
-        ftype, _, _, body = _C.parse_frame(recv_frame(s))
+        ftype, _, _, body = _C_testing.parse_frame(recv_frame(s))
         assert ftype == W["challenge"] and len(body) == 32  # a fresh nonce, no proof over ours
         s.sendall(frame(W["auth"], proof(b"a guess", b"rlboost-client-proof-v2", bytes(32), body)))
         with pytest.raises(AuthError):
-            _C.parse_frame(recv_frame(s))  # refused, and still no server proof
+            _C_testing.parse_frame(recv_frame(s))  # refused, and still no server proof
         assert is_closed_by_peer(s)
 
 
@@ -70,7 +70,7 @@ def test_old_wire_format_peer_gets_a_typed_error(served):
     with connect(pub.address) as s:
         s.sendall(frame(W["hello"], bytes(32), fmt=1))
         with pytest.raises(ProtocolError, match="wire format version 1"):
-            _C.parse_frame(recv_frame(s))
+            _C_testing.parse_frame(recv_frame(s))
 
 
 class WeightSwappingProxyForTests:

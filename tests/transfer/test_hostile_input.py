@@ -7,11 +7,11 @@ import struct
 import pytest
 import torch
 
-from rlboost import _C
+from rlboost import _C, _C_testing
 from rlboost.errors import AuthError, IntegrityError, PeerLost, ProtocolError, VersionMismatch
 from rlboost.transfer import WeightPublisher, WeightPuller
 
-from .helpers import SECRET, make_config
+from .helpers import SECRET, corrupt_served_byte, make_config
 from .wire_client import HostileSourceForTests, W, client_handshake, connect, frame, is_closed_by_peer, recv_frame
 
 
@@ -35,7 +35,7 @@ def test_hostile_first_frame_gets_protocol_error_and_closed_connection(served, r
     with connect(pub.address) as s:
         s.sendall(raw)
         with pytest.raises(ProtocolError):
-            _C.parse_frame(recv_frame(s))
+            _C_testing.parse_frame(recv_frame(s))
         assert is_closed_by_peer(s)
     assert pub.stats()["protocol_errors"] >= 1
     good_pull_works(pub.address, blob)
@@ -51,7 +51,7 @@ def test_truncated_frame_closes_only_that_connection(served):
             assert is_closed_by_peer(s)
         # The authenticated bystander connection still answers.
         bystander.sendall(frame(W["manifest_request"], struct.pack("<q", 1), request_id=5))
-        ftype, _, rid, _ = _C.parse_frame(recv_frame(bystander))
+        ftype, _, rid, _ = _C_testing.parse_frame(recv_frame(bystander))
         assert (ftype, rid) == (W["manifest"], 5)
     good_pull_works(pub.address, blob)
 
@@ -69,7 +69,7 @@ def test_hostile_frames_after_authentication(served, raw):
         s = client_handshake(s, SECRET)
         s.sendall(raw)
         with pytest.raises(ProtocolError):
-            _C.parse_frame(recv_frame(s))
+            _C_testing.parse_frame(recv_frame(s))
         assert is_closed_by_peer(s)
     good_pull_works(pub.address, blob)
 
@@ -80,15 +80,15 @@ def test_requests_for_unknown_versions_and_chunks_are_answered_not_fatal(served)
         s = client_handshake(s, SECRET)
         s.sendall(frame(W["manifest_request"], struct.pack("<q", 42), request_id=1))
         with pytest.raises(VersionMismatch):
-            _C.parse_frame(recv_frame(s))
+            _C_testing.parse_frame(recv_frame(s))
         s.sendall(frame(W["chunk_request"], struct.pack("<qI", 42, 0), request_id=2))
-        _, status, _, _ = _C.parse_frame(recv_frame(s))
+        _, status, _, _ = _C_testing.parse_frame(recv_frame(s))
         assert status == W["reply_unknown_version"]
         s.sendall(frame(W["chunk_request"], struct.pack("<qI", 1, 10**6), request_id=3))
-        _, status, _, _ = _C.parse_frame(recv_frame(s))
+        _, status, _, _ = _C_testing.parse_frame(recv_frame(s))
         assert status == W["reply_not_held"]
         s.sendall(frame(W["chunk_request"], struct.pack("<qI", 1, 0), request_id=4))
-        ftype, status, rid, body = _C.parse_frame(recv_frame(s))
+        ftype, status, rid, body = _C_testing.parse_frame(recv_frame(s))
         assert (ftype, status, rid) == (W["chunk"], W["reply_ok"], 4)
         assert body[16:] == blob[: len(body) - 16].numpy().tobytes()
 
@@ -101,7 +101,7 @@ def test_wrong_secret_is_refused_both_ways(served):
     with connect(pub.address) as s:  # a client that cannot prove it knows the secret
         client_handshake(s, SECRET, wrong_proof=True)
         with pytest.raises(AuthError):
-            _C.parse_frame(recv_frame(s))
+            _C_testing.parse_frame(recv_frame(s))
         assert is_closed_by_peer(s)
     assert pub.stats()["auth_failures"] >= 1
     good_pull_works(pub.address, blob)
@@ -118,11 +118,11 @@ def test_unknown_version_raises_version_mismatch(served):
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_corrupted_chunk_raises_integrity_error(served, transport):
     pub, blob = served
-    pub.corrupt_byte_for_tests(1, 100_000)
+    corrupt_served_byte(pub, 1, 100_000)
     with WeightPuller(pub.address, make_config(transport=transport)) as puller:
         with pytest.raises(IntegrityError):
             puller.pull(1)
-    pub.corrupt_byte_for_tests(1, 100_000)  # flips it back
+    corrupt_served_byte(pub, 1, 100_000)  # flips it back
     good_pull_works(pub.address, blob)
 
 
@@ -130,7 +130,7 @@ def test_corrupt_source_is_routed_around_when_another_holds_the_chunk(served):
     pub, blob = served
     with WeightPublisher(make_config()) as healthy:
         healthy.publish(1, {"blob": blob})
-        pub.corrupt_byte_for_tests(1, 5)
+        corrupt_served_byte(pub, 1, 5)
         with WeightPuller([pub.address, healthy.address], make_config(transport="tcp")) as puller:
             pulled = puller.pull(1)
             assert torch.equal(pulled["blob"], blob)

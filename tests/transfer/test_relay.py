@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from rlboost import _C
+from rlboost import _C, _C_testing
 from rlboost.errors import TransferError
 from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 
@@ -61,10 +61,10 @@ def test_relay_answers_not_held_for_chunks_it_lacks():
         with connect(f"127.0.0.1:{server.port}") as s:
             s = client_handshake(s, SECRET)
             s.sendall(frame(W["chunk_request"], struct.pack("<qI", 5, 1), request_id=1))
-            ftype, status, _, body = _C.parse_frame(recv_frame(s))
+            ftype, status, _, body = _C_testing.parse_frame(recv_frame(s))
             assert (ftype, status, len(body)) == (W["chunk"], W["reply_not_held"], 16)
             s.sendall(frame(W["have_request"], struct.pack("<qQI", 5, 0, 0), request_id=2))
-            _, _, _, have = _C.parse_frame(recv_frame(s))
+            _, _, _, have = _C_testing.parse_frame(recv_frame(s))
             version, chunks, held, _generation = struct.unpack("<qIIQ", have[:24])
             assert (version, chunks, held) == (5, 3, 0) and have[24:] == b"\x00\x00"
     finally:

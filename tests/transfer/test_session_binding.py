@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from rlboost import _C
+from rlboost import _C, _C_testing
 from rlboost.errors import AuthError, TransferError
 from rlboost.transfer import WeightPuller
 
@@ -60,7 +60,7 @@ class LoginRelayForTests(SerialProxyForTests):
         down.shutdown(socket.SHUT_RDWR)  # the puller is dropped
         up.sendall(attack)
         try:
-            return _C.parse_frame(recv_frame(up))  # what the source answers the relay
+            return _C_testing.parse_frame(recv_frame(up))  # what the source answers the relay
         except TransferError as exc:
             return exc
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from rlboost import _C
+from rlboost import _C, _C_testing
 from rlboost.errors import PeerLost, ProtocolError
 from rlboost.transfer import WeightPuller
 
@@ -63,11 +63,11 @@ def test_registrations_per_connection_are_capped(publisher, config):
     sock = client_handshake(sock, config.secret)
     for rid in range(1, MAX_REGISTRATIONS_PER_CONNECTION + 1):
         _ucx_open(sock, rid)
-        ftype, status, got_rid, _ = _C.parse_frame(recv_frame(sock))
+        ftype, status, got_rid, _ = _C_testing.parse_frame(recv_frame(sock))
         assert (ftype, status, got_rid) == (UCX_OPEN, W["reply_ok"], rid)
     _ucx_open(sock, 99)
     with pytest.raises(ProtocolError, match="UCX registrations"):
-        _C.parse_frame(recv_frame(sock))
+        _C_testing.parse_frame(recv_frame(sock))
     assert is_closed_by_peer(sock)
     sock.close()
     with WeightPuller(publisher.address, make_config(transport="ucx")) as puller:  # others still served

@@ -11,7 +11,7 @@ import socket
 import struct
 import threading
 
-from rlboost import _C
+from rlboost import _C, _C_testing
 
 W = _C.WIRE
 HEADER = struct.Struct("<IHHIIQ")  # magic, format, type, status, length, request id
@@ -128,14 +128,14 @@ def client_handshake(sock: socket.socket, secret: bytes, *, wrong_proof: bool = 
     cid = int.from_bytes(os.urandom(8), "little") if client_id is None else client_id
     hello = hello_body(os.urandom(32), cid)
     sock.sendall(frame(W["hello"], hello))
-    _, _, _, challenge = _C.parse_frame(recv_frame(sock))
+    _, _, _, challenge = _C_testing.parse_frame(recv_frame(sock))
     assert len(challenge) == 32  # the server proves nothing before the client has
     prk = login_prk(secret, hello, challenge)
     p = os.urandom(32) if wrong_proof else _hmac(prk, CLIENT_LABEL + hello + challenge)
     sock.sendall(frame(W["auth"], p))
     if wrong_proof:
         return None
-    ftype, _, _, body = _C.parse_frame(recv_frame(sock))
+    ftype, _, _, body = _C_testing.parse_frame(recv_frame(sock))
     assert ftype == W["welcome"]
     identity = body[:-32]
     assert hmac.compare_digest(body[-32:], _hmac(prk, SERVER_LABEL + hello + challenge + identity))

@@ -11,7 +11,7 @@
 #include "common/bytes.h"
 #include "common/polyval.h"
 #include "transport/shm/shm_region.h"
-#include "transport/tcp/frame_io.h"
+#include "channel/frame_io.h"
 
 namespace rlboost {
 namespace {

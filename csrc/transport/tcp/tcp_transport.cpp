@@ -8,8 +8,8 @@
 
 #include "common/bytes.h"
 #include "common/polyval.h"
-#include "transport/tcp/frame_io.h"
-#include "transport/tcp/frame_seal.h"
+#include "channel/frame_io.h"
+#include "channel/frame_seal.h"
 
 namespace rlboost {
 namespace {
@@ -91,10 +91,9 @@ class TcpChunkStream : public ChunkStream {
                                          " bytes, expected " + std::to_string(want_len));
     }
     FrameCipher* cipher = sock_.seal() != nullptr ? &sock_.seal()->recv() : nullptr;
-    if (cipher != nullptr) cipher->Begin(sock_.seal()->received_head);
     uint8_t prefix[kChunkPrefixBytes];
     RLB_RETURN_IF_ERROR(sock_.RecvAll(prefix, sizeof(prefix), d));
-    if (cipher != nullptr) cipher->Cover(prefix, prefix, sizeof(prefix));
+    if (cipher != nullptr) RLB_RETURN_IF_ERROR(cipher->Cover(prefix, prefix, sizeof(prefix)));
     ByteReader r(prefix, sizeof(prefix));
     int64_t version;
     uint32_t index;
@@ -119,7 +118,7 @@ class TcpChunkStream : public ChunkStream {
       size_t got = 0;
       uint8_t* p = read->dst + done;
       RLB_RETURN_IF_ERROR(sock_.RecvSome(p, want, &got, d));
-      if (cipher != nullptr) cipher->Carry(p, p, got);
+      if (cipher != nullptr) RLB_RETURN_IF_ERROR(cipher->Carry(p, p, got));
       hash.Update(p, got);
       done += got;
     }
@@ -174,9 +173,10 @@ Status SendChunkBody(Socket& s, uint8_t* head, std::string& prefix, const uint8_
   FrameSeal* seal = s.seal();
   FrameCipher* c = seal != nullptr ? &seal->send() : nullptr;
   if (c != nullptr) {
-    c->Begin(head);
+    RLB_RETURN_IF_ERROR(seal->CheckOwner());
+    RLB_RETURN_IF_ERROR(c->Begin(head));
     auto* p = reinterpret_cast<uint8_t*>(&prefix[0]);
-    c->Cover(p, p, kChunkPrefixBytes);
+    RLB_RETURN_IF_ERROR(c->Cover(p, p, kChunkPrefixBytes));
   }
   const bool encrypts = c != nullptr && c->encrypts();
   const size_t piece_bytes = std::max<size_t>(1, encrypts ? kSealPieceBytes : (pacer != nullptr ? kPacedPieceBytes : len));
@@ -190,12 +190,12 @@ Status SendChunkBody(Socket& s, uint8_t* head, std::string& prefix, const uint8_
     if (!first && pacer != nullptr) RLB_RETURN_IF_ERROR(pacer->Acquire(piece, d, gone));
     const uint8_t* out = data + sent;
     if (encrypts && piece > 0) {
-      c->Carry(data + sent, scratch.data(), piece);
+      RLB_RETURN_IF_ERROR(c->Carry(data + sent, scratch.data(), piece));
       out = scratch.data();
     }
     // The tag goes out with the last piece (one sendmsg for a whole unpaced MACed chunk).
     const bool last = sent + piece == len;
-    if (last && c != nullptr) c->Tag(tag);
+    if (last && c != nullptr) RLB_RETURN_IF_ERROR(c->Tag(tag));
     struct iovec iov[4] = {{head, kFrameHeaderBytes}, {&prefix[0], kChunkPrefixBytes},
                            {const_cast<uint8_t*>(out), piece}, {tag, kFrameTagBytes}};
     const int count = last && c != nullptr ? 4 : 3;

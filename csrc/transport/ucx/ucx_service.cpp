@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/bytes.h"
-#include "transport/tcp/frame_io.h"
+#include "channel/frame_io.h"
 #include "transport/ucx/ucx_transport.h"
 #include "transport/ucx/ucx_worker.h"
 

@@ -8,8 +8,13 @@
 //   kAead: AES-256-GCM (OpenSSL's libcrypto) seals the body under the header as associated
 //          data, the counter as nonce; chunk bytes included. Built when CMake finds
 //          libcrypto (rlboost._C.HAS_AEAD).
-// The tag always follows the body, and the header's length never counts it.
+// The tag always follows the body, and the header's length never counts it. Every
+// libcrypto call is checked: a failure is a kInternal Status, and the connection ends.
+// A seal belongs to the process that made it: a forked child never sends or receives
+// under its parent's keys and counters (which would reuse a nonce).
 #pragma once
+
+#include <sys/types.h>
 
 #include <array>
 #include <cstddef>
@@ -25,12 +30,14 @@ namespace rlboost {
 constexpr size_t kFrameTagBytes = 16;
 using Key256 = std::array<uint8_t, 32>;
 
-// transfer.encrypt: off (never ask), auto (ask when the peer is off loopback), on (require).
+// transfer.encrypt: off (never ask), auto (ask unless the peer is this host's process
+// that proved itself, reached directly), on (require).
 enum class EncryptPolicy : int { kOff = 0, kAuto = 1, kOn = 2 };
 enum class SealMode : uint32_t { kMac = 1, kAead = 2 };
 
 // Whether this build can seal with AES-256-GCM.
 bool AeadBuilt();
+const char* SealModeName(SealMode mode);
 
 // One direction of one connection. Frames go through Begin, then Cover (bytes the tag
 // covers in either mode) and Carry (chunk bytes: covered only when sealing), then Tag
@@ -38,45 +45,50 @@ bool AeadBuilt();
 // to `out` (which may be the same memory); in kMac mode they never write.
 class FrameCipher {
  public:
-  FrameCipher(SealMode mode, const Key256& key, bool sending);
+  static Status Create(SealMode mode, const Key256& key, bool sending, std::unique_ptr<FrameCipher>* out);
   ~FrameCipher();
   FrameCipher(const FrameCipher&) = delete;
   FrameCipher& operator=(const FrameCipher&) = delete;
 
   bool encrypts() const { return mode_ == SealMode::kAead; }
-  void Begin(const uint8_t head[kFrameHeaderBytes]);
-  void Cover(const uint8_t* in, uint8_t* out, size_t n);
-  void Carry(const uint8_t* in, uint8_t* out, size_t n);
-  void Tag(uint8_t tag[kFrameTagBytes]);
+  Status Begin(const uint8_t head[kFrameHeaderBytes]);
+  Status Cover(const uint8_t* in, uint8_t* out, size_t n);
+  Status Carry(const uint8_t* in, uint8_t* out, size_t n);
+  Status Tag(uint8_t tag[kFrameTagBytes]);
+  // False when the frame is not authentic (or its check could not be made).
   bool Check(const uint8_t tag[kFrameTagBytes]);
 
  private:
-  void Crypt(const uint8_t* in, uint8_t* out, size_t n);
+  FrameCipher(SealMode mode, const Key256& key, bool sending);
+  Status Crypt(const uint8_t* in, uint8_t* out, size_t n);
   SealMode mode_;
   bool sending_;
   uint64_t counter_ = 0;
-  Sha256 inner0_, outer0_, inner_;  // kMac: HMAC's padded-key states, and this frame's
-  void* ctx_ = nullptr;             // kAead: an EVP_CIPHER_CTX keyed once
+  HmacKey mac_key_;    // kMac
+  Sha256 inner_;       // kMac: this frame's hash
+  void* ctx_ = nullptr;  // kAead: an EVP_CIPHER_CTX keyed once
 };
 
 class FrameSeal {
  public:
   // server_side: this end accepted the connection (its failed checks are the peer's
   // AuthError; a client's are IntegrityError: what arrived was altered on the way).
-  FrameSeal(SealMode mode, const Key256& send_key, const Key256& recv_key, bool server_side)
-      : mode_(mode), server_side_(server_side), send_(mode, send_key, true), recv_(mode, recv_key, false) {}
+  static Status Create(SealMode mode, const Key256& send_key, const Key256& recv_key, bool server_side,
+                       std::shared_ptr<FrameSeal>* out);
   SealMode mode() const { return mode_; }
   bool server_side() const { return server_side_; }
   bool encrypts() const { return mode_ == SealMode::kAead; }
-  FrameCipher& send() { return send_; }
-  FrameCipher& recv() { return recv_; }
-  // The header of the frame being received, between RecvHeader and the body's check.
-  uint8_t received_head[kFrameHeaderBytes] = {};
+  // kClosed in a process other than the one whose login made this seal (a forked child).
+  Status CheckOwner() const;
+  FrameCipher& send() { return *send_; }
+  FrameCipher& recv() { return *recv_; }
 
  private:
-  SealMode mode_;
-  bool server_side_;
-  FrameCipher send_, recv_;
+  FrameSeal() = default;
+  SealMode mode_ = SealMode::kMac;
+  bool server_side_ = false;
+  pid_t owner_ = 0;
+  std::unique_ptr<FrameCipher> send_, recv_;
 };
 
 }  // namespace rlboost

@@ -1,6 +1,6 @@
 // Login (wire format 4): client proof first, HKDF-derived proofs and frame keys over the
 // whole exchange (see handshake.h).
-#include "transport/tcp/handshake.h"
+#include "channel/handshake.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #include "common/frame.h"
 #include "common/random.h"
 #include "common/sha256.h"
-#include "transport/tcp/frame_io.h"
+#include "channel/frame_io.h"
 
 namespace rlboost {
 namespace {
@@ -162,7 +162,9 @@ Status ClientHandshake(Socket& s, const std::string& secret, EncryptPolicy polic
   }
   Key256 c2s, s2c;
   FrameKeys(prk, hello, challenge, proof, identity, &c2s, &s2c);
-  s.set_seal(std::make_shared<FrameSeal>(server->mode, c2s, s2c, false));
+  std::shared_ptr<FrameSeal> seal;
+  RLB_RETURN_IF_ERROR(FrameSeal::Create(server->mode, c2s, s2c, false, &seal));
+  s.set_seal(std::move(seal));
   return Status::Ok();
 }
 
@@ -209,10 +211,10 @@ std::string ServerLogin::Welcome() {
   return welcome_ + AsKey(Mac(prk_, kServerLabel, hello_, challenge_, welcome_));
 }
 
-std::shared_ptr<FrameSeal> ServerLogin::Seal() const {
+Status ServerLogin::Seal(std::shared_ptr<FrameSeal>* out) const {
   Key256 c2s, s2c;
   FrameKeys(prk_, hello_, challenge_, proof_, welcome_, &c2s, &s2c);
-  return std::make_shared<FrameSeal>(self_.mode, s2c, c2s, true);
+  return FrameSeal::Create(self_.mode, s2c, c2s, true, out);
 }
 
 Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity& self, EncryptPolicy policy,
@@ -226,8 +228,11 @@ Status ServerHandshake(Socket& s, const std::string& secret, const PeerIdentity&
   RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kAuth, &h, &body, d));
   RLB_RETURN_IF_ERROR(login.OnAuth(body));
   if (admit && !admit(login.client_id())) return Status(Code::kPeerLost, "no connection slot for this peer");
-  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kWelcome, 0, 0, login.Welcome(), d));
-  s.set_seal(login.Seal());
+  std::string welcome = login.Welcome();
+  std::shared_ptr<FrameSeal> seal;
+  RLB_RETURN_IF_ERROR(login.Seal(&seal));
+  RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kWelcome, 0, 0, welcome, d));
+  s.set_seal(std::move(seal));
   return Status::Ok();
 }
 

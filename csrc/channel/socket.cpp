@@ -1,6 +1,6 @@
 // Blocking TCP sockets with deadlines; errors map onto Code so callers see PeerLost,
 // TransferTimeout or a plain I/O error.
-#include "transport/tcp/socket.h"
+#include "channel/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -16,8 +16,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "transport/tcp/frame_seal.h"
-#include "transport/tcp/interrupt.h"
+#include "channel/frame_seal.h"
+#include "channel/interrupt.h"
 
 namespace rlboost {
 namespace {

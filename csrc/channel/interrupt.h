@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "transport/tcp/socket.h"
+#include "channel/socket.h"
 
 namespace rlboost {
 

@@ -25,8 +25,8 @@
 #include <string>
 
 #include "common/deadline.h"
-#include "transport/tcp/frame_seal.h"
-#include "transport/tcp/socket.h"
+#include "channel/frame_seal.h"
+#include "channel/socket.h"
 
 namespace rlboost {
 
@@ -62,7 +62,7 @@ class ServerLogin {
   uint64_t client_id() const { return client_id_; }
   std::string Welcome();
   // The frame seal for this connection (call after Welcome).
-  std::shared_ptr<FrameSeal> Seal() const;
+  Status Seal(std::shared_ptr<FrameSeal>* out) const;
 
  private:
   const std::string secret_;

@@ -12,9 +12,9 @@
 #include <string>
 
 #include "common/deadline.h"
-#include "transport/tcp/handshake.h"
-#include "transport/tcp/interrupt.h"
-#include "transport/tcp/socket.h"
+#include "channel/handshake.h"
+#include "channel/interrupt.h"
+#include "channel/socket.h"
 
 namespace rlboost {
 

@@ -1,5 +1,5 @@
 // Registered sockets are shut down, never closed: their owners close them as usual.
-#include "transport/tcp/interrupt.h"
+#include "channel/interrupt.h"
 
 #include <sys/socket.h>
 

@@ -6,7 +6,7 @@
 
 #include "common/deadline.h"
 #include "common/frame.h"
-#include "transport/tcp/socket.h"
+#include "channel/socket.h"
 
 namespace rlboost {
 

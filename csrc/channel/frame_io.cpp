@@ -1,10 +1,10 @@
 // Frame send/receive helpers shared by the server, the control session and TCP streams.
 // After the login every frame carries the tag of its connection's seal (frame_seal.h).
-#include "transport/tcp/frame_io.h"
+#include "channel/frame_io.h"
 
 #include <cstring>
 
-#include "transport/tcp/frame_seal.h"
+#include "channel/frame_seal.h"
 
 namespace rlboost {
 
@@ -22,19 +22,20 @@ Status SendFrame(Socket& s, FrameType type, uint32_t status, uint64_t request_id
     struct iovec iov[2] = {{head, kFrameHeaderBytes}, {const_cast<void*>(body), n}};
     return s.SendV(iov, n > 0 ? 2 : 1, d);
   }
+  RLB_RETURN_IF_ERROR(seal->CheckOwner());
   FrameCipher& c = seal->send();
-  c.Begin(head);
+  RLB_RETURN_IF_ERROR(c.Begin(head));
   std::string sealed;
   const void* out = body;
   if (c.encrypts() && n > 0) {
     sealed.resize(n);
-    c.Cover(static_cast<const uint8_t*>(body), reinterpret_cast<uint8_t*>(&sealed[0]), n);
+    RLB_RETURN_IF_ERROR(c.Cover(static_cast<const uint8_t*>(body), reinterpret_cast<uint8_t*>(&sealed[0]), n));
     out = sealed.data();
   } else {
-    c.Cover(static_cast<const uint8_t*>(body), nullptr, n);
+    RLB_RETURN_IF_ERROR(c.Cover(static_cast<const uint8_t*>(body), nullptr, n));
   }
   uint8_t tag[kFrameTagBytes];
-  c.Tag(tag);
+  RLB_RETURN_IF_ERROR(c.Tag(tag));
   struct iovec iov[3] = {{head, kFrameHeaderBytes}, {const_cast<void*>(out), n}, {tag, kFrameTagBytes}};
   return s.SendV(iov, 3, d);
 }
@@ -44,23 +45,26 @@ Status SendError(Socket& s, const Status& err, uint64_t request_id, Deadline d) 
 }
 
 Status RecvHeader(Socket& s, FrameHeader* h, Deadline d) {
+  FrameSeal* seal = s.seal();
+  if (seal != nullptr) RLB_RETURN_IF_ERROR(seal->CheckOwner());
   uint8_t head[kFrameHeaderBytes];
   RLB_RETURN_IF_ERROR(s.RecvAll(head, kFrameHeaderBytes, d));
-  if (s.seal() != nullptr) std::memcpy(s.seal()->received_head, head, kFrameHeaderBytes);
-  return DecodeFrameHeader(head, h);
+  RLB_RETURN_IF_ERROR(DecodeFrameHeader(head, h));
+  // The frame's tag covers its header: the receiving side begins here.
+  return seal != nullptr ? seal->recv().Begin(head) : Status::Ok();
 }
 
 namespace {
 
-Status FrameNotAuthentic(const FrameHeader& h, bool server_side) {
-  if (server_side) {
-    return Status(Code::kAuth, std::string("a ") + FrameTypeName(h.type) +
-                                   " frame does not carry the MAC of the client that logged in (relayed, "
-                                   "replayed or injected)");
+Status FrameNotAuthentic(const FrameHeader& h, const FrameSeal& seal) {
+  const std::string mode = SealModeName(seal.mode());
+  if (seal.server_side()) {
+    return Status(Code::kAuth, std::string("a ") + FrameTypeName(h.type) + " frame does not carry the " + mode +
+                                   " of the client that logged in (relayed, replayed or injected)");
   }
   return Status(Code::kIntegrity, std::string("a ") + FrameTypeName(h.type) +
-                                      " frame does not verify under this connection's key (MAC): altered, "
-                                      "replayed or injected on the way");
+                                      " frame does not verify under this connection's key (" + mode +
+                                      "): altered, replayed or injected on the way");
 }
 
 }  // namespace
@@ -70,7 +74,7 @@ Status RecvTag(Socket& s, const FrameHeader& h, Deadline d) {
   if (seal == nullptr) return Status::Ok();
   uint8_t tag[kFrameTagBytes];
   RLB_RETURN_IF_ERROR(s.RecvAll(tag, kFrameTagBytes, d));
-  return seal->recv().Check(tag) ? Status::Ok() : FrameNotAuthentic(h, seal->server_side());
+  return seal->recv().Check(tag) ? Status::Ok() : FrameNotAuthentic(h, *seal);
 }
 
 Status RecvBody(Socket& s, const FrameHeader& h, std::string* body, Deadline d) {
@@ -78,10 +82,8 @@ Status RecvBody(Socket& s, const FrameHeader& h, std::string* body, Deadline d) 
   if (h.length > 0) RLB_RETURN_IF_ERROR(s.RecvAll(&(*body)[0], h.length, d));
   FrameSeal* seal = s.seal();
   if (seal == nullptr) return Status::Ok();
-  FrameCipher& c = seal->recv();
-  c.Begin(seal->received_head);
   auto* p = reinterpret_cast<uint8_t*>(&(*body)[0]);
-  c.Cover(p, p, h.length);
+  RLB_RETURN_IF_ERROR(seal->recv().Cover(p, p, h.length));
   return RecvTag(s, h, d);
 }
 

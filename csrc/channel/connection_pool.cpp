@@ -1,5 +1,5 @@
 // Idle connection bookkeeping, and the connect-or-reuse entry point.
-#include "transport/tcp/connection_pool.h"
+#include "channel/connection_pool.h"
 
 #include <poll.h>
 
