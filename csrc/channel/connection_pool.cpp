@@ -1,7 +1,10 @@
 // Idle connection bookkeeping, and the connect-or-reuse entry point.
 #include "channel/connection_pool.h"
 
+#include "channel/frame_seal.h"
+
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -18,9 +21,16 @@ bool StillIdle(const Socket& s) {
 }  // namespace
 
 ConnectionPool::ConnectionPool(size_t max_idle_per_source, double max_idle_s)
-    : max_idle_per_source_(max_idle_per_source), max_idle_s_(max_idle_s) {}
+    : max_idle_per_source_(max_idle_per_source), max_idle_s_(max_idle_s), owner_(getpid()) {}
+
+void ConnectionPool::ForgetInheritedLocked() {
+  if (getpid() == owner_) return;
+  idle_.clear();  // close() of the child's copies: the parent's connections stay up
+  owner_ = getpid();
+}
 
 void ConnectionPool::DropExpiredLocked() {
+  ForgetInheritedLocked();
   auto now = Deadline::Clock::now();
   while (!idle_.empty() &&
          std::chrono::duration<double>(now - idle_.front().since).count() > max_idle_s_) {
@@ -55,6 +65,7 @@ void ConnectionPool::Give(const std::string& host, int port, Socket s, const Pee
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_ || !s.valid()) return;  // s closes here
   DropExpiredLocked();
+  if (s.seal() != nullptr && !s.seal()->CheckOwner().ok()) return;  // the parent's, handed back in a child
   size_t same = std::count_if(idle_.begin(), idle_.end(),
                               [&](const Idle& e) { return e.host == host && e.port == port; });
   if (same >= max_idle_per_source_) return;
@@ -70,7 +81,7 @@ void ConnectionPool::Close() {
 
 size_t ConnectionPool::idle() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return idle_.size();
+  return getpid() == owner_ ? idle_.size() : 0;
 }
 
 Status ConnectAuthenticated(ConnectionPool* pool, const std::string& host, int port,
@@ -85,14 +96,19 @@ Status ConnectAuthenticated(ConnectionPool* pool, const std::string& host, int p
   // A login closed by the server (kPeerLost) is tried once more while the deadline allows:
   // a server whose login slots are full of stalled peers closes the oldest login for a
   // newcomer, which may have been ours.
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  // So is one that found a relay on this host in front of the source ("auto" then logs in
+  // again, sealed).
+  LoginMode mode;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const bool resealing = mode.seal_loopback;
     st = ConnectTcp(host, port, d, &out->socket, interrupt);
     if (st.ok()) {
       // A source that accepts but never answers would hold us here until the deadline.
       InterruptScope scope(interrupt, out->socket);
-      st = ClientHandshake(out->socket, secret, encrypt, d, &out->peer);
+      st = ClientHandshake(out->socket, secret, encrypt, d, &out->peer, &mode);
     }
     if (st.code() != Code::kPeerLost || d.Expired() || (interrupt != nullptr && interrupt->fired())) break;
+    if (attempt == 1 && mode.seal_loopback == resealing) break;  // a second lost login is the source's doing
   }
   RLB_RETURN_IF_ERROR(st);
   if (server_id != 0 && out->peer.server_id != server_id) {

@@ -2,8 +2,12 @@
 // a pull of a small payload (a migration batch) does not pay again for connecting and
 // the HMAC handshake. A connection is given back only between frames (nothing
 // outstanding, no error seen); one the server closed while it sat idle is readable (end
-// of stream) and is dropped when taken, and one idle for too long is closed.
+// of stream) and is dropped when taken, and one idle for too long is closed. A forked
+// child never takes its parent's connections (their seal state is the parent's: reusing
+// it would repeat a frame counter, an AES-GCM nonce): it connects anew.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <deque>
@@ -39,12 +43,16 @@ class ConnectionPool {
     Deadline::Clock::time_point since;
   };
   void DropExpiredLocked();
+  // In a forked child: forgets the parent's connections (closing only this process's
+  // descriptors) so the child never speaks on them, and starts afresh as the child's pool.
+  void ForgetInheritedLocked();
 
   const size_t max_idle_per_source_;
   const double max_idle_s_;
   mutable std::mutex mu_;
   std::deque<Idle> idle_;  // oldest first
   bool closed_ = false;
+  pid_t owner_;  // the process whose connections these are
 };
 
 // An authenticated connection to a source: taken from `pool` when one is idle (reused),

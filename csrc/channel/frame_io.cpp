@@ -2,11 +2,17 @@
 // After the login every frame carries the tag of its connection's seal (frame_seal.h).
 #include "channel/frame_io.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "channel/frame_seal.h"
 
 namespace rlboost {
+namespace {
+
+constexpr size_t kBodyPieceBytes = 1u << 20;
+
+}  // namespace
 
 Status SendFrame(Socket& s, FrameType type, uint32_t status, uint64_t request_id,
                  const void* body, size_t n, Deadline d) {
@@ -78,8 +84,16 @@ Status RecvTag(Socket& s, const FrameHeader& h, Deadline d) {
 }
 
 Status RecvBody(Socket& s, const FrameHeader& h, std::string* body, Deadline d) {
-  body->resize(h.length);  // bounded by DecodeFrameHeader
-  if (h.length > 0) RLB_RETURN_IF_ERROR(s.RecvAll(&(*body)[0], h.length, d));
+  // Memory follows the bytes that arrive, a piece at a time, not the length a header
+  // claims: a body that is announced large but never sent (or whose tag will not verify)
+  // costs at most a piece more than what was actually received.
+  body->clear();
+  for (size_t done = 0; done < h.length;) {
+    const size_t piece = std::min<size_t>(h.length - done, kBodyPieceBytes);
+    body->resize(done + piece);
+    RLB_RETURN_IF_ERROR(s.RecvAll(&(*body)[done], piece, d));
+    done += piece;
+  }
   FrameSeal* seal = s.seal();
   if (seal == nullptr) return Status::Ok();
   auto* p = reinterpret_cast<uint8_t*>(&(*body)[0]);

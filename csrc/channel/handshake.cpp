@@ -14,6 +14,7 @@
 #include "common/random.h"
 #include "common/sha256.h"
 #include "channel/frame_io.h"
+#include "channel/peer_process.h"
 
 namespace rlboost {
 namespace {
@@ -126,32 +127,50 @@ Status ParseWelcome(const std::string& body, PeerIdentity* server, std::string* 
   return Status::Ok();
 }
 
+// An error frame during the login carries no MAC: it is reported as unverified, and only
+// as the refusals an honest server sends there (a wrong secret, a malformed frame).
+Status LoginRefused(const Status& st, const FrameHeader& h) {
+  if (h.type != FrameType::kError || st.message().rfind("peer reported: ", 0) != 0) return st;
+  const Code code = st.code() == Code::kAuth ? Code::kAuth : Code::kProtocol;
+  return Status(code, "the source refused the login (an unauthenticated reply, which anyone on the path could "
+                      "have sent): " + st.message());
+}
+
+Status RecvLoginFrame(Socket& s, FrameType expected, std::string* body, Deadline d) {
+  FrameHeader h;
+  h.type = expected;  // stays so unless a whole header arrived
+  Status st = RecvExpected(s, expected, &h, body, d);
+  return st.ok() ? st : LoginRefused(st, h);
+}
+
 }  // namespace
 
 Status ClientHandshake(Socket& s, const std::string& secret, EncryptPolicy policy, Deadline d,
-                       PeerIdentity* server) {
+                       PeerIdentity* server, LoginMode* mode) {
   uint8_t nonce[kNonceBytes];
   RLB_RETURN_IF_ERROR(SecureRandom(nonce, kNonceBytes));
-  const bool wants = Wants(policy, PeerIsLoopback(s.fd()));
+  const bool loopback = PeerIsLoopback(s.fd());
+  const bool seal_anyway = mode != nullptr && mode->seal_loopback;
+  const bool wants = Wants(policy, loopback) || (policy == EncryptPolicy::kAuto && seal_anyway);
   std::string hello(reinterpret_cast<const char*>(nonce), kNonceBytes);
   ByteWriter w(&hello);
   w.U64(LocalClientId());
   w.U32((wants ? kWantsAead : 0) | (AeadBuilt() ? kCanAead : 0) | (policy == EncryptPolicy::kOn ? kRequiresAead : 0));
   RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kHello, 0, 0, hello, d));
-  FrameHeader h;
   std::string challenge, body;
-  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kChallenge, &h, &challenge, d));
+  RLB_RETURN_IF_ERROR(RecvLoginFrame(s, FrameType::kChallenge, &challenge, d));
   if (challenge.size() != kNonceBytes) return Status(Code::kProtocol, "challenge has the wrong size");
   const Digest256 prk = Extract(secret, hello, challenge);
   const std::string proof = AsKey(Mac(prk, kClientLabel, hello, challenge));
   RLB_RETURN_IF_ERROR(SendFrame(s, FrameType::kAuth, 0, 0, proof, d));
-  RLB_RETURN_IF_ERROR(RecvExpected(s, FrameType::kWelcome, &h, &body, d));
+  RLB_RETURN_IF_ERROR(RecvLoginFrame(s, FrameType::kWelcome, &body, d));
   std::string identity;
   uint8_t server_proof[kMacBytes];
   RLB_RETURN_IF_ERROR(ParseWelcome(body, server, &identity, server_proof));
   Digest256 want = Mac(prk, kServerLabel, hello, challenge, identity);
   if (!ConstantTimeEqual(want.data(), server_proof, kMacBytes)) {
-    return Status(Code::kAuth, "the server does not know the shared secret (check RLBOOST_SECRET)");
+    return Status(Code::kAuth, "the server's welcome does not carry its proof of the shared secret: it does not "
+                               "know the secret (check RLBOOST_SECRET), or the welcome was altered on the way");
   }
   if (server->mode == SealMode::kAead && !AeadBuilt()) {
     return Status(Code::kProtocol, "the server chose AES-256-GCM, which this build lacks");
@@ -159,6 +178,19 @@ Status ClientHandshake(Socket& s, const std::string& secret, EncryptPolicy polic
   if (policy == EncryptPolicy::kOn && server->mode != SealMode::kAead) {
     return Status(Code::kAuth, "the source does not encrypt (transfer.encrypt=on here; its build lacks "
                                "libcrypto)");
+  }
+  // "auto" leaves a loopback connection MACed only when its other end is the source
+  // process itself: a relay on this host (which passed the login along) would otherwise
+  // read every byte. Anything else is logged in again, sealed.
+  // (Asked again, a source that still answers MACed cannot seal: as off loopback, its
+  // signed choice stands.)
+  // (A source on another host reached through loopback, a port forward, sees a peer off
+  // its loopback and asks to seal itself.)
+  if (policy == EncryptPolicy::kAuto && loopback && !seal_anyway && server->mode == SealMode::kMac && AeadBuilt() &&
+      server->host_key == LocalHostKey() && !PeerSocketHeldBy(s.fd(), server->pid)) {
+    if (mode != nullptr) mode->seal_loopback = true;
+    return Status(Code::kPeerLost, "the loopback peer is not the source process itself (a relay on this host): "
+                                   "logging in again, sealed");
   }
   Key256 c2s, s2c;
   FrameKeys(prk, hello, challenge, proof, identity, &c2s, &s2c);

@@ -14,8 +14,8 @@
 // caught by the puller (IntegrityError).
 //
 // The mode: sealed (AES-256-GCM) when either side asks for it (transfer.encrypt "on", or
-// "auto" with the peer off loopback) and both can; else MACed. A side set to "on" refuses
-// a connection that would not be sealed.
+// "auto" unless the peer is the source process itself, reached over loopback) and both
+// can; else MACed. A side set to "on" refuses a connection that would not be sealed.
 #pragma once
 
 #include <array>
@@ -45,10 +45,20 @@ const std::array<uint8_t, 16>& LocalHostKey();
 // This process's client id: random, drawn again in a forked child.
 uint64_t LocalClientId();
 
+// What a client's login asks beyond its policy. seal_loopback: seal even a loopback
+// connection under "auto"; set by ClientHandshake itself when the loopback peer is not
+// the source process (a relay on this host), and the login must be made again.
+struct LoginMode {
+  bool seal_loopback = false;
+};
+
 // Fills *server and seals the socket. kAuth when either side lacks the secret (or the
 // encryption one side requires cannot be had). The whole exchange must finish by `d`.
+// Under "auto" a loopback connection stays MACed only when the welcome's process holds
+// the other end of this very connection; otherwise it fails with kPeerLost and sets
+// mode->seal_loopback, for a new login on a new connection.
 Status ClientHandshake(Socket& s, const std::string& secret, EncryptPolicy policy, Deadline d,
-                       PeerIdentity* server);
+                       PeerIdentity* server, LoginMode* mode = nullptr);
 
 // The server's half of one login, step by step, so a login stage can drive many logins
 // without a thread each: OnHello -> (send challenge) -> OnAuth -> (admit) -> Welcome ->

@@ -27,10 +27,11 @@ from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
 from rlboost.run.directory import RunDirectory
-from rlboost.trainer.emulated import EmulatedTrainerSpec, emulates_trainer, launch_emulated
+from rlboost.trainer.emulated import EmulatedTrainerSpec, TrainerTiming, emulates_trainer, launch_emulated
 from rlboost.trainer.loop import TrainerGroup
 from rlboost.trainer.rank import RankSpec
 from rlboost.transfer import run_secret
+from rlboost.transfer.config import checkpoint_payload_bytes, version_bytes_bound
 
 READY_TIMEOUT_S = 600.0
 DEATH_CHECK_S = 3.0  # a dead actor answers at once; a live one busy in a collective may not
@@ -74,7 +75,8 @@ class Cluster:
         # one secret for every weight server and puller of the run, carried to them by Ray;
         # never written to config.json (which drops bytes) or logged
         secret = config.transfer.secret or run_secret()
-        config = dataclasses.replace(config, transfer=dataclasses.replace(config.transfer, secret=secret))
+        config = dataclasses.replace(config, transfer=dataclasses.replace(
+            config.transfer, secret=secret, max_version_bytes=version_bound(config, weights)))
         self.config, self.run, self.ledger, self.say = config, run, ledger, say
         self.capacity: CapacitySource | None = None
         self.rendezvous: Path | None = None  # the file rendezvous, removed at close
@@ -257,6 +259,18 @@ class Cluster:
         if "reserved-cluster" in self.ledger.running() and not failed:
             # after a failure its machines stay held (and billed) until the run is launched again
             self.ledger.stop("reserved-cluster", at_s=self.run.elapsed())
+
+
+def version_bound(config: RunConfig, weights: Path) -> int:
+    """transfer.max_version_bytes from the model this run trains (with a margin), unless
+    the config names a smaller bound: no source can make a puller take a larger version."""
+    t = config.transfer
+    if emulates_trainer(config.rollout):
+        payload = TrainerTiming(config.rollout.emulated, config.trainer.world_size).payload_bytes(
+            t.publisher.egress_bytes_per_s)
+    else:
+        payload = checkpoint_payload_bytes(weights, t.alignment)
+    return min(t.max_version_bytes, version_bytes_bound(payload))
 
 
 def only_node(config: RunConfig) -> str | None:

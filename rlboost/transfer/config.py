@@ -26,7 +26,9 @@ from rlboost.validate import require
 TRANSPORTS = ("auto", "tcp", "shm", "ucx")
 ENCRYPT = ("auto", "on", "off")
 ENCRYPT_CODES = {"off": 0, "auto": 1, "on": 2}  # as the native core takes them
-_MAX_VERSION_BYTES = 1 << 40  # 1 TiB: any model's weights fit; a run may set its model's size
+_MAX_VERSION_BYTES = 1 << 40  # 1 TiB: any model's weights fit; a run derives its model's bound (version_bytes_bound)
+_VERSION_MARGIN = 1.25  # a run's bound over its model's published bytes (dtype casts, alignment, metadata)
+_VERSION_SLACK = 64 << 20
 _MIN_CHUNK = 4096
 _MAX_CHUNK = 256 << 20
 _MAX_TIMEOUT_S = 3600.0  # longer deadlines are a mistake, not a need
@@ -308,6 +310,42 @@ class TransferConfig:
                              "a run hands its processes one (run_secret()); elsewhere set TransferConfig(secret=...) "
                              "or RLBOOST_SECRET")
         return process_secret()
+
+
+def version_bytes_bound(payload_bytes: int) -> int:
+    """transfer.max_version_bytes for a run whose versions carry about payload_bytes: a
+    margin over it, so a source that announces more (a 2 GiB version to a puller of a small
+    model) is refused before anything is allocated."""
+    return min(_MAX_VERSION_BYTES, int(payload_bytes * _VERSION_MARGIN) + _VERSION_SLACK)
+
+
+_SAFETENSORS_ITEM = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                     "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_MAX_HEADER = 100 << 20
+
+
+def checkpoint_payload_bytes(directory, alignment: int = 4096) -> int:
+    """The most a version of the checkpoint in `directory` (its *.safetensors files) takes
+    when published: every tensor at 4 bytes an element or its stored width if wider, each
+    padded to `alignment`. Reads the files' headers only."""
+    import json
+    import pathlib
+    import struct
+
+    total = 0
+    for path in sorted(pathlib.Path(directory).glob("*.safetensors")):
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            require(length <= _MAX_HEADER, "checkpoint", f"safetensors headers under {_MAX_HEADER} bytes", path.name)
+            header = json.loads(f.read(length))
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for dim in entry["shape"]:
+                count *= int(dim)
+            total += count * max(4, _SAFETENSORS_ITEM.get(entry["dtype"], 8)) + alignment
+    return total
 
 
 def check_range(name: str, value: int | float, low: int | float, high: int | float) -> None:

@@ -29,13 +29,13 @@ for h in "${harnesses[@]}"; do
   # A fresh folder collects what this run finds; the kept corpus is only read, then the
   # new inputs that add coverage are merged into it.
   status=0
-  "$build/fuzz_$h" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
+  "$build/tests/fuzz/fuzz_$h" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
     -artifact_prefix="$root/tests/fuzz/crashes/$h-" -print_final_stats=1 "$found" "$corpus" \
     >"$found.log" 2>&1 || status=$?
   grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)" "$found.log" || true
   [ "$status" -eq 0 ] || tail -n 40 "$found.log" >&2
   rm -f "$found.log"
-  "$build/fuzz_$h" -merge=1 "$corpus" "$found" >/dev/null 2>&1
+  "$build/tests/fuzz/fuzz_$h" -merge=1 "$corpus" "$found" >/dev/null 2>&1
   rm -rf "$found"
   if [ "$status" -ne 0 ]; then
     echo "fuzz_$h: crashed (exit $status); inputs in tests/fuzz/crashes/" >&2

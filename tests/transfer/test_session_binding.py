@@ -17,7 +17,7 @@ from rlboost.transfer import WeightPuller
 
 from .helpers import make_config
 from .proxies import SerialProxyForTests
-from .wire_client import HEADER, W, frame, recv_exact, recv_frame
+from .wire_client import HEADER, MODE_MAC, W, frame, recv_exact, recv_frame
 
 REQUESTS = {
     "manifest": frame(W["manifest_request"], struct.pack("<q", 1), request_id=1),
@@ -36,7 +36,7 @@ class LoginRelayForTests(SerialProxyForTests):
 
     def __init__(self, upstream: str, request: bytes | None):
         super().__init__(upstream)
-        self.request, self.answers = request, []
+        self.request, self.answers, self.modes = request, [], []
         self._start()
 
     def _serve(self, down: socket.socket, up: socket.socket) -> None:
@@ -48,7 +48,9 @@ class LoginRelayForTests(SerialProxyForTests):
     def _relay(self, down: socket.socket, up: socket.socket) -> object:
         for _ in range(2):  # hello -> challenge, auth -> welcome
             up.sendall(recv_frame(down))
-            down.sendall(recv_frame(up))
+            answer = recv_frame(up)
+            down.sendall(answer)
+        self.modes.append(struct.unpack("<I", answer[-36:-32])[0])  # the welcome's mode, before its proof
         if self.request is None:  # a replay: the puller's first request, once it was answered
             first = recv_frame(down) + recv_exact(down, 16)
             up.sendall(first)
@@ -77,8 +79,10 @@ def test_a_relayed_login_gives_the_relay_nothing_but_auth_errors(served, request
     finally:
         relay.close()
     assert relay.answers, "the puller never reached the relay"
-    for answer in relay.answers:
-        assert isinstance(answer, AuthError), answer
+    # A puller that finds the relay in front of a source on its own host logs in again,
+    # sealed: the relay then cannot even read the source's refusal.
+    for answer, mode in zip(relay.answers, relay.modes):
+        assert isinstance(answer, AuthError if mode == MODE_MAC else TransferError), answer
     assert pub.stats()["auth_failures"] >= len(relay.answers)
     # The source still serves its honest pullers.
     with WeightPuller(pub.address, make_config(transport="tcp", relay=False)) as honest:
