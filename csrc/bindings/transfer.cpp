@@ -93,7 +93,10 @@ py::dict ServerStatsDict(const ServerStats& s) {
                   py::arg("active_connections") = s.active_connections,
                   py::arg("leases_expired") = s.leases_expired,
                   py::arg("leases_revoked") = s.leases_revoked,
-                  py::arg("encrypted_connections") = s.encrypted_connections);
+                  py::arg("encrypted_connections") = s.encrypted_connections,
+                  py::arg("accept_queue_peak") = s.accept_queue_peak,
+                  py::arg("accept_errors") = s.accept_errors,
+                  py::arg("resource_errors") = s.resource_errors);
 }
 
 void BindRecords(py::module_& m) {

@@ -28,6 +28,19 @@ std::vector<std::string> BuiltTransports() {
   return names;
 }
 
+std::unique_ptr<Transport> ChooseTransport(const PeerIdentity& source) {
+  std::unique_ptr<Transport> best;
+  for (const std::string& name : BuiltTransports()) {
+    std::unique_ptr<Transport> t;
+    // UCX is chosen only when asked for: it needs its own listener and network setup.
+    if (name == "ucx" || !MakeTransport(name, &t).ok() || !t->Reaches(source)) continue;
+    if (best == nullptr || (t->caps().source_cpu_free && !best->caps().source_cpu_free)) best = std::move(t);
+  }
+  return best != nullptr ? std::move(best) : MakeTcpTransport();
+}
+
+std::unique_ptr<Transport> FallbackTransport(const Transport&) { return MakeTcpTransport(); }
+
 Status MakeTransport(const std::string& name, std::unique_ptr<Transport>* out) {
   if (name == "tcp") {
     *out = MakeTcpTransport();

@@ -163,6 +163,13 @@ class TransportService {
 
 // Names of the transports built into this module ("tcp", "shm", and "ucx" when found).
 std::vector<std::string> BuiltTransports();
+// For transfer.transport "auto": of the built transports that reach `source` and serve
+// any region (not device memory only), the one that costs the source least (its CPU free
+// first), else TCP, which reaches every source.
+std::unique_ptr<Transport> ChooseTransport(const PeerIdentity& source);
+// What a pull falls back to when `failed` cannot serve a source after all (its region is
+// not shareable, or its egress is capped): the transport every source serves.
+std::unique_ptr<Transport> FallbackTransport(const Transport& failed);
 // A fresh client-side transport by name; kInvalidArgument for an unknown or unbuilt one.
 Status MakeTransport(const std::string& name, std::unique_ptr<Transport>* out);
 // Server-side services for every built transport that needs one.

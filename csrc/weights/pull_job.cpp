@@ -5,8 +5,6 @@
 #include <chrono>
 #include <deque>
 
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
 
 namespace rlboost {
 
@@ -93,13 +91,14 @@ Status PullJob::Start() {
   std::lock_guard<std::mutex> lock(mu_);
   if (started_) return Status(Code::kInvalidArgument, "pull already started");
   for (auto& src : sources_) {
-    std::string name = opts_.transport;
-    if (name == "auto") {
-      src->auto_choice = true;
-      name = MakeShmTransport()->Reaches(src->session->peer()) ? "shm" : "tcp";
-    }
     std::unique_ptr<Transport> transport;
-    RLB_RETURN_IF_ERROR(MakeTransport(name, &transport));
+    if (opts_.transport == "auto") {
+      src->auto_choice = true;
+      transport = ChooseTransport(src->session->peer());
+    } else {
+      RLB_RETURN_IF_ERROR(MakeTransport(opts_.transport, &transport));
+    }
+    const std::string name = transport->name();
     src->transport = std::move(transport);
     if (!src->transport->Reaches(src->session->peer())) {
       return Status(Code::kInvalidArgument, "transport '" + name + "' cannot reach source " +
@@ -180,12 +179,11 @@ Status PullJob::OpenStream(Lane* lane) {
   std::unique_ptr<ChunkStream> stream;
   std::shared_ptr<Transport> transport = CurrentTransport(src);
   Status st = transport->OpenStream(*src.session, manifest_.version, so, &stream);
-  if (!st.ok() && src.auto_choice && std::string(transport->name()) == "shm" &&
-      st.code() != Code::kUnknownVersion) {
-    // The source cannot share this region (borrowed memory, /proc not reachable): TCP.
+  if (!st.ok() && src.auto_choice && transport->caps().same_host_only && st.code() != Code::kUnknownVersion) {
+    // The source cannot share this region (borrowed memory, /proc not reachable, a cap).
     {
       std::lock_guard<std::mutex> lock(src.mu);
-      if (src.transport == transport) src.transport = MakeTcpTransport();
+      if (src.transport == transport) src.transport = FallbackTransport(*transport);
       transport = src.transport;
     }
     st = transport->OpenStream(*src.session, manifest_.version, so, &stream);

@@ -185,7 +185,7 @@ class TransferConfig:
     transport: str = "auto"
     """auto (same host: shm, else tcp), tcp, shm or ucx (RLBOOST_TRANSPORT overrides)"""
     encrypt: str = "auto"
-    """seal every frame and chunk with AES-256-GCM: auto (when the peer is off loopback), on (always; refuse peers that cannot), off (only when the peer asks)"""
+    """seal every frame and chunk with AES-256-GCM: auto (unless the peer is the source process itself on this host: a same-host relay is sealed too), on (always; refuse peers that cannot), off (only when the peer asks)"""
     max_version_bytes: int = _MAX_VERSION_BYTES
     """largest version a puller takes; a larger announcement is refused before anything is allocated for it"""
     streams: int = 4

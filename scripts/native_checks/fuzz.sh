@@ -15,11 +15,11 @@ harnesses=("$@")
 [ ${#harnesses[@]} -gt 0 ] || harnesses=(frame manifest delta state)
 cxx=${CXX:-$(command -v clang++ || command -v clang++-14)}
 build=${RLBOOST_FUZZ_BUILD:-$root/build/fuzz}
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DRLBOOST_FUZZ=ON \
+cmake -S "$root" -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DRLBOOST_FUZZ=ON \
   -DRLBOOST_BUILD_PYTHON=OFF -DRLBOOST_WITH_CUDA=OFF -DRLBOOST_WITH_UCX=OFF >/dev/null
 targets=()
 for h in "${harnesses[@]}"; do targets+=("fuzz_$h"); done
-cmake --build "$build" --target "${targets[@]}" -- -j"${RLBOOST_FUZZ_JOBS:-2}" >/dev/null
+cmake --build "$build" --target "${targets[@]}" -j "${RLBOOST_FUZZ_JOBS:-2}" >/dev/null
 mkdir -p "$root/tests/fuzz/crashes"
 for h in "${harnesses[@]}"; do
   corpus="$root/tests/fuzz/corpus/$h"

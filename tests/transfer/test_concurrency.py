@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlboost import _C, _C_testing
+from rlboost import _C_testing
 from rlboost.errors import ProtocolError, TransferClosed, TransferTimeout
 from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 

@@ -7,7 +7,7 @@ import struct
 import pytest
 import torch
 
-from rlboost import _C, _C_testing
+from rlboost import _C_testing
 from rlboost.errors import AuthError, IntegrityError, PeerLost, ProtocolError, VersionMismatch
 from rlboost.transfer import WeightPublisher, WeightPuller
 

@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from rlboost import _C, _C_testing
+from rlboost import _C_testing
 from rlboost.errors import AuthError, TransferError
 from rlboost.transfer import WeightPuller
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the native core under a sanitizer and runs, against that build:
+#   - the C++ unit tests (CTest), and
+#   - the Python transfer and migration tests, with rlboost._C and rlboost._C_testing
+#     from the instrumented build and the sanitizer's runtime preloaded into Python.
+# Any report fails the run (ASan/UBSan abort on the first; TSan exits non-zero).
+#
+#   scripts/native_checks/sanitize.sh address   # AddressSanitizer + UndefinedBehaviorSanitizer
+#   scripts/native_checks/sanitize.sh thread    # ThreadSanitizer
+#   PYTEST_ARGS="tests/transfer/test_roundtrip.py" scripts/native_checks/sanitize.sh address
+#
+# Needs g++ (its libasan/libubsan/libtsan) and GoogleTest (Debian: libgtest-dev); run from
+# an environment where `import rlboost` works (the README's test set-up).
+set -euo pipefail
+kind=${1:?address or thread}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${RLBOOST_SANITIZE_BUILD:-$root/build/sanitize-$kind}
+python=${PYTHON:-python}
+cmake -S "$root" -B "$build" -DRLBOOST_SANITIZE="$kind" -DRLBOOST_BUILD_TESTS=ON \
+  -DRLBOOST_WITH_CUDA=OFF -DRLBOOST_WITH_UCX=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$python")" >/dev/null
+cmake --build "$build" -j "${RLBOOST_SANITIZE_JOBS:-2}" >/dev/null
+
+if [ "$kind" = address ]; then
+  runtime=$(g++ -print-file-name=libasan.so)
+  # Python's own allocator hides heap errors from ASan; leaks at exit are Python's, not ours.
+  export PYTHONMALLOC=malloc
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1:halt_on_error=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+else
+  runtime=$(g++ -print-file-name=libtsan.so)
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0}
+fi
+
+echo "== C++ unit tests under $kind"
+(cd "$build" && ctest --output-on-failure -j2)
+
+echo "== Python transfer and migration tests under $kind"
+# The instrumented modules stand in for the built ones in a copy of the package and its
+# tests, run from that copy (so its rlboost is the one imported).
+shadow=$(mktemp -d)
+trap 'rm -rf "$shadow"' EXIT
+cp -r "$root/rlboost" "$root/tests" "$root/pyproject.toml" "$shadow/"
+rm -f "$shadow"/rlboost/_C*.so
+cp "$build"/_C*.so "$shadow/rlboost/"
+# shellcheck disable=SC2086
+(cd "$shadow" && LD_PRELOAD="$runtime" PYTHONPATH="$shadow" "$python" -m pytest -p no:cacheprovider -n 0 -q \
+  -m 'not gpu and not slow and not netns' ${PYTEST_ARGS:-tests/transfer tests/migration})
