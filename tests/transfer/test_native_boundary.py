@@ -12,7 +12,7 @@ SECRET = b"boundary-secret"
 
 def _server(**kwargs):
     store = _C.VersionStore(versions_kept=1, secret=SECRET)
-    return _C.WeightServer(store=store, host="127.0.0.1", port=0, secret=SECRET, **kwargs)
+    return _C.WeightServer(**{"store": store, "host": "127.0.0.1", "port": 0, "secret": SECRET, **kwargs})
 
 
 @pytest.mark.parametrize("kwargs, name", [
