@@ -1,5 +1,6 @@
 """Test-wide settings: keep Ray on loopback and small; tiny models on one torch thread."""
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -13,6 +14,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tiny models gain nothing from intra-op threads, and on a busy 2-core machine their
 # spin-waiting costs several times the work itself (an engine thread shares the pool too).
 _ONE_THREAD = ("rollout", "tasks", "trainer", "test_train_loop.py")
+
+
+def pytest_configure(config):
+    # The transfer tests drive the native core through its test hooks, which a wheel leaves out.
+    if importlib.util.find_spec("rlboost._C") and not importlib.util.find_spec("rlboost._C_testing"):
+        raise pytest.UsageError("rlboost._C_testing is not installed: the tests need the editable install "
+                                "(pip install torch==2.13.0 -e '.[test]'), or a build with RLBOOST_TESTING_MODULE=ON")
 
 
 @pytest.fixture(scope="session", autouse=True)
