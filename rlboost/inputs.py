@@ -24,7 +24,7 @@ def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH
         raise ValueError(f"{where}: JSON nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
         raise ValueError(f"{where}: not valid JSON ({' '.join(str(exc).split())[:160]})") from None
-    if _depth(value, max_depth) > max_depth:
+    if json_depth(value, max_depth) > max_depth:
         raise ValueError(f"{where}: JSON nested deeper than {max_depth} levels")
     return value
 
@@ -82,7 +82,7 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def _depth(value: Any, limit: int) -> int:
+def json_depth(value: Any, limit: int) -> int:
     """Nesting depth of a parsed JSON value (walked without recursion; stops past limit)."""
     deepest, todo = 0, [(value, 1)]
     while todo:
