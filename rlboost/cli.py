@@ -112,7 +112,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _notice(args: argparse.Namespace) -> int:
-    """Announce that this node goes away in --grace seconds (a shutdown hook's one line)."""
+    """Announce that this node goes away in --grace seconds (a shutdown hook's one line).
+    Exit 0 only when the run took the notice (and, with --wait, drained the node)."""
     import time
 
     from rlboost.cluster.notices.hook import pick_socket, send_notice
@@ -124,16 +125,20 @@ def _notice(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         answer = send_notice(path, args.grace, wait=args.wait)
+    except PermissionError:
+        raise
     except OSError as exc:
         raise ValueError(f"the run's notice agent at {path} did not answer ({exc}); is the run still up?") from None
     node = path.stem
-    if not answer.get("taken"):
+    if answer.get("taken") is not True:
         _say(f"rlboost notice: node {node}: {answer.get('error', 'the run did not take the notice')}")
         return EXIT_RUN_FAILED
     line = f"node {node} goes in {args.grace:g} s: the run took the notice in {time.monotonic() - t0:.2f} s"
+    if args.wait and answer.get("drained") is not True:
+        _say(f"rlboost notice: {line}; its instances were not drained within the grace")
+        return EXIT_RUN_FAILED
     if args.wait:
-        line += (f"; drained after {time.monotonic() - t0:.1f} s" if answer.get("drained")
-                 else "; not drained within the grace")
+        line += f"; drained after {time.monotonic() - t0:.1f} s"
     print(line)
     return EXIT_OK
 
@@ -180,10 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Run by a node's shutdown hook (Kubernetes preStop, systemd, cloud-init): the "
                             "run drains this node's rollout instances before the grace ends.")
     notice.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds until the node goes (default 30)")
-    notice.add_argument("--wait", action="store_true", help="return once the node's instances have drained")
+    notice.add_argument("--wait", action="store_true", help="return once the node's instances have drained (exit 3 "
+                        "when they have not within the grace)")
     notice.add_argument("--node", metavar="ID", help="the Ray node (id prefix) when several share this machine")
     notice.add_argument("--dir", metavar="DIR", help="the nodes' notice sockets, as the run's cluster.notices.hook_dir "
-                        "(default: rlboost-notices-UID in the temporary folder)")
+                        "(default: the user's runtime folder, else rlboost-notices-UID in the temporary folder)")
     notice.set_defaults(func=_notice)
     report = sub.add_parser("report", parents=[common], help="redraw a run's plots and print its summary")
     report.add_argument("run_dir", metavar="RUN_DIR")
