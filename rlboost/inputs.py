@@ -38,6 +38,16 @@ def read_json(path: Path, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = M
     return parse_json(data, str(path), max_depth=max_depth)
 
 
+def read_text(path: Path, *, max_bytes: int = MAX_JSON_BYTES) -> str:
+    """A UTF-8 text file of at most max_bytes (undecodable bytes replaced); ValueError naming
+    the file when it is longer."""
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: larger than {max_bytes:,} bytes")
+    return data.decode("utf-8", "replace")
+
+
 def read_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line; ValueError naming the file and line
     for a line that is too long, not JSON, or not a JSON object."""

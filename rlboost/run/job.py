@@ -41,9 +41,8 @@ def preflight(config: RunConfig) -> None:
     check_rollout_architecture(config)
     if join_address(config.cluster.address):  # from the config or the environment
         check_multi_node(config)  # its GPUs are checked once joined
-    else:  # the engine's package first: without it, the GPU count is not the problem
-        check_installed(config.rollout)
-        check_local(gpu_needs(config), local_gpus())
+    else:  # the GPUs first: a machine without them cannot run the engine its package brings
+        _check_local_machine(config)
     if capacity_kind(config) == "trace":
         plan_trace(config, config.run.steps, step_s=1.0)  # reads the trace file: a bad one is refused here
     check_trackers(config.run.trackers)
@@ -55,6 +54,20 @@ def preflight(config: RunConfig) -> None:
             verify_checkpoint_dir(Path(config.model.path).expanduser())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model.path: {exc}") from None
+
+
+def _check_local_machine(config: RunConfig) -> None:
+    """ConfigError naming the GPUs the run needs (and the engine's package too, when it is
+    missing as well), or ModuleNotFoundError for the package alone."""
+    try:
+        check_local(gpu_needs(config), local_gpus())
+    except ConfigError as gpus:
+        try:
+            check_installed(config.rollout)
+        except ModuleNotFoundError as package:
+            raise ConfigError(f"{gpus}; it also needs: {package}") from None
+        raise
+    check_installed(config.rollout)
 
 
 def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str], None] = say,
@@ -86,6 +99,7 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
         if resume is None and not run.metrics():  # nothing done: no run directory left behind
             shutil.rmtree(run.path, ignore_errors=True)
             raise
+        run.drop_empty_checkpoints()  # ended before its first checkpoint: its folder keeps the steps' metrics
         if isinstance(exc, KeyboardInterrupt):
             # A stop-now press that lands outside a step (the run's processes closing, its
             # report being written) still ends with the step and the command that continues.
