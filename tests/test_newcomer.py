@@ -83,7 +83,7 @@ def test_a_run_stopped_before_its_first_checkpoint_says_what_its_folder_keeps(tm
     from rlboost.run.outcome import ending_lines, halted
 
     run = _run(tmp_path / "run")
-    run.drop_empty_checkpoints()
+    run.drop_unfinished_checkpoints()
     lines = ending_lines(halted(RunInterrupted, "interrupted", run, 3, None))
     assert lines[0] == "rlboost train: interrupted in step 3"
     assert str(run.path) in lines[1] and "keeps the metrics" in lines[1] and "cannot be resumed" in lines[1]

@@ -192,9 +192,13 @@ class RunDirectory:
     def plots_dir(self) -> Path:
         return self.path / "plots"
 
-    def drop_empty_checkpoints(self) -> None:
-        """Remove checkpoints/ when it holds nothing: a run that ended before its first
-        checkpoint (or a simulation) does not seem to hold one."""
+    def drop_unfinished_checkpoints(self) -> None:
+        """Remove the staging folders of saves that never finished, then checkpoints/ when it
+        holds nothing: a run that stopped before its first checkpoint (or a simulation) does
+        not seem to hold one."""
+        for staging in (self.path / "checkpoints").glob(".step_*.tmp"):
+            if staging.is_dir() and not staging.is_symlink():
+                shutil.rmtree(staging, ignore_errors=True)
         try:
             (self.path / "checkpoints").rmdir()
         except OSError:  # not empty (or gone): left as it is

@@ -99,7 +99,7 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
         if resume is None and not run.metrics():  # nothing done: no run directory left behind
             shutil.rmtree(run.path, ignore_errors=True)
             raise
-        run.drop_empty_checkpoints()  # ended before its first checkpoint: its folder keeps the steps' metrics
+        run.drop_unfinished_checkpoints()  # a save the stop cut short; checkpoints/ itself when none was made
         if isinstance(exc, KeyboardInterrupt):
             # A stop-now press that lands outside a step (the run's processes closing, its
             # report being written) still ends with the step and the command that continues.

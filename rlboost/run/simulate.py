@@ -70,7 +70,7 @@ def simulate(name: str, overrides: list[str], *, steps: int | None = None, progr
 
 def _simulate(scenario: Scenario, config: RunConfig, overrides: list[str], spec: SimSpec, groups, run: RunDirectory,
               steps: int | None, progress: bool, echo: Callable[[str], None]) -> None:
-    run.drop_empty_checkpoints()  # a simulation holds no checkpoint
+    run.drop_unfinished_checkpoints()  # a simulation holds no checkpoint
     run.write_config(to_dict(config))
     (run.path / SCENARIO_FILE).write_text(json.dumps({"scenario": scenario.name, "steps": spec.steps,
                                                       "round_s": spec.round_s, "overrides": overrides}, indent=2))

@@ -101,10 +101,11 @@ def normalize_answer(answer: str) -> str:
 
 
 def answers_match(predicted: str | None, gold: str) -> bool:
-    """True when predicted equals gold as numbers or as normalised strings."""
-    if predicted is None:
-        return False
-    return normalize_answer(predicted) == normalize_answer(gold)
+    """True when predicted equals gold as numbers or as normalised strings (gold is read
+    first: a reference answer that cannot be compared fails every sample, not only those
+    that state an answer)."""
+    reference = normalize_answer(gold)
+    return predicted is not None and normalize_answer(predicted) == reference
 
 
 def math_reward(completion: str, gold: str) -> float:

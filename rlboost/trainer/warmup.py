@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 from typing import Callable
 
@@ -44,9 +45,16 @@ def warmup_pairs(task: TaskConfig) -> Pairs:
 
 
 def _task_pairs(task: TaskConfig) -> list[tuple[str, str]]:
-    """Every problem with an answer, its prompt wrapped as the run's feed wraps it."""
+    """Every problem with an answer the run could generate (within task.max_new_tokens of
+    the tiny model's bytes), its prompt wrapped as the run's feed wraps it."""
     from rlboost.tasks.factory import build_task
 
-    source = build_task(task)
+    quiet = logging.getLogger("rlboost.dataset")  # the run's own reading of the file says what it refuses
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        source = build_task(task)
+    finally:
+        quiet.level = level
     problems = source.problems(len(source), seed=0)  # a data set's tasks know their length
-    return [(task.prompt_template.replace("{prompt}", p.prompt), p.answer) for p in problems if p.answer]
+    return [(task.prompt_template.replace("{prompt}", p.prompt), p.answer) for p in problems
+            if p.answer and len(p.answer.encode()) < task.max_new_tokens]
