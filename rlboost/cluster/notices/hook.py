@@ -182,8 +182,11 @@ def node_sockets(folder: str | os.PathLike | None) -> list[Path]:
     """The notice sockets of the runs' nodes on this machine: in `folder`, or in every
     candidate folder that is the user's own (PermissionError for a named folder that is not)."""
     if folder is not None:
-        where = private_folder(Path(folder), create=False) if Path(folder).exists() else None
-        return sorted(where.glob("*.sock")) if where is not None else []
+        where = Path(folder)
+        if not where.exists():
+            return []
+        _folder_owner(where)
+        return sorted(where.glob("*.sock"))
     return sorted(p for f in candidate_folders() if _is_private(f) for p in f.glob("*.sock"))
 
 
@@ -206,11 +209,11 @@ def send_notice(path: Path, grace_s: float, wait: bool = False) -> dict:
     ({"taken": bool, "drained": bool with wait}). PermissionError when the socket, its
     folder or the process listening on it is not the user's; OSError when no agent listens
     there or it answers what an agent does not."""
-    _check_socket(path)
+    owner = _check_socket(path)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(TAKE_TIMEOUT_S + 5.0)
         conn.connect(str(path))
-        _check_peer(conn, path)
+        _check_peer(conn, path, owner)
         conn.sendall(json.dumps({"format_version": HOOK_FORMAT_VERSION, "grace_s": grace_s, "wait": wait}).encode()
                      + b"\n")
         answers = _read_answers(conn, grace_s, wait)
@@ -240,18 +243,33 @@ def _read_answers(conn: socket.socket, grace_s: float, wait: bool) -> list[dict]
     return answers
 
 
-def _check_socket(path: Path) -> None:
-    private_folder(path.parent, create=False)
+def _folder_owner(folder: Path) -> int:
+    """The user a socket folder belongs to: the caller, or anyone for root (a shutdown hook
+    that runs as root names the run's folder); PermissionError when it is not a folder of
+    such a user closed to others."""
+    info = folder.lstat()
+    me = os.getuid()
+    if not stat.S_ISDIR(info.st_mode) or info.st_mode & 0o077 or (info.st_uid != me and me != 0):
+        raise PermissionError(f"{folder} must be a folder (not a link) of user {me}, closed to others (mode 0700): "
+                              "another user may have made it; the notice was not sent")
+    return info.st_uid
+
+
+def _check_socket(path: Path) -> int:
+    """The folder's owner, when the socket is a socket of that user in a folder trusted."""
+    owner = _folder_owner(path.parent)
     info = path.lstat()
-    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
-        raise PermissionError(f"{path} is not a socket of user {os.getuid()}")
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != owner:
+        raise PermissionError(f"{path} is not a socket of user {owner}; the notice was not sent")
+    return owner
 
 
-def _check_peer(conn: socket.socket, path: Path) -> None:
-    """The process listening is the user's own (Linux: SO_PEERCRED; elsewhere the folder's
-    check stands alone)."""
+def _check_peer(conn: socket.socket, path: Path, owner: int) -> None:
+    """The process listening is the folder's user's (Linux: SO_PEERCRED; elsewhere the
+    folder's check stands alone)."""
     if not hasattr(socket, "SO_PEERCRED"):
         return
     _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    if uid != os.getuid():
-        raise PermissionError(f"the process listening on {path} is user {uid}'s, not this user's ({os.getuid()})")
+    if uid != owner:
+        raise PermissionError(f"the process listening on {path} is user {uid}'s, not user {owner}'s; "
+                              "the notice was not sent")
