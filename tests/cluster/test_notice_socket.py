@@ -133,3 +133,8 @@ def test_the_default_folder_is_the_user_s_runtime_folder_when_there_is_one(short
     os.chmod(runtime, 0o755)  # not private: not taken
     assert not str(default_hook_dir()).startswith(runtime)
 
+
+
+def test_a_hook_dir_too_long_for_a_unix_socket_is_refused_in_the_config():
+    with pytest.raises(ValueError, match="cluster.notices.hook_dir"):
+        NoticeConfig(hook_dir="/tmp/" + "d" * 100)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ NOTICE_SOURCES = ("auto", *CLOUDS, "none")
 # A node's Ray label that overrides cluster.notice_source for that node (a cluster that spans
 # clouds, or on-premises nodes beside spot ones): `ray start --labels='{"rlboost.io/notice-source": "gcp"}'`.
 SOURCE_LABEL = "rlboost.io/notice-source"
+SOCKET_NAME_BYTES = 21  # "/" + 16 hex digits of the node id + ".sock"
 MIN_REQUEST_S = 1.0  # the least time a request to a metadata service is given, whatever is left of a watch
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,9 @@ class NoticeConfig:
             require(0 <= getattr(self, name) <= 3600, f"cluster.notices.{name}", "in [0, 3600]", getattr(self, name))
         require(self.hook_dir is None or bool(self.hook_dir), "cluster.notices.hook_dir", "None or a folder",
                 self.hook_dir)
+        require(self.hook_dir is None or len(os.fsencode(os.path.abspath(self.hook_dir))) + SOCKET_NAME_BYTES <= 107,
+                "cluster.notices.hook_dir", f"a folder whose path leaves room for a Unix socket's name (at most "
+                f"{107 - SOCKET_NAME_BYTES} bytes)", self.hook_dir)
 
 
 class NoticeWatcher(Protocol):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlboost import env
-from rlboost.cluster.notices.base import Notice
+from rlboost.cluster.notices.base import SOCKET_NAME_BYTES, Notice
 
 HOOK_FORMAT_VERSION = 1
 MAX_LINE = 4096
@@ -35,7 +35,7 @@ READ_TIMEOUT_S = 5.0  # a client that sends no whole line within this is dropped
 TAKE_TIMEOUT_S = 5.0  # how long an agent waits for the run to take a hook's notice before it says so
 MAX_GRACE_S = 24 * 3600.0
 MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path holds 108 with its NUL)
-SOCKET_NAME = 21  # "/" + 16 hex digits + ".sock"
+SOCKET_NAME = SOCKET_NAME_BYTES
 log = logging.getLogger(__name__)
 
 
