@@ -120,12 +120,15 @@ def test_the_own_task_warm_up_trains_on_the_data_set_s_answers(tmp_path, monkeyp
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(json.dumps({"q": f"{a}+{b}=", "sum": str(a + b)}) + "\n" for a in range(5) for b in range(5)))
     task = TaskConfig(name="dataset", dataset=ColumnDatasetConfig(path=str(data), prompt_key="q", answer_key="sum"))
-    pairs = warmup_pairs(task)(4, 0)
+    pairs = warmup_pairs(task)(4, seed=0)
     assert all(p.endswith("=") and a == str(eval(p[:-1])) for p, a in pairs)  # the data set's own problems
     assert (prepare_checkpoint(ModelSource(warmup_steps=2, warmup_batch=4), task) / "config.json").is_file()
     key = warmup_key(task)
     data.write_text(json.dumps({"q": "9+9=", "sum": "18"}) + "\n")
     assert warmup_key(task) != key  # a changed file warms up again
+    sums = TaskConfig()  # generated sums, as tiny_cpu warms up
+    assert warmup_pairs(sums)(2, seed=1) == warmup_pairs(sums)(2, seed=1)
+    assert (prepare_checkpoint(ModelSource(warmup_steps=1, warmup_batch=2), sums) / "config.json").is_file()
 
 
 def test_the_paper_recipe_says_it_is_emulated_and_what_it_emulates(capsys):

@@ -166,7 +166,7 @@ def _build_warm_tiny(out: Path, model: ModelSource, task: TaskConfig) -> None:
     torch.manual_seed(model.seed)
     opt = torch.optim.AdamW(net.parameters(), lr=model.warmup_lr)
     for step in range(model.warmup_steps):
-        pairs = draw(model.warmup_batch, 10_000 + step)
+        pairs = draw(model.warmup_batch, seed=10_000 + step)
         loss = sft_loss(net, build_sft_batch(pairs, tok))
         opt.zero_grad()
         loss.backward()

@@ -15,7 +15,7 @@ from typing import Callable
 from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.tasks.config import TaskConfig
 
-Pairs = Callable[[int, int], list[tuple[str, str]]]  # (n, seed) -> n (prompt, answer) pairs
+Pairs = Callable[..., list[tuple[str, str]]]  # pairs(n, seed=...) -> n (prompt, answer) pairs
 
 
 def warmup_key(task: TaskConfig) -> dict:
@@ -29,7 +29,7 @@ def warmup_key(task: TaskConfig) -> dict:
 
 
 def warmup_pairs(task: TaskConfig) -> Pairs:
-    """pairs(n, seed): n (prompt, answer) pairs of the task, seeded; ValueError (one line)
+    """pairs(n, seed=s): n (prompt, answer) pairs of the task, seeded; ValueError (one line)
     when the task has no reference answer to warm up on."""
     if task.name == "arithmetic":
         return ArithmeticTask(task.arithmetic).warmup_pairs
@@ -38,7 +38,7 @@ def warmup_pairs(task: TaskConfig) -> Pairs:
         raise ValueError("model.warmup_steps > 0 warms the tiny model up on the task's reference answers, and "
                          "this task has none (task.dataset.answer_key): set model.warmup_steps=0")
 
-    def draw(n: int, seed: int) -> list[tuple[str, str]]:
+    def draw(n: int, *, seed: int) -> list[tuple[str, str]]:
         rng = random.Random(seed)
         return [rng.choice(pairs) for _ in range(n)]
     return draw
