@@ -90,6 +90,17 @@ def test_a_run_stopped_before_its_first_checkpoint_says_what_its_folder_keeps(tm
     assert not (run.path / "checkpoints").exists()
 
 
+def test_a_new_run_stopped_at_once_before_any_step_leaves_no_folder(tmp_path):
+    import rlboost.run.job as job
+
+    fresh = RunDirectory(tmp_path / "fresh")  # the second Ctrl-C landed in step 1
+    lines = job._interrupted_lines(fresh, new=True)
+    assert "no step finished" in lines[-1] and not fresh.path.exists()
+    kept = _run(tmp_path / "kept")
+    lines = job._interrupted_lines(kept, new=True)
+    assert "keeps the metrics" in lines[-1] and not (kept.path / "checkpoints").exists()
+
+
 def test_a_plot_interrupted_while_it_is_written_leaves_no_half_file(tmp_path, monkeypatch):
     import matplotlib.figure
 
@@ -148,7 +159,7 @@ def test_an_emulated_run_s_summary_says_what_ran_and_the_modelled_rate(tmp_path)
     assert "emulated" in rows["what ran"] and "time_scale 25" in rows["what ran"] and "qwen3-8b" in rows["what ran"]
     assert "256 tokens/s of the modelled cluster" in rows["rollout tokens/s"]  # 100 x 64 / 25
     assert rows["data set records refused at load"] == "3 (2 too deep, 1 not UTF-8)"
-    assert any(key.startswith("preemptible pool empty (run clock") for key in rows)
+    assert "on the run's clock" in rows["preemptible pool empty"]
 
 
 def test_a_gpu_recipe_on_a_machine_without_gpus_names_the_gpus_it_needs(monkeypatch, tmp_path, capsys):

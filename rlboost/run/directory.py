@@ -192,13 +192,13 @@ class RunDirectory:
     def plots_dir(self) -> Path:
         return self.path / "plots"
 
-    def drop_unfinished_checkpoints(self) -> None:
-        """Remove the staging folders of saves that never finished, then checkpoints/ when it
-        holds nothing: a run that stopped before its first checkpoint (or a simulation) does
-        not seem to hold one."""
-        for staging in (self.path / "checkpoints").glob(".step_*.tmp"):
-            if staging.is_dir() and not staging.is_symlink():
-                shutil.rmtree(staging, ignore_errors=True)
+    def drop_unfinished_checkpoints(self, *, staging: bool = True) -> None:
+        """Remove the staging folders of saves that never finished (staging=False: a save may
+        still be under way, leave them), then checkpoints/ when it holds nothing: a run that
+        stopped before its first checkpoint (or a simulation) does not seem to hold one."""
+        for folder in (self.path / "checkpoints").glob(".step_*.tmp") if staging else ():
+            if folder.is_dir() and not folder.is_symlink():
+                shutil.rmtree(folder, ignore_errors=True)
         try:
             (self.path / "checkpoints").rmdir()
         except OSError:  # not empty (or gone): left as it is

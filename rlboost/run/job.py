@@ -88,7 +88,7 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
         on_start()
         try:
             with driver_output(run.path / DRIVER_LOG, enabled=quiet) as terminal, \
-                    StopSignal(terminal, last_words=lambda: _interrupted_lines(run)) as stop:
+                    StopSignal(terminal, last_words=lambda: _interrupted_lines(run, new=resume is None)) as stop:
                 done = supervise(config, run, launch, terminal, stop)
         finally:
             if run.metrics():  # what the run did so far: plots and summary, even when it failed
@@ -111,11 +111,17 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
     return RunResult(run, done, stopped=done < config.run.steps)
 
 
-def _interrupted_lines(run: RunDirectory) -> list[str]:
-    """What a run stopped at once says when its processes take too long to close. It runs
-    beside the main thread, which may be writing or replacing a checkpoint that moment: a
-    checkpoint that cannot be read then still leaves the resume command."""
+def _interrupted_lines(run: RunDirectory, new: bool = False) -> list[str]:
+    """What a run stopped at once says when its processes take too long to close (the
+    process exits next: a new run without a finished step is removed, an empty checkpoints/
+    too). It runs beside the main thread, which may be writing or replacing a checkpoint
+    that moment: a checkpoint that cannot be read then still leaves the resume command."""
     try:
+        if new and not RunDirectory.has_metrics(run.path):
+            shutil.rmtree(run.path, ignore_errors=True)
+            return [f"rlboost train: interrupted in step {run.step}",
+                    "no step finished, so its run directory was removed; start the run again with the same command"]
+        run.drop_unfinished_checkpoints(staging=False)
         return ending_lines(halted(RunInterrupted, "interrupted", run, run.step, last_checkpoint_step(run)))
     except (OSError, RlboostError):
         return [f"rlboost train: interrupted in step {run.step}",

@@ -132,9 +132,10 @@ class RunSummary:
             ("preemptions survived", f"{self.notices + self.sudden} ({self.notices} with notice, "
                                      f"{self.sudden} sudden)"),
             ("notices by source", ", ".join(f"{n} {src}" for src, n in self.notice_sources) or "none"),
-            ("preemptible pool empty (run clock: from each launch, start-up included)",
-             f"{self.pool_empty_s:,.1f} s of {self.pool_span_s:,.1f} s ({self.pool_empty_s / self.pool_span_s:.0%})"
-             if self.pool_span_s > 0 else "n/a"),
+            ("preemptible pool empty", f"{self.pool_empty_s:,.1f} s of {self.pool_span_s:,.1f} s on the run's clock, "
+                                       f"from each launch, start-up included "
+                                       f"({self.pool_empty_s / self.pool_span_s:.0%})" if self.pool_span_s > 0
+             else "n/a"),
             ("samples lost", f"{self.samples_lost}"),
             ("samples duplicated", f"{self.samples_duplicated}"),
             ("migrations (live / resumed after a loss)", f"{self.migrations} / {self.resumes}"),
@@ -226,8 +227,8 @@ def summarize(run: RunDirectory, config: dict | None = None) -> RunSummary:
 
 
 def _records_refused(metrics: list[dict]) -> dict[str, int] | None:
-    refused = metrics[-1].get("records_refused")
-    if not isinstance(refused, dict) or not any(isinstance(m.get("prompts_dropped"), int) for m in metrics[-1:]):
+    refused = metrics[-1].get("records_refused")  # written by runs on a data set only
+    if not isinstance(refused, dict):
         return None
     return {str(k): int(v) for k, v in refused.items()}
 

@@ -126,8 +126,9 @@ class TaskFeed:
         load, by cause; RewardsFailed when every reward of the step failed (and score()
         could not tell: its last micro-batch came empty)."""
         self.ledger.check_step(step)
+        refused = getattr(self.task, "refused", None)  # a data set's; generated problems have none
         return {**self.ledger.take(), "prompts_dropped": getattr(self.task, "dropped", 0),
-                "records_refused": getattr(self.task, "refused", {})}
+                **({"records_refused": refused} if refused is not None else {})}
 
     def close(self) -> None:
         self.rewards.close()
