@@ -2,7 +2,7 @@
 
 Every expected failure prints one or two lines saying what is wrong and what to do, and
 exits with a documented code (2 bad input, 3 the run failed, 130 interrupted); a traceback
-appears only with --debug, or for a bug.
+appears only for a bug, or with --debug (before the line, with the same exit code).
 """
 
 from __future__ import annotations
@@ -10,12 +10,19 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+import traceback
 
 from rlboost.inputs import printable
 from rlboost.run.outcome import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 
 # what a user can fix: bad values, missing or damaged files, a missing optional package
 _BAD_INPUT = (ValueError, OSError, ModuleNotFoundError)
+# Named here rather than imported (the recipes import torch; `rlboost notice` starts in well
+# under a second); tests/test_newcomer.py checks them against rlboost.recipes and the scenarios.
+RECIPES = ("tiny_cpu", "smollm2_cpu", "qwen3_gpu", "paper_qwen3_8b")
+RECIPE_HELP = ("tiny_cpu (default: a tiny model learns sums on a CPU), smollm2_cpu (a real 135M model), "
+               "qwen3_gpu (a GPU run with SGLang), paper_qwen3_8b (the RLBoost artifact's Qwen3-8B run, emulated)")
+SCENARIOS = ("paper", "paper-trace", "paper-trace-reference", "artifact", "saturation")
 
 
 def _info(_args: argparse.Namespace) -> int:
@@ -44,7 +51,7 @@ def _train(args: argparse.Namespace) -> int:
         result = train(config, resume=args.resume, quiet=not args.debug, on_start=lambda: started.append(True))
     except RunHalted as exc:
         if args.debug:
-            raise
+            traceback.print_exc()
         _say(*ending_lines(exc))
         return exit_code(exc)
     except _BAD_INPUT as exc:
@@ -99,12 +106,12 @@ def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rlboost.run.directory import METRICS_FILE, RunDirectory
-    from rlboost.run.report import write_report
+    from rlboost.run.report import report_directory
 
     if not (Path(args.run_dir) / METRICS_FILE).is_file():
         raise FileNotFoundError(f"{args.run_dir} is not a run directory with metrics ({METRICS_FILE})")
     try:
-        write_report(RunDirectory(args.run_dir))
+        report_directory(RunDirectory(args.run_dir), sys.stdout)
     except (TypeError, KeyError, AttributeError, IndexError) as exc:  # a line of the wrong shape
         raise ValueError(f"{args.run_dir}: its metrics or events hold values of a kind rlboost does not write "
                          f"({type(exc).__name__}: {exc}); --debug shows where") from exc
@@ -112,7 +119,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _notice(args: argparse.Namespace) -> int:
-    """Announce that this node goes away in --grace seconds (a shutdown hook's one line)."""
+    """Announce that this node goes away in --grace seconds (a shutdown hook's one line).
+    Exit 0 only when the run took the notice (and, with --wait, drained the node)."""
     import time
 
     from rlboost.cluster.notices.hook import pick_socket, send_notice
@@ -124,16 +132,20 @@ def _notice(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         answer = send_notice(path, args.grace, wait=args.wait)
+    except PermissionError:
+        raise
     except OSError as exc:
         raise ValueError(f"the run's notice agent at {path} did not answer ({exc}); is the run still up?") from None
     node = path.stem
-    if not answer.get("taken"):
+    if answer.get("taken") is not True:
         _say(f"rlboost notice: node {node}: {answer.get('error', 'the run did not take the notice')}")
         return EXIT_RUN_FAILED
     line = f"node {node} goes in {args.grace:g} s: the run took the notice in {time.monotonic() - t0:.2f} s"
+    if args.wait and answer.get("drained") is not True:
+        _say(f"rlboost notice: {line}; its instances were not drained within the grace")
+        return EXIT_RUN_FAILED
     if args.wait:
-        line += (f"; drained after {time.monotonic() - t0:.1f} s" if answer.get("drained")
-                 else "; not drained within the grace")
+        line += f"; drained after {time.monotonic() - t0:.1f} s"
     print(line)
     return EXIT_OK
 
@@ -141,18 +153,21 @@ def _notice(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks of expected failures too")
+    from rlboost import __version__
+
     parser = argparse.ArgumentParser(prog="rlboost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"rlboost {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", parents=[common], help="print what the native core was built with")
     info.set_defaults(func=_info)
     for name, func, helptext in (
             ("train", _train, "streaming GRPO with preemptible rollout instances"),
             ("config", _config, "list every config field with its value, type and meaning")):
-        cmd = sub.add_parser(name, parents=[common], help=helptext, description=helptext + ". Recipes: "
-                             "tiny_cpu (default), smollm2_cpu, qwen3_gpu. Extra --set assignments may "
-                             "come from RLBOOST_SET; run directories go under RLBOOST_RUN_ROOT (./runs).")
-        cmd.add_argument("--recipe", help="tiny_cpu (default), smollm2_cpu or qwen3_gpu")
+        cmd = sub.add_parser(name, parents=[common], help=helptext, description=helptext + f". Recipes: {RECIPE_HELP}. "
+                             "Extra --set assignments may come from RLBOOST_SET; run directories go under "
+                             "RLBOOST_RUN_ROOT (./runs).")
+        cmd.add_argument("--recipe", help=", ".join(RECIPES))
         cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                          help="override a config field, e.g. --set run.steps=10 (repeatable; "
                               "`rlboost config` lists the fields)")
@@ -162,17 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", parents=[common], help="the trainer's memory per rank, term by term",
                           description="Print the trainer's memory plan per rank (parameters, gradients, optimizer "
                           "state, activations, logits, NCCL, a colocated engine) against a GPU's memory.")
-    plan.add_argument("--recipe", help="tiny_cpu (default), smollm2_cpu, qwen3_gpu or paper_qwen3_8b")
+    plan.add_argument("--recipe", help=", ".join(RECIPES))
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     plan.add_argument("--gpu", help="plan for this GPU kind (default trainer.gpu): h100-sxm, h200, a100-sxm-80gb")
     plan.set_defaults(func=_plan)
     sim = sub.add_parser("simulate", parents=[common], help="a named scenario through the discrete-event simulator",
-                         description="Simulate a scenario (paper, paper-trace, paper-trace-reference, saturation) "
-                         "with the controller's own policies and the timing model; writes a run directory.")
-    sim.add_argument("--scenario", default="paper", help="paper (default), paper-trace, paper-trace-reference "
-                     "or saturation")
+                         description=f"Simulate a scenario ({', '.join(SCENARIOS)}) with the controller's own "
+                         "policies and the timing model; writes a run directory.")
+    sim.add_argument("--scenario", default="paper", help=f"{', '.join(SCENARIOS)} (default paper)")
     sim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
-    sim.add_argument("--steps", type=int, default=None, help="steps to simulate (default: the scenario's)")
+    sim.add_argument("--steps", type=int, default=None, help="steps to simulate, at least 2 (default: the scenario's)")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     sim.add_argument("--calibrate", action="store_true", help="print the timing model's calibrated efficiency")
     sim.set_defaults(func=_simulate)
@@ -180,10 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Run by a node's shutdown hook (Kubernetes preStop, systemd, cloud-init): the "
                             "run drains this node's rollout instances before the grace ends.")
     notice.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds until the node goes (default 30)")
-    notice.add_argument("--wait", action="store_true", help="return once the node's instances have drained")
+    notice.add_argument("--wait", action="store_true", help="return once the node's instances have drained (exit 3 "
+                        "when they have not within the grace)")
     notice.add_argument("--node", metavar="ID", help="the Ray node (id prefix) when several share this machine")
     notice.add_argument("--dir", metavar="DIR", help="the nodes' notice sockets, as the run's cluster.notices.hook_dir "
-                        "(default: rlboost-notices-UID in the temporary folder)")
+                        "(default: the user's runtime folder, else rlboost-notices-UID in the temporary folder)")
     notice.set_defaults(func=_notice)
     report = sub.add_parser("report", parents=[common], help="redraw a run's plots and print its summary")
     report.add_argument("run_dir", metavar="RUN_DIR")
@@ -203,14 +218,15 @@ def main(argv: list[str] | None = None) -> int:
             return _bad_input(args, exc)
     except KeyboardInterrupt:  # before the run started (or outside train)
         if args.debug:
-            raise
+            traceback.print_exc()
         _say(f"rlboost {args.command}: interrupted")
         return EXIT_INTERRUPTED
 
 
 def _bad_input(args: argparse.Namespace, exc: BaseException) -> int:
+    """The one line of an expected error (its traceback first with --debug), exit code 2."""
     if args.debug:
-        raise exc
+        traceback.print_exception(exc)
     _say(f"rlboost {args.command}: {_one_line(exc)}")
     return EXIT_BAD_INPUT
 

@@ -45,6 +45,12 @@ def extra_overrides() -> list[str]:
     return shlex.split(value) if value else []
 
 
+def runtime_dir() -> str | None:
+    """The user's own runtime folder (XDG_RUNTIME_DIR, e.g. /run/user/1000, made by the login
+    manager and closed to others): where a node's notice socket goes. None when unset."""
+    return os.environ.get("XDG_RUNTIME_DIR") or None
+
+
 def ray_address() -> str | None:
     """Ray cluster for `rlboost train` to join (RLBOOST_RAY_ADDRESS); None starts a local one."""
     return get("RAY_ADDRESS")

@@ -24,7 +24,7 @@ def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH
         raise ValueError(f"{where}: JSON nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
         raise ValueError(f"{where}: not valid JSON ({' '.join(str(exc).split())[:160]})") from None
-    if _depth(value, max_depth) > max_depth:
+    if json_depth(value, max_depth) > max_depth:
         raise ValueError(f"{where}: JSON nested deeper than {max_depth} levels")
     return value
 
@@ -36,6 +36,16 @@ def read_json(path: Path, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = M
     if len(data) > max_bytes:
         raise ValueError(f"{path}: larger than {max_bytes:,} bytes")
     return parse_json(data, str(path), max_depth=max_depth)
+
+
+def read_text(path: Path, *, max_bytes: int = MAX_JSON_BYTES) -> str:
+    """A UTF-8 text file of at most max_bytes (undecodable bytes replaced); ValueError naming
+    the file when it is longer."""
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: larger than {max_bytes:,} bytes")
+    return data.decode("utf-8", "replace")
 
 
 def read_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict]]:
@@ -82,7 +92,7 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def _depth(value: Any, limit: int) -> int:
+def json_depth(value: Any, limit: int) -> int:
     """Nesting depth of a parsed JSON value (walked without recursion; stops past limit)."""
     deepest, todo = 0, [(value, 1)]
     while todo:

@@ -53,7 +53,8 @@ def one_torch_thread():
 _LONG_FIRST = ("test_train_cli.py", "cluster/test_live_capacity.py", "test_train_emulated.py", "test_two_nodes.py",
                "test_supervision.py", "tasks/test_own_task_run.py", "cluster/test_fleet.py",
                "test_outsider.py", "test_train_transformers.py", "bench/test_paper_table_smoke.py",
-               "cluster/test_egress_run.py", "controller/test_actor.py", "cluster/test_fleet_deaths.py")
+               "cluster/test_egress_run.py", "controller/test_actor.py", "cluster/test_fleet_deaths.py",
+               "tasks/test_hostile_run.py")
 
 
 def pytest_collection_modifyitems(config, items):

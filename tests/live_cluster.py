@@ -13,6 +13,7 @@ a real cloud's metadata service.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -123,6 +124,14 @@ def local_cluster(workdir: Path, reserved: int = 3) -> Iterator[LocalCluster]:
         os.chdir(previous)
 
 
+def socket_folder(hook_dir: Path) -> Path:
+    """hook_dir, or, when its sockets' paths would be longer than a Unix socket allows (a
+    long TMPDIR), a short folder under /tmp named after it."""
+    if len(os.fsencode(str(hook_dir))) + 21 <= 107:  # "/" + 16 hex digits + ".sock"
+        return hook_dir
+    return Path("/tmp") / f"rlb-{hashlib.sha256(os.fsencode(str(hook_dir))).hexdigest()[:12]}"
+
+
 def live_overrides(hook_dir: Path, steps: int, **more: Any) -> list[str]:
     """--set assignments of a short live run of the tiny model with emulated engines (each
     sample decodes a few seconds, so a node's instance is busy when it goes)."""
@@ -132,7 +141,7 @@ def live_overrides(hook_dir: Path, steps: int, **more: Any) -> list[str]:
         "run.steps": steps, "run.progress": "false", "run.checkpoint_every": 1000, "model.warmup_steps": 10,
         "task.groups_per_step": 8, "task.group_size": 4, "trainer.microbatch_groups": 2,
         "rollout.capacity": 16, "trainer.world_size": 1, "cluster.max_preemptible": 3, "cluster.live_poll_s": 0.25,
-        "cluster.notices.poll_s": 0.25, "cluster.notices.hook_dir": str(hook_dir),
+        "cluster.notices.poll_s": 0.25, "cluster.notices.hook_dir": str(socket_folder(hook_dir)),
         "rollout.backend": "emulated", "task.max_new_tokens": 24, "rollout.emulated.decode_tokens_per_s": 200,
         "rollout.emulated.sample_tokens_per_s": 8, "rollout.emulated.stop_probability": 0.01,
         **loopback, **more}
@@ -213,7 +222,7 @@ def stop_run(proc: subprocess.Popen, timeout_s: float = 300.0, interrupted: bool
 
 def notice(hook_dir: Path, grace_s: float, node: str | None = None, wait: bool = False) -> subprocess.CompletedProcess:
     """`rlboost notice --grace S` as a node's shutdown hook runs it."""
-    args = ["--grace", str(grace_s), "--dir", str(hook_dir), *(["--node", node] if node else []),
+    args = ["--grace", str(grace_s), "--dir", str(socket_folder(hook_dir)), *(["--node", node] if node else []),
             *(["--wait"] if wait else [])]
     return subprocess.run([sys.executable, "-m", "rlboost.cli", "notice", *args], capture_output=True, text=True,
                           timeout=grace_s + 60)

@@ -135,12 +135,22 @@ def test_resuming_a_finished_run_says_how_to_train_on(user_env, capsys):
     _make_checkpoint(run, 4)
     assert main(["train", "--resume", str(run)]) == 2
     lines = _lines(capsys)
-    assert len(lines) == 1 and "finished its 4 steps" in lines[0] and "--set run.steps=8" in lines[0]
+    assert len(lines) == 1 and "has trained 4 steps" in lines[0] and "--set run.steps=8" in lines[0]
 
 
-def test_debug_shows_the_traceback(user_env):
-    with pytest.raises(ValueError, match="run.steps"):
-        main(["train", "--debug", "--set", "run.steps=abc"])
+def test_resuming_with_fewer_steps_than_were_trained_says_how_many_were(user_env, capsys):
+    run = _make_run(user_env, steps=20)
+    _make_checkpoint(run, 20)
+    assert main(["train", "--resume", str(run), "--set", "run.steps=5"]) == 2
+    lines = _lines(capsys)
+    assert len(lines) == 1 and "has trained 20 steps" in lines[0] and "run.steps is 5" in lines[0], lines
+    assert "finished its 5 steps" not in lines[0]
+
+
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(user_env, capsys):
+    assert main(["train", "--debug", "--set", "run.steps=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("rlboost train: --set run.steps=abc")
 
 
 def test_config_lists_every_field_with_its_type(capsys):
@@ -212,10 +222,11 @@ def test_a_run_root_on_a_read_only_mount_is_one_line(user_env):
     assert len(lines) == 1 and "Read-only file system" in lines[0] and "RLBOOST_RUN_ROOT" in lines[0], lines
 
 
-def test_an_engine_package_that_is_missing_is_named_before_the_gpu_count(user_env, capsys):
+def test_a_gpu_run_on_a_machine_without_gpus_or_its_engine_names_both_gpus_first(user_env, capsys, monkeypatch):
     import importlib.util
 
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed here")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     line = _one_line_exit_2(["train", "--recipe", "qwen3_gpu", "--set", "rollout.backend=sglang"], capsys)
-    assert "sglang" in line and "pip install 'rlboost[sglang]'" in line and "GPUs" not in line
+    assert line.index("GPUs") < line.index("sglang") and "pip install 'rlboost[sglang]'" in line

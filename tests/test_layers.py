@@ -13,7 +13,7 @@ ROOT = Path(rlboost.__file__).parent
 
 # top to bottom; a module belongs to the first entry that is its name or a package above it
 LAYERS = [
-    ["rlboost.cli"],
+    ["rlboost.cli", "rlboost.__main__"],
     ["rlboost.run"],
     ["rlboost.recipes"],
     ["rlboost.config"],

@@ -134,7 +134,8 @@ def test_a_run_stopped_at_once_names_its_resume_command_even_while_its_checkpoin
     run.append_metrics({"step": 1})
     assert job._interrupted_lines(run) == [
         "rlboost train: interrupted in step 2",
-        "no checkpoint was written; start the run again with the same command"]
+        f"no checkpoint was written, so it cannot be resumed: {run.path} keeps the metrics, plots and summary of "
+        "the steps it finished; start the run again with the same command"]
 
     def being_replaced(_run):
         raise FileNotFoundError("step_000002/model.safetensors")

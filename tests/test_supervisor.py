@@ -91,7 +91,8 @@ def test_without_restarts_the_first_failure_is_one_line(tmp_path):
         Supervisor(run, max_restarts=0, seed=0).restart(_failure(run, 2, None), _ledger(1.0))
     assert ending_lines(stop.value) == [
         "rlboost train: trainer rank 1 died in step 2 (no restart, run.max_restarts=0); no checkpoint was "
-        "written; start the run again with the same command"]
+        f"written, so it cannot be resumed: {run.path} keeps the metrics, plots and summary of the steps it "
+        "finished; start the run again with the same command"]
     assert [m["step"] for m in run.metrics()] == [1, 2, 3, 4]  # nothing was rewound
 
 

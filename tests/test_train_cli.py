@@ -48,7 +48,8 @@ def _train(tmp_path: Path, *args: str, timeout: float = 600) -> Path:
     proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *args], cwd=tmp_path,
                           env=_env(tmp_path), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"rlboost train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return Path(proc.stdout.strip().splitlines()[-1])
+    assert len(proc.stdout.strip().splitlines()) == 1, proc.stdout  # stdout: the run directory alone
+    return Path(proc.stdout.strip())
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -223,3 +224,8 @@ def test_two_ctrl_c_a_moment_apart_stop_at_once(tmp_path):
     left = [p for p, s in processes.items() if s is not None and started_at(p) == s]
     kill_leftovers(processes)
     assert left == [], f"processes of the run outlived it: {left}"
+    # what the stop left: whole files only; a folder without a checkpoint says so and holds none
+    for run in (tmp_path / "runs").glob("*"):
+        assert not [p for p in run.rglob("*.tmp") if p.is_file()], list(run.rglob("*.tmp"))
+        if not list(run.glob("checkpoints/step_*")):
+            assert not (run / "checkpoints").exists() and "keeps the metrics" in lines[-1]

@@ -133,6 +133,21 @@ def test_streaming_step_trains_every_sample_once_and_steps_on_all_tokens():
     assert out.reward_mean == pytest.approx(sum(s.reward for s in samples) / len(samples))
 
 
+def test_a_step_reports_response_lengths_and_the_sampled_tokens_entropy_estimate():
+    from rlboost.run.metrics import _responses
+
+    samples = _samples(3)
+    source = iter(_microbatches(samples, 3))
+    out = train_streaming(FakeTrainerGroupForTests(1), lambda timeout: next(source), _scorer(samples), version=3,
+                          group_size=GROUP, pad_id=TOK.pad_id, grpo=GRPOConfig(), timeout_s=60)
+    lengths = [len(s.output_ids) for s in samples]
+    got = _responses(out)
+    assert got["response_length_mean"] == pytest.approx(sum(lengths) / len(lengths))
+    assert got["response_length_max"] == max(lengths)
+    nll = -sum(sum(s.output_logprobs) for s in samples)
+    assert got["entropy"] == pytest.approx(nll / sum(lengths)) and got["entropy"] > 1.0
+
+
 def test_a_sample_from_another_weight_version_is_refused():
     samples = _samples(2)
     samples[5] = ScoredSample(**{**{f: getattr(samples[5], f) for f in ScoredSample.__slots__},

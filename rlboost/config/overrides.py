@@ -166,9 +166,15 @@ def _rebuild(obj: Any, changes: dict[str, Any], prefix: str) -> Any:
     try:
         return dataclasses.replace(obj, **values)
     except ValueError as exc:  # the section's own check: say which --set it refused
-        keys = [prefix + name for name, sub in changes.items() if isinstance(sub, _Leaf)]
+        keys = [prefix + name for name, sub in changes.items() if isinstance(sub, _Leaf)] or _leaves(changes, prefix)
         named = [k for k in keys if k in str(exc)] or keys  # the ones the check names, if any
-        raise ValueError(f"--set {', '.join(named) or prefix.rstrip('.')}: {exc}") from None
+        raise ValueError(f"--set {', '.join(named)}: {exc}") from None
+
+
+def _leaves(changes: dict[str, Any], prefix: str) -> list[str]:
+    """Every dotted key set under changes (a check across sections names no key of its own)."""
+    return [k for name, sub in changes.items()
+            for k in ([prefix + name] if isinstance(sub, _Leaf) else _leaves(sub, f"{prefix}{name}."))]
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -51,8 +51,9 @@ def open_run(config: RunConfig, resume: str | None, echo: Callable[[str], None])
     run = RunDirectory(Path(resume).resolve())  # workers are handed absolute paths
     run.metrics(), run.events()  # damaged lines are refused before anything is said or changed
     if point.step >= config.run.steps:
-        raise ConfigError(f"{resume} has finished its {config.run.steps} steps (checkpoint {point.path.name}); "
-                          f"to train on, raise run.steps: --set run.steps={point.step + config.run.steps}")
+        raise ConfigError(f"{resume} has trained {point.step} steps (checkpoint {point.path.name}) and run.steps is "
+                          f"{config.run.steps}: nothing is left to train; to train on, raise run.steps past "
+                          f"{point.step}: --set run.steps={point.step + config.run.steps}")
     for why in point.skipped:
         echo(f"skipped {why}")
     echo(f"resuming {resume} from checkpoint {point.path.name} (step {point.step + 1} of {config.run.steps} next)")

@@ -21,6 +21,7 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.md"
+SCENARIO_FILE = "scenario.json"  # what `rlboost simulate` ran: its folder is a simulation's, not a training run's
 LAUNCH_REASONS = ("start", "resume", "restart")
 # what a run writes into its folder: none may be a symbolic link, or a crafted directory
 # would have `report` or `--resume` write (or read) a file elsewhere
@@ -42,6 +43,12 @@ class RunDirectory:
         self._lock = threading.Lock()
         self._step = self._next_step()
         self._metrics_listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    @staticmethod
+    def has_metrics(path: str | os.PathLike[str]) -> bool:
+        """Whether a folder holds a run's metrics of at least one step (read nothing else)."""
+        metrics = Path(path) / METRICS_FILE
+        return metrics.is_file() and not metrics.is_symlink() and metrics.stat().st_size > 0
 
     @classmethod
     def create(cls, root: str | os.PathLike[str], name: str) -> RunDirectory:
@@ -185,6 +192,23 @@ class RunDirectory:
     def plots_dir(self) -> Path:
         return self.path / "plots"
 
+    def drop_unfinished_checkpoints(self, *, staging: bool = True) -> None:
+        """Remove the staging folders of saves that never finished (staging=False: a save may
+        still be under way, leave them), then checkpoints/ when it holds nothing: a run that
+        stopped before its first checkpoint (or a simulation) does not seem to hold one."""
+        for folder in (self.path / "checkpoints").glob(".step_*.tmp") if staging else ():
+            if folder.is_dir() and not folder.is_symlink():
+                shutil.rmtree(folder, ignore_errors=True)
+        try:
+            (self.path / "checkpoints").rmdir()
+        except OSError:  # not empty (or gone): left as it is
+            pass
+
+    @property
+    def simulated(self) -> bool:
+        """Whether `rlboost simulate` wrote this folder (its summary is the simulation's own)."""
+        return (self.path / SCENARIO_FILE).is_file()
+
     def write_summary(self, text: str) -> None:
         _atomic_write(self.path / SUMMARY_FILE, text)
 
@@ -235,6 +259,10 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:  # a Ctrl-C mid-write leaves the old file and no half of a new one
+        tmp.unlink(missing_ok=True)
+        raise

@@ -41,9 +41,8 @@ def preflight(config: RunConfig) -> None:
     check_rollout_architecture(config)
     if join_address(config.cluster.address):  # from the config or the environment
         check_multi_node(config)  # its GPUs are checked once joined
-    else:  # the engine's package first: without it, the GPU count is not the problem
-        check_installed(config.rollout)
-        check_local(gpu_needs(config), local_gpus())
+    else:  # the GPUs first: a machine without them cannot run the engine its package brings
+        _check_local_machine(config)
     if capacity_kind(config) == "trace":
         plan_trace(config, config.run.steps, step_s=1.0)  # reads the trace file: a bad one is refused here
     check_trackers(config.run.trackers)
@@ -55,6 +54,20 @@ def preflight(config: RunConfig) -> None:
             verify_checkpoint_dir(Path(config.model.path).expanduser())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model.path: {exc}") from None
+
+
+def _check_local_machine(config: RunConfig) -> None:
+    """ConfigError naming the GPUs the run needs (and the engine's package too, when it is
+    missing as well), or ModuleNotFoundError for the package alone."""
+    try:
+        check_local(gpu_needs(config), local_gpus())
+    except ConfigError as gpus:
+        try:
+            check_installed(config.rollout)
+        except ModuleNotFoundError as package:
+            raise ConfigError(f"{gpus}; it also needs: {package}") from None
+        raise
+    check_installed(config.rollout)
 
 
 def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str], None] = say,
@@ -75,7 +88,7 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
         on_start()
         try:
             with driver_output(run.path / DRIVER_LOG, enabled=quiet) as terminal, \
-                    StopSignal(terminal, last_words=lambda: _interrupted_lines(run)) as stop:
+                    StopSignal(terminal, last_words=lambda: _interrupted_lines(run, new=resume is None)) as stop:
                 done = supervise(config, run, launch, terminal, stop)
         finally:
             if run.metrics():  # what the run did so far: plots and summary, even when it failed
@@ -86,6 +99,7 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
         if resume is None and not run.metrics():  # nothing done: no run directory left behind
             shutil.rmtree(run.path, ignore_errors=True)
             raise
+        run.drop_unfinished_checkpoints()  # a save the stop cut short; checkpoints/ itself when none was made
         if isinstance(exc, KeyboardInterrupt):
             # A stop-now press that lands outside a step (the run's processes closing, its
             # report being written) still ends with the step and the command that continues.
@@ -97,11 +111,17 @@ def train(config: RunConfig, *, resume: str | None = None, echo: Callable[[str],
     return RunResult(run, done, stopped=done < config.run.steps)
 
 
-def _interrupted_lines(run: RunDirectory) -> list[str]:
-    """What a run stopped at once says when its processes take too long to close. It runs
-    beside the main thread, which may be writing or replacing a checkpoint that moment: a
-    checkpoint that cannot be read then still leaves the resume command."""
+def _interrupted_lines(run: RunDirectory, new: bool = False) -> list[str]:
+    """What a run stopped at once says when its processes take too long to close (the
+    process exits next: a new run without a finished step is removed, an empty checkpoints/
+    too). It runs beside the main thread, which may be writing or replacing a checkpoint
+    that moment: a checkpoint that cannot be read then still leaves the resume command."""
     try:
+        if new and not RunDirectory.has_metrics(run.path):
+            shutil.rmtree(run.path, ignore_errors=True)
+            return [f"rlboost train: interrupted in step {run.step}",
+                    "no step finished, so its run directory was removed; start the run again with the same command"]
+        run.drop_unfinished_checkpoints(staging=False)
         return ending_lines(halted(RunInterrupted, "interrupted", run, run.step, last_checkpoint_step(run)))
     except (OSError, RlboostError):
         return [f"rlboost train: interrupted in step {run.step}",

@@ -1,6 +1,11 @@
 """One line of metrics.jsonl per step: the controller's step metrics, the trainer's
 outcome, time per phase, weight pulls (bytes per instance, deltas or full versions) and
 costs (the bytes pulled from the trainer are charged to the ledger here, once per step).
+
+Besides loss, kl and grad_norm, a step's line holds lr (the optimizer's learning rate),
+response_length_mean and response_length_max (output tokens per trained sample) and
+entropy: the mean -log p of the sampled tokens as the engines scored them, an estimate of
+the sampling policy's entropy per token (from the samples, not from full logits).
 """
 
 from __future__ import annotations
@@ -61,13 +66,21 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
         "samples_unique": outcome.unique_samples, "sample_versions": sorted(outcome.versions),
         "microbatches": outcome.microbatches,
         **({"staleness_tokens": list(outcome.staleness)} if outcome.staleness else {}),
-        "response_tokens": outcome.denominator, **outcome.train,
+        "response_tokens": outcome.denominator, **outcome.train, **_responses(outcome),
         "step_wall_s": phases.total, "elapsed_s": elapsed_s,
         "cost_usd": cost.total_usd, "reserved_usd": cost.reserved_usd, "tokens_billed": cost.tokens,
     })
     rec.update({f"phase_{k}_s": v for k, v in phase.items()})
     rec.update(example)
     return rec
+
+
+def _responses(outcome: StepOutcome) -> dict:
+    lengths = outcome.response_lengths
+    if not lengths:
+        return {}
+    return {"response_length_mean": sum(lengths) / len(lengths), "response_length_max": max(lengths),
+            "entropy": outcome.sampled_nll / max(1, sum(lengths))}
 
 
 def _rollout_rate(rollout: StepMetrics) -> float:

@@ -128,9 +128,13 @@ def stopped_lines(result: RunResult) -> list[str]:
 
 
 def resume_hint(run_dir: str, resume_from: int | None) -> str:
-    if resume_from is None:
-        return "no checkpoint was written; start the run again with the same command"
-    return f"continue from the checkpoint of step {resume_from} with: rlboost train --resume {run_dir}"
+    """The command that continues the run; without a checkpoint, what its folder keeps."""
+    if resume_from is not None:
+        return f"continue from the checkpoint of step {resume_from} with: rlboost train --resume {run_dir}"
+    if run_dir and RunDirectory.has_metrics(run_dir):
+        return (f"no checkpoint was written, so it cannot be resumed: {run_dir} keeps the metrics, plots and summary "
+                "of the steps it finished; start the run again with the same command")
+    return "no checkpoint was written; start the run again with the same command"
 
 
 def exit_code(exc: RunHalted) -> int:

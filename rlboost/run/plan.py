@@ -1,7 +1,9 @@
 """The trainer's memory plan for a whole run config: the model's shape (its config.json, or
 a known model by name when the checkpoint is not on this machine), the tokens of one
 forward, the trainer's switches and the GPU kind. `rlboost plan` prints it; a GPU run
-whose plan does not fit is refused before anything starts, in one line.
+whose plan does not fit is refused before anything starts, in one line. An emulated run
+(its trainer takes the time of a named model on named GPUs) is planned as the trainer it
+emulates would need, and says so.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from rlboost.config.run import RunConfig
 from rlboost.errors import ConfigError
 from rlboost.models.hf import embedded_refusal, read_hf_config, served_by_rlboost
 from rlboost.timing import accelerator
+from rlboost.trainer.emulated import emulates_trainer
 from rlboost.trainer.memory import KNOWN_MODELS, MemoryPlan, ModelDims, plan_trainer_memory, tokens_per_forward
 
 # Prompt tokens a plan assumes (templates included) when the task does not bound them.
@@ -20,7 +23,11 @@ TINY_VOCAB = 320  # models.tiny_config's vocabulary
 
 
 def model_dims(config: RunConfig) -> ModelDims:
-    """The trained model's shape, without loading it."""
+    """The trained model's shape, without loading it (of an emulated run: the model whose
+    time its trainer takes, when it is one the plan knows)."""
+    emulated = _emulated_model(config)
+    if emulated is not None:
+        return emulated
     m = config.model
     if m.source == "tiny":
         return ModelDims(f"tiny-{m.arch}", TINY_VOCAB, m.hidden_size, m.intermediate_size, m.num_layers,
@@ -38,14 +45,20 @@ def model_dims(config: RunConfig) -> ModelDims:
     return known
 
 
+def _emulated_model(config: RunConfig) -> ModelDims | None:
+    return KNOWN_MODELS.get(config.rollout.emulated.model) if emulates_trainer(config.rollout) else None
+
+
 def run_memory_plan(config: RunConfig, *, gpu: str | None = None, prompt_tokens: int = PROMPT_TOKENS) -> MemoryPlan:
-    """Per-rank memory of the run's trainer on `gpu` (default trainer.gpu; a CPU run is
-    planned without a capacity)."""
+    """Per-rank memory of the run's trainer on `gpu` (default trainer.gpu, or the GPU an
+    emulated run models; a CPU run is planned without a capacity)."""
     t, task = config.trainer, config.task
     dims = model_dims(config)
-    on_gpu = t.device == "cuda" or gpu is not None
-    gpu = gpu or t.gpu
-    sample_tokens = prompt_tokens + task.max_new_tokens
+    emulated = _emulated_model(config) is not None
+    on_gpu = t.device == "cuda" or gpu is not None or emulated
+    gpu = gpu or (config.rollout.emulated.accelerator if emulated else t.gpu)
+    block = config.rollout.emulated.token_block if emulated else 1  # real tokens per emulated one
+    sample_tokens = prompt_tokens + task.max_new_tokens * block
     per_rank = -(-t.microbatch_groups * task.group_size // t.world_size)
     tokens = tokens_per_forward(max_tokens=t.max_tokens_per_micro_batch, sample_tokens=sample_tokens,
                                 samples_per_rank=per_rank)
@@ -87,9 +100,18 @@ def header(config: RunConfig, plan: MemoryPlan, prompt_tokens: int = PROMPT_TOKE
     t = config.trainer
     dims = model_dims(config)
     budget = t.max_tokens_per_micro_batch
-    return (f"{dims.name} ({dims.params / 1e9:.2f}B parameters), {t.world_size} ranks on {plan.device}: "
+    new_tokens = config.task.max_new_tokens
+    note = ""
+    if _emulated_model(config) is not None:
+        e = config.rollout.emulated
+        new_tokens *= e.token_block
+        note = (f"emulated run (time_scale {e.time_scale:g}: a second of the run is {e.time_scale:g} s of the modelled "
+                f"cluster; {e.token_block} real tokens per emulated one): its trainer computes nothing and takes the "
+                f"time of a {e.model} trainer on {e.accelerator}; below, the memory that trainer would need\n")
+    return note + (
+            f"{dims.name} ({dims.params / 1e9:.2f}B parameters), {t.world_size} ranks on {plan.device}: "
             f"{plan.tokens} tokens per forward ({'budget ' + str(budget) if budget else 'no token budget'}; "
-            f"samples up to {prompt_tokens} prompt + {config.task.max_new_tokens} new tokens), "
+            f"samples up to {prompt_tokens} prompt + {new_tokens} new tokens), "
             f"activation checkpointing {'on' if t.activation_checkpointing else 'off'}, "
             f"optimizer offload {'on' if t.optimizer.offload else 'off'}")
 

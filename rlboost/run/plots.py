@@ -252,8 +252,13 @@ def _save(fig: Any, out: Path, caption: str) -> Path:
     # replaced, never written through
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as f:
-        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")  # tight: the caption and outer legend included
-    os.replace(tmp, out)
-    plt.close(fig)
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as f:
+            fig.savefig(f, format="png", dpi=110, bbox_inches="tight")  # tight: the caption and outer legend included
+        os.replace(tmp, out)
+    except BaseException:  # a Ctrl-C mid-save leaves the old plot and no half of a new one
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
     return out

@@ -5,11 +5,15 @@ events.jsonl), so `rlboost report RUN_DIR` can redo it for any run, finished or 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
+from typing import TextIO
 
 from rlboost.inputs import printable
-from rlboost.run.directory import RunDirectory
+from rlboost.run.directory import SUMMARY_FILE, RunDirectory
+from rlboost.run.fidelity import run_fidelity
 from rlboost.run.plots import plot_run
+from rlboost.run.table import console, print_table, rich_text
 
 
 def dollars(usd: float) -> str:
@@ -45,9 +49,14 @@ class RunSummary:
     usd includes egress_usd: the weight bytes instances pulled from the trainer
     (egress_bytes), at their pool's cost.egress_usd_per_gb.
 
-    pool_empty_s: how long, of the run's pool_span_s (from each launch to its last step),
-    no preemptible instance was placed (the reserved cluster alone); notice_sources counts
-    the notices by what sent them (trace, hook, and each cloud).
+    pool_empty_s: how long, of the run's pool_span_s (on the run's clock, from each launch to
+    its last step, start-up included), no preemptible instance was placed (the reserved
+    cluster alone); notice_sources counts the notices by what sent them (trace, hook, and
+    each cloud). records_refused: records of the data set left out at load, by cause.
+
+    fidelity says what the run is (real compute, or emulated engines and trainer that take
+    a named GPU's time at a time_scale); an emulated run's rollout rate is also given in
+    tokens per second of the modelled cluster (modelled_tokens_per_s).
     """
 
     steps: int
@@ -82,6 +91,9 @@ class RunSummary:
     deltas_declined: int = 0   # and those whose delta was declined (larger than transfer.delta_max_fraction)
     delta_ratio: float = 0.0   # median full size / delta size of the served ones
     values_changed: float | None = None  # median share of values changed per version (sampled)
+    records_refused: dict[str, int] | None = None
+    fidelity: str = ""
+    modelled_tokens_per_s: float | None = None
 
     @property
     def samples_lost(self) -> int:
@@ -99,11 +111,14 @@ class RunSummary:
         gain = (self.tokens_per_usd / self.reserved_only_tokens_per_usd - 1.0
                 if self.reserved_only_tokens_per_usd > 0 else 0.0)
         return [
+            *([("what ran", self.fidelity)] if self.fidelity else []),
             ("steps", f"{self.steps} (step {self.first_step} to {self.last_step})"),
             ("mean reward, first step", f"{self.first_reward:.3f}"),
             ("mean reward, last step", f"{self.last_reward:.3f}"),
             ("tokens generated", f"{self.tokens:,}"),
-            ("rollout tokens/s", f"{self.tokens_per_s:,.1f}"),
+            ("rollout tokens/s", f"{self.tokens_per_s:,.1f}" + (
+                f" (emulated tokens per second of the run; {self.modelled_tokens_per_s:,.0f} tokens/s of the "
+                "modelled cluster)" if self.modelled_tokens_per_s is not None else "")),
             ("wall time of the steps", f"{self.wall_s:,.1f} s"),
             ("tokens per dollar", f"{self.tokens_per_usd:,.0f}"),
             ("weight egress (pulled from the trainer, in tokens per dollar)",
@@ -117,7 +132,8 @@ class RunSummary:
             ("preemptions survived", f"{self.notices + self.sudden} ({self.notices} with notice, "
                                      f"{self.sudden} sudden)"),
             ("notices by source", ", ".join(f"{n} {src}" for src, n in self.notice_sources) or "none"),
-            ("preemptible pool empty", f"{self.pool_empty_s:,.1f} s of {self.pool_span_s:,.1f} s "
+            ("preemptible pool empty", f"{self.pool_empty_s:,.1f} s of {self.pool_span_s:,.1f} s on the run's clock, "
+                                       f"from each launch, start-up included "
                                        f"({self.pool_empty_s / self.pool_span_s:.0%})" if self.pool_span_s > 0
              else "n/a"),
             ("samples lost", f"{self.samples_lost}"),
@@ -125,6 +141,7 @@ class RunSummary:
             ("migrations (live / resumed after a loss)", f"{self.migrations} / {self.resumes}"),
             ("restarts from a checkpoint", self._restarts()),
             *self._reward_failures(),
+            *self._refused(),
         ]
 
     def _deltas(self) -> str:
@@ -149,6 +166,13 @@ class RunSummary:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(self.reward_failures.items(), key=lambda kv: -kv[1]))
         return [("reward failures (scored 0)", f"{sum(self.reward_failures.values())}" + (f" ({kinds})" if kinds else ""))]
 
+    def _refused(self) -> list[tuple[str, str]]:
+        if self.records_refused is None:  # an older run directory, or a task without a data set
+            return []
+        kinds = ", ".join(f"{n} {cause}" for cause, n in sorted(self.records_refused.items(), key=lambda kv: -kv[1]))
+        return [("data set records refused at load", f"{sum(self.records_refused.values())}"
+                 + (f" ({kinds})" if kinds else ""))]
+
     def _restarts(self) -> str:
         if not self.restarts:
             return "0"
@@ -167,7 +191,8 @@ def _cell(text: str) -> str:
     return printable(text).replace("|", "\\|")
 
 
-def summarize(run: RunDirectory) -> RunSummary:
+def summarize(run: RunDirectory, config: dict | None = None) -> RunSummary:
+    """The summary of a run directory; config: its config.json as read (what ran)."""
     metrics, events = run.metrics(), run.events()
     if not metrics:
         raise ValueError(f"{run.path} has no metrics yet")
@@ -197,7 +222,15 @@ def summarize(run: RunDirectory) -> RunSummary:
         delta_pulls=sum(int(m.get("weight_delta_pulls", 0)) for m in metrics),
         weight_pulls=sum(int(m.get("pulls", 0)) for m in metrics),
         **_pool_empty(events, float(last.get("elapsed_s", 0.0))), notice_sources=_notice_sources(events),
-        reward_failures=_reward_failures(metrics), **delta_summary(metrics))
+        reward_failures=_reward_failures(metrics), **delta_summary(metrics),
+        records_refused=_records_refused(metrics), **run_fidelity(config or {}, tokens / rollout_s if rollout_s > 0 else 0.0))
+
+
+def _records_refused(metrics: list[dict]) -> dict[str, int] | None:
+    refused = metrics[-1].get("records_refused")  # written by runs on a data set only
+    if not isinstance(refused, dict):
+        return None
+    return {str(k): int(v) for k, v in refused.items()}
 
 
 def delta_summary(metrics: list[dict]) -> dict:
@@ -293,25 +326,39 @@ def reserved_only_estimate(metrics: list[dict], events: list[dict] = ()) -> floa
     return max(0.0, reserved_usd + reserved_usd / elapsed * extra_s)
 
 
-def write_report(run: RunDirectory, *, echo: bool = True) -> RunSummary:
-    """Redraw the plots, write summary.md and (echo) print the summary table."""
+def write_report(run: RunDirectory, *, echo: bool = True, file: TextIO | None = None) -> RunSummary:
+    """Redraw the plots, write summary.md and (echo) print the summary table on `file`
+    (default stderr: a script reads the run directory alone from stdout)."""
     plot_run(run)
-    summary = summarize(run)
+    summary = summarize(run, _config(run))
     run.write_summary(summary.markdown(f"Run {run.path.name}"))
     if echo:
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
-
-        # Text, not str: rich would read [...] in a run's own strings as markup
-        table = Table(title=Text(f"rlboost run {printable(run.path.name)}"), show_header=False)
-        table.add_column(style="bold")
-        table.add_column()
-        for key, value in summary.rows():
-            table.add_row(Text(printable(key)), Text(printable(value)))
-        Console().print(table)
-        Console().print(Text(f"run directory: {printable(run.path)}  (plots in {printable(run.plots_dir)})"))
+        print_table(summary.rows(), f"rlboost run {run.path.name}", file or sys.stderr)
+        console(file or sys.stderr).print(rich_text(f"run directory: {run.path}  (plots in {run.plots_dir})"))
     return summary
+
+
+def report_directory(run: RunDirectory, file: TextIO) -> None:
+    """`rlboost report`: a training run's plots and summary redone and its table printed; a
+    simulation's folder is left as `rlboost simulate` wrote it (its figures are the
+    simulator's, which metrics.jsonl alone cannot redo) and its summary printed as it stands."""
+    if run.simulated:
+        from rlboost.inputs import read_text
+
+        text = read_text(run.path / SUMMARY_FILE)
+        print("\n".join(printable(line) for line in text.splitlines()), file=file)
+        print(f"(a simulation's folder: its summary and plots are the simulation's own, left as they are; "
+              f"{run.path})", file=file)
+        return
+    write_report(run, file=file)
+
+
+def _config(run: RunDirectory) -> dict:
+    try:
+        config = run.read_config()
+    except (OSError, ValueError):  # no config.json (an older or a handed-over folder): no fidelity line
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _reserved_down_steps(events: list[dict], last_step: int) -> set[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,7 +19,7 @@ from rlboost.config.overrides import apply_overrides, to_dict
 from rlboost.config.run import RunConfig
 from rlboost.recipes.paper_qwen3_8b import ARTIFACT_MEASURED_TOKENS_PER_S, PROMPT_TOKENS
 from rlboost.recipes.scenarios import Scenario, get_scenario
-from rlboost.run.directory import RunDirectory
+from rlboost.run.directory import SCENARIO_FILE, RunDirectory
 from rlboost.run.terminal import say
 from rlboost.sim.calibrate import calibrate
 from rlboost.sim.metrics import summarize
@@ -26,7 +27,7 @@ from rlboost.sim.report import SaturationPoint, headline, plot_saturation, plot_
 from rlboost.sim.simulator import Simulator
 from rlboost.sim.spec import SimSpec
 
-SCENARIO_FILE = "scenario.json"
+MIN_STEPS = 2  # the first step warms up; the figures are measured after it
 
 
 def sim_spec(config: RunConfig, *, steps: int | None = None, round_s: float | None = None) -> SimSpec:
@@ -48,12 +49,28 @@ def with_instances(config: RunConfig, n: int) -> RunConfig:
 
 def simulate(name: str, overrides: list[str], *, steps: int | None = None, progress: bool = True,
              echo: Callable[[str], None] = say) -> Path:
-    """Run the scenario (with --set overrides); returns its run directory."""
+    """Run the scenario (with --set overrides); returns its run directory (config.json,
+    scenario.json, metrics.jsonl, summary.md and summary.json, plots/), which is removed
+    again when the simulation fails."""
+    if steps is not None and steps < MIN_STEPS:
+        raise ValueError(f"--steps must be at least {MIN_STEPS} (the first step warms up; the figures are measured "
+                         f"after it), got {steps}")
     scenario = get_scenario(name)
     config = apply_overrides(scenario.config(), overrides)
-    spec = sim_spec(config, steps=steps or scenario.steps, round_s=scenario.round_s)
+    spec = sim_spec(config, steps=scenario.steps if steps is None else steps, round_s=scenario.round_s)
     groups = task_groups(config)
     run = RunDirectory.create(env.run_root(), f"{scenario.name}-simulated")
+    try:
+        _simulate(scenario, config, overrides, spec, groups, run, steps, progress, echo)
+    except BaseException:
+        shutil.rmtree(run.path, ignore_errors=True)
+        raise
+    return run.path
+
+
+def _simulate(scenario: Scenario, config: RunConfig, overrides: list[str], spec: SimSpec, groups, run: RunDirectory,
+              steps: int | None, progress: bool, echo: Callable[[str], None]) -> None:
+    run.drop_unfinished_checkpoints()  # a simulation holds no checkpoint
     run.write_config(to_dict(config))
     (run.path / SCENARIO_FILE).write_text(json.dumps({"scenario": scenario.name, "steps": spec.steps,
                                                       "round_s": spec.round_s, "overrides": overrides}, indent=2))
@@ -69,7 +86,6 @@ def simulate(name: str, overrides: list[str], *, steps: int | None = None, progr
     _report(scenario, spec, run, records, sweep, sweep_s, base)
     for line in headline(sweep, base, main, label=f"{scenario.name} (this run)"):
         echo(line)
-    return run.path
 
 
 def _main_run(spec: SimSpec, groups, run: RunDirectory, progress: bool) -> tuple:
@@ -174,7 +190,11 @@ def _lengths(spec: SimSpec) -> str:
 
 def calibrate_paper(echo: Callable[[str], None] = say, steps: int = 40) -> float:
     """The timing model's efficiency for the paper recipe's reserved-only baseline (10.4k tokens/s)."""
+    from rlboost.timing import EFFICIENCY
+
     config = get_scenario("paper").config()
     efficiency = calibrate(sim_spec(config, steps=steps), groups=task_groups(config))
-    echo(f"efficiency {efficiency} (rlboost.timing.EFFICIENCY is the value to keep)")
+    echo(f"calibrated efficiency {efficiency} over {steps} steps; the code keeps rlboost.timing.EFFICIENCY = "
+         f"{EFFICIENCY}" + ("" if efficiency == EFFICIENCY else
+                            " (calibrated once and kept; a new calibration differs with the steps and prompts drawn)"))
     return efficiency

@@ -23,7 +23,7 @@ class TaskConfig:
     answer "whole" scores the whole completion; "extract" scores the final answer found in
     it (the last \\boxed{}, "the answer is x", else the last number), for chatty models.
     reward names a function of the user's that scores instead of the task's own check
-    (README "Your own task"); it runs in reward_workers processes, reward_timeout_s per call.
+    (docs/own-task.md); it runs in reward_workers processes, reward_timeout_s per call.
 
     >>> TaskConfig(name="math", math=MathDatasetConfig(path="gsm8k.parquet")).math.answer_format
     'auto'

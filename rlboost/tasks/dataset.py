@@ -1,18 +1,21 @@
 """Math datasets from JSONL or Parquet files (GSM8K, OpenR1-Math and alike) as a Task.
 
 Field names and the form of the reference answer are configurable; the reward is the
-final-answer match of rlboost.tasks.math_answers.
+final-answer match of rlboost.tasks.math_answers. A record that cannot be read (too long,
+too deep, not UTF-8, no answer, ...) is refused and counted by cause, and the rest load.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 from rlboost.tasks.base import Problem
 from rlboost.tasks.math_answers import extract_boxed, math_reward
+from rlboost.tasks.record_files import MAX_RECORD_BYTES, read_json_lines
+from rlboost.tasks.refusals import Refusals
 
 ANSWER_FORMATS = ("auto", "gsm8k", "boxed", "plain")
 
@@ -66,75 +69,85 @@ def reference_answer(field: str, answer_format: str) -> str:
     return field.strip()
 
 
-def load_math_problems(config: MathDatasetConfig) -> list[Problem]:
-    """Read the file into Problems; a bad record raises ValueError naming file and record."""
+def load_math_problems(config: MathDatasetConfig, refusals: Refusals | None = None) -> list[Problem]:
+    """Read the file into Problems. A record that cannot be read is left out and counted in
+    refusals (by cause, the first of each logged naming file and record); ValueError in one
+    line when none is left."""
     if config.path is None:
         raise ValueError("no math dataset file is set (path)")
     path = Path(config.path)
     if not path.is_file():
         raise FileNotFoundError(f"math dataset {path} does not exist")
-    records = _read_parquet(path, config) if path.suffix == ".parquet" else _read_jsonl(path, config)
+    refusals = refusals if refusals is not None else Refusals(str(path))
+    records = _read_parquet(path, config, refusals) if path.suffix == ".parquet" else read_json_lines(path, refusals)
     problems = []
-    for index, record in enumerate(records):
-        where = f"{path} record {index + 1}"
-        prompt, answer = record.get(config.prompt_field), record.get(config.answer_field)
-        for field, value in ((config.prompt_field, prompt), (config.answer_field, answer)):
-            if value is None:
-                raise ValueError(f"{where}: field {field!r} is missing")
-        try:
-            gold = reference_answer(str(answer), config.answer_format)
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        problems.append(Problem(problem_id=index, answer=gold, prompt=str(prompt)))
+    for where, record in records:
+        problem = _problem(record, len(problems), config, refusals, where)
+        if problem is not None:
+            problems.append(problem)
+            if config.limit is not None and len(problems) >= config.limit:
+                break
     if not problems:
-        raise ValueError(f"math dataset {path} holds no records")
+        raise refusals.nothing_left()
     return problems
 
 
-def _read_jsonl(path: Path, config: MathDatasetConfig) -> list[dict]:
-    records = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path} line {line_no}: not JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path} line {line_no}: expected a JSON object")
-            records.append(record)
-            if config.limit is not None and len(records) >= config.limit:
-                break
-    return records
+def _problem(record: dict, index: int, config: MathDatasetConfig, refusals: Refusals, where: str) -> Problem | None:
+    prompt, answer = record.get(config.prompt_field), record.get(config.answer_field)
+    for field, value in ((config.prompt_field, prompt), (config.answer_field, answer)):
+        if value is None:
+            refusals.refuse(where, "missing field", f"field {field!r} is missing")
+            return None
+    if not isinstance(prompt, str) or not prompt.strip():
+        refusals.refuse(where, "not a prompt", f"field {config.prompt_field!r} holds {type(prompt).__name__} "
+                                               f"{str(prompt)[:40]!r}, not a non-empty string")
+        return None
+    text = str(answer)
+    if len(prompt) + len(text) > MAX_RECORD_BYTES:
+        refusals.refuse(where, "too long", f"longer than {MAX_RECORD_BYTES:,} characters")
+        return None
+    try:
+        gold = reference_answer(text, config.answer_format)
+    except ValueError as exc:
+        refusals.refuse(where, "no answer", str(exc))
+        return None
+    return Problem(problem_id=index, answer=gold, prompt=prompt)
 
 
-def _read_parquet(path: Path, config: MathDatasetConfig) -> list[dict]:
+def _read_parquet(path: Path, config: MathDatasetConfig, refusals: Refusals) -> Iterator[tuple[str, dict[str, Any]]]:
     import pyarrow.parquet as pq
 
-    schema = pq.read_schema(path)
-    missing = [f for f in (config.prompt_field, config.answer_field) if f not in schema.names]
-    if missing:
-        raise ValueError(f"{path}: columns {missing} not found (has {schema.names})")
-    table = pq.read_table(path, columns=[config.prompt_field, config.answer_field])
-    if config.limit is not None:
-        table = table.slice(0, config.limit)
-    return table.to_pylist()
+    try:
+        schema = pq.read_schema(path)
+        missing = [f for f in (config.prompt_field, config.answer_field) if f not in schema.names]
+        if missing:
+            raise ValueError(f"{path}: columns {missing} not found (has {schema.names})")
+        table = pq.read_table(path, columns=[config.prompt_field, config.answer_field])
+    except ValueError:
+        raise
+    except Exception as e:  # pyarrow's errors for a damaged file
+        raise ValueError(f"{path} does not read as Parquet: {type(e).__name__}: {' '.join(str(e).split())[:200]}") \
+            from None
+    for index, record in enumerate(table.to_pylist(), 1):
+        yield f"row {index}", record
 
 
 class MathTask:
-    """A fixed list of math problems; problems(n, seed) draws without replacement per pass."""
+    """A fixed list of math problems; problems(n, seed) draws without replacement per pass.
+    refused: how many records of its file were left out at load, by cause."""
 
     name = "math"
 
-    def __init__(self, problems: list[Problem]):
+    def __init__(self, problems: list[Problem], *, refused: dict[str, int] | None = None):
         if not problems:
             raise ValueError("MathTask needs at least one problem")
         self._problems = list(problems)
+        self.refused = dict(refused or {})  # records of the file left out at load, by cause
 
     @classmethod
     def from_file(cls, config: MathDatasetConfig) -> MathTask:
-        return cls(load_math_problems(config))
+        refusals = Refusals(str(config.path))
+        return cls(load_math_problems(config, refusals), refused=refusals.as_dict())
 
     def __len__(self) -> int:
         return len(self._problems)

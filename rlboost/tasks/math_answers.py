@@ -9,6 +9,11 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+# Digits a number may have to be compared as a number. Python refuses to read integers of
+# more than 4,300 digits (sys.get_int_max_str_digits), and no answer of a math data set
+# comes near this; a longer one is hostile input.
+MAX_NUMBER_DIGITS = 1000
+
 _BOXED = ("\\boxed", "\\fbox")
 _GSM8K = re.compile(r"####\s*(.+)")
 _ANSWER_IS = re.compile(r"answer\s*(?:is\s*:?|:)\s*(.+)", re.IGNORECASE)
@@ -19,6 +24,11 @@ _TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|mbox)\{([^{}]*)\}")
 _FRAC = re.compile(r"\\[dt]?frac\s*(\{[^{}]*\}|\d)\s*(\{[^{}]*\}|\d)")
 _UNITS = re.compile(r"(?<=[\d}])\s*\\(?:text|mbox)\{\s*[a-zA-Z ]+\}$")
 _ASSIGNMENT = re.compile(r"^[a-zA-Z]\w*\s*=\s*(?!=)")
+
+
+class AnswerTooLong(ValueError):
+    """A number with more than MAX_NUMBER_DIGITS digits in an answer or a completion: the
+    reward refuses it (the sample scores 0, counted under this kind)."""
 
 
 def extract_boxed(text: str) -> str | None:
@@ -91,10 +101,11 @@ def normalize_answer(answer: str) -> str:
 
 
 def answers_match(predicted: str | None, gold: str) -> bool:
-    """True when predicted equals gold as numbers or as normalised strings."""
-    if predicted is None:
-        return False
-    return normalize_answer(predicted) == normalize_answer(gold)
+    """True when predicted equals gold as numbers or as normalised strings (gold is read
+    first: a reference answer that cannot be compared fails every sample, not only those
+    that state an answer)."""
+    reference = normalize_answer(gold)
+    return predicted is not None and normalize_answer(predicted) == reference
 
 
 def math_reward(completion: str, gold: str) -> float:
@@ -112,6 +123,9 @@ def _as_number(s: str) -> Fraction | None:
     if not re.fullmatch(r"[-+]?(\d+(\.\d*)?|\.\d+)(/[-+]?\d+(\.\d*)?)?", s):
         return None
     num, _, den = s.partition("/")
+    digits = max(len(num), len(den))
+    if digits > MAX_NUMBER_DIGITS:
+        raise AnswerTooLong(f"a number of {digits:,} digits (more than {MAX_NUMBER_DIGITS:,})")
     try:
         value = Fraction(num) / Fraction(den) if den else Fraction(num)
     except ZeroDivisionError:

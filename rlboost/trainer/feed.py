@@ -122,10 +122,13 @@ class TaskFeed:
 
     def step_metrics(self, step: int) -> dict:
         """The step's reward failures by kind and the mean of each named part (then zeroed),
-        and the prompts the task dropped for length; RewardsFailed when every reward of the
-        step failed (and score() could not tell: its last micro-batch came empty)."""
+        the prompts the task dropped for length and the records of its data set refused at
+        load, by cause; RewardsFailed when every reward of the step failed (and score()
+        could not tell: its last micro-batch came empty)."""
         self.ledger.check_step(step)
-        return {**self.ledger.take(), "prompts_dropped": getattr(self.task, "dropped", 0)}
+        refused = getattr(self.task, "refused", None)  # a data set's; generated problems have none
+        return {**self.ledger.take(), "prompts_dropped": getattr(self.task, "dropped", 0),
+                **({"records_refused": refused} if refused is not None else {})}
 
     def close(self) -> None:
         self.rewards.close()

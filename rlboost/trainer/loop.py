@@ -73,6 +73,7 @@ class TrainerGroup:
                 "clip_fraction": sum(r["clipped_tokens"] for r in per_rank) / max(tokens, 1),
                 "mean_ratio": sum(r["ratio_sum"] for r in per_rank) / max(tokens, 1),
                 "grad_norm": per_rank[0]["grad_norm"],
+                **({"lr": per_rank[0]["lr"]} if "lr" in per_rank[0] else {}),
                 "rank_busy_s": max(r["train_s"] for r in per_rank)}
 
     def publish(self, version: int) -> dict:
@@ -107,6 +108,8 @@ class StepOutcome:
     versions: set = field(default_factory=set)  # weight versions the trained samples came from
     example: ScoredSample | None = None  # the step's first sample, for the metrics log
     rewards: list[float] = field(default_factory=list)
+    response_lengths: list[int] = field(default_factory=list)  # output tokens of each trained sample
+    sampled_nll: float = 0.0  # sum of -log p of the sampled tokens, as the engines scored them
     denominator: int = 0
     microbatches: int = 0
     wait_s: float = 0.0
@@ -164,6 +167,8 @@ def train_streaming(trainer: TrainerGroup, next_microbatch: Callable[[float], An
             out.versions.update(s.weight_version for s in scored)
             out.example = out.example or scored[0]
             out.rewards.extend(s.reward for s in scored)
+            out.response_lengths.extend(len(s.output_ids) for s in scored)
+            out.sampled_nll -= sum(sum(s.output_logprobs) for s in scored)
             out.denominator += batch.denominator(grpo.aggregation)
             out.microbatches += 1
         out.busy_s += time.perf_counter() - t1

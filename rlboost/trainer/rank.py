@@ -156,7 +156,8 @@ class TrainerRank:
                     p.grad.mul_(1.0 / denominator)
         norm = _fsdp().optimizer_step(self.model, self.optimizer, self.spec.optimizer)
         sums, self._sums = self._sums, _StepSums()
-        return {**sums.as_dict(), "grad_norm": norm, "train_s": sums.seconds + time.perf_counter() - t0}
+        return {**sums.as_dict(), "grad_norm": norm, "lr": self.optimizer.param_groups[0]["lr"],
+                "train_s": sums.seconds + time.perf_counter() - t0}
 
     # -- weights -----------------------------------------------------------------------------
 

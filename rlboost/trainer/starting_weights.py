@@ -27,9 +27,9 @@ from rlboost import env
 from rlboost.errors import RlboostError
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained, save_pretrained
 from rlboost.models.gguf import convert_gguf
-from rlboost.tasks.arithmetic import ArithmeticTask
 from rlboost.tasks.config import TaskConfig
 from rlboost.trainer.sft import build_sft_batch, sft_loss
+from rlboost.trainer.warmup import warmup_key, warmup_pairs
 from rlboost.validate import require
 
 CACHE_FORMAT = 1
@@ -77,7 +77,7 @@ class ModelSource:
     seed: int = 0
     """seed of the tiny model's initial weights"""
     warmup_steps: int = 40
-    """supervised steps on the task before GRPO (0: none), so groups differ from step 1"""
+    """supervised steps on the task's own (prompt, answer) pairs before GRPO (0: none), so groups differ from step 1"""
     warmup_batch: int = 64
     """problems per warm-up step"""
     warmup_lr: float = 3e-3
@@ -108,14 +108,8 @@ def prepare_checkpoint(model: ModelSource, task: TaskConfig) -> Path:
         return _cached("smollm2-135m-instruct", {"gguf": SMOLLM2_GGUF_SHA256, "converter": "gguf"},
                        _convert_smollm2)
     key = {"model": {k: getattr(model, k) for k in model.__slots__ if k not in ("source", "path")},
-           "warmup": _warmup_task_key(task)}
+           "warmup": warmup_key(task) if model.warmup_steps else {}}
     return _cached(f"tiny-{model.arch}", key, lambda out: _build_warm_tiny(out, model, task))
-
-
-def _warmup_task_key(task: TaskConfig) -> dict:
-    if task.name != "arithmetic":
-        return {"task": task.name}
-    return {"task": "arithmetic", **{k: getattr(task.arithmetic, k) for k in task.arithmetic.__slots__}}
 
 
 def _cached(name: str, key: dict, build) -> Path:
@@ -167,14 +161,12 @@ def _build_warm_tiny(out: Path, model: ModelSource, task: TaskConfig) -> None:
                           head_dim=model.head_dim)
     if model.warmup_steps == 0:
         return
-    if task.name != "arithmetic":
-        raise ValueError("model.warmup_steps > 0 needs the arithmetic task (set model.warmup_steps=0)")
-    arithmetic = ArithmeticTask(task.arithmetic)
+    draw = warmup_pairs(task)
     net = load_pretrained(out)
     torch.manual_seed(model.seed)
     opt = torch.optim.AdamW(net.parameters(), lr=model.warmup_lr)
     for step in range(model.warmup_steps):
-        pairs = arithmetic.warmup_pairs(model.warmup_batch, seed=10_000 + step)
+        pairs = draw(model.warmup_batch, seed=10_000 + step)
         loss = sft_loss(net, build_sft_batch(pairs, tok))
         opt.zero_grad()
         loss.backward()

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 from fake_metadata import FakeAwsMetadataForTests, FakeAzureMetadataForTests, FakeGcpMetadataForTests
-from live_cluster import closed_url
+from live_cluster import closed_url, socket_folder
 
 from rlboost.cluster.notices.aws import AwsNotices
 from rlboost.cluster.notices.azure import AzureNotices
@@ -94,7 +94,7 @@ def test_a_metadata_service_that_stops_answering_is_retried_not_fatal():
 
 
 def _hook(tmp_path, taken: bool = True):
-    folder = tmp_path / "notices"
+    folder = socket_folder(tmp_path / "notices")
     got = []
 
     def take(pending):
@@ -141,8 +141,8 @@ def test_a_bad_request_gets_an_error_and_the_listener_keeps_serving(tmp_path, li
 
 
 def test_a_folder_others_may_write_is_refused(tmp_path):
-    folder = tmp_path / "open"
-    folder.mkdir()
+    folder = socket_folder(tmp_path / "open")
+    folder.mkdir(exist_ok=True)
     os.chmod(folder, 0o777)
     with pytest.raises(PermissionError, match="0700"):
         HookListener(socket_path(folder, "cd" * 28), lambda pending: None)

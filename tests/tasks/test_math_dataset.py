@@ -55,16 +55,16 @@ def test_limit_and_auto_format(tmp_path):
     assert len(load_math_problems(MathDatasetConfig(path=path, limit=3))) == 3
 
 
-def test_bad_records_name_the_file_and_record(tmp_path):
+def test_bad_records_are_refused_naming_the_file_and_record(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(GSM8K[0]) + "\n{not json\n")
-    with pytest.raises(ValueError, match="line 2: not JSON"):
-        load_math_problems(MathDatasetConfig(path=str(path)))
+    task = MathTask.from_file(MathDatasetConfig(path=str(path)))
+    assert len(task) == 1 and task.refused == {"not JSON": 1}
     path.write_text(json.dumps({"question": "q"}) + "\n")
-    with pytest.raises(ValueError, match="record 1: field 'answer' is missing"):
+    with pytest.raises(ValueError, match="line 1: field 'answer' is missing"):
         load_math_problems(MathDatasetConfig(path=str(path)))
     path.write_text(json.dumps({"question": "q", "answer": "no marker"}) + "\n")
-    with pytest.raises(ValueError, match="record 1: no '####'"):
+    with pytest.raises(ValueError, match="line 1: no '####'"):
         load_math_problems(MathDatasetConfig(path=str(path), answer_format="gsm8k"))
     parquet = tmp_path / "cols.parquet"
     pq.write_table(pa.Table.from_pylist(OPENR1), parquet)

@@ -1,7 +1,9 @@
 """NodeNoticeAgent: a light Ray actor on one preemptible node that hears the node's notices
 (its cloud's watcher and its shutdown hook's socket) and hands each to the run's driver,
 which keeps one next_notice() call waiting on every agent. A notice waiting on the node
-loses the time it waited from its grace, so the deadline stays the cloud's.
+loses the time it waited from its grace, so the deadline stays the cloud's. An agent whose
+socket folder is not its user's alone refuses to start: another user could listen there in
+its place.
 """
 
 from __future__ import annotations
@@ -28,25 +30,15 @@ class NodeNoticeAgent:
         self._queue: queue.Queue[_Pending] = queue.Queue()
         self._given: list[_Pending] = []
         self._stop = threading.Event()
+        # first: a folder another user holds stops the agent before it asks any cloud
+        self.hook = HookListener(socket_path(config.hook_dir, node_id), self._queue.put) if config.hook else None
         self.watcher = build_watcher(source, config)
-        self.hook = self._listen(config, node_id) if config.hook else None
         self._thread = threading.Thread(target=self._watch, name="notice-watch", daemon=True)
         self._thread.start()
-
-    def _listen(self, config: NoticeConfig, node_id: str) -> HookListener | None:
-        """The hook's socket; without it (a folder of someone else's, say) the cloud's notices still come."""
-        try:
-            return HookListener(socket_path(config.hook_dir, node_id), self._queue.put)
-        except OSError as exc:
-            log.warning("node %s hears no `rlboost notice`: %s", node_id[:12], exc)
-            return None
 
     def source(self) -> str:
         """The cloud this node's watcher asks (aws, gcp, azure) or none."""
         return self.watcher.name
-
-    def hook_socket(self) -> str:
-        return str(self.hook.path) if self.hook is not None else ""
 
     def next_notice(self, timeout_s: float) -> Notice | None:
         """The next notice (its grace less the time it waited here), or None after timeout_s."""
@@ -66,12 +58,16 @@ class NodeNoticeAgent:
             pending.drained.set()
 
     def _watch(self) -> None:
+        failed = False
         while not self._stop.is_set():
             try:
                 notice = self.watcher.next(WATCH_SLICE_S)
-            except Exception:  # keep the hook serving; the cloud watcher is done
-                log.exception("the %s notice watcher failed", self.watcher.name)
-                return
+            except Exception:  # a watcher's bug: said once, and the watcher is asked again
+                if not failed:
+                    log.exception("the %s notice watcher failed; it is asked again", self.watcher.name)
+                failed = True
+                self._stop.wait(WATCH_SLICE_S)
+                continue
             if notice is not None:
                 self._queue.put(_Pending(notice, time.monotonic(), threading.Event(), threading.Event()))
                 return  # a node is reclaimed once; the service repeats the same notice

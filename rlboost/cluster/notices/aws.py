@@ -1,7 +1,7 @@
 """AWS spot interruption notices from the instance metadata service (IMDSv2): a session token
 (PUT latest/api/token), then latest/meta-data/spot/instance-action, which answers 404 until
 the instance is to be reclaimed and then {"action": "terminate", "time": "...Z"}, about two
-minutes ahead."""
+minutes ahead (AWS documents a two-minute warning: a later time is read as two minutes)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,18 @@ import logging
 import time
 from datetime import datetime
 
-from rlboost.cluster.notices.base import Notice, NoticeConfig, PollingNotices, http, json_or_none, seconds_until
+from rlboost.cluster.notices.base import (
+    BadAnswer,
+    Notice,
+    NoticeConfig,
+    PollingNotices,
+    field,
+    grace_until,
+    http,
+    json_or_none,
+)
 
+AWS_NOTICE_S = 120.0  # "a two-minute warning" (EC2 Spot instance interruption notices)
 TOKEN_PATH = "/latest/api/token"
 ACTION_PATH = "/latest/meta-data/spot/instance-action"
 TOKEN_TTL_S = 21600
@@ -34,25 +44,28 @@ class AwsNotices(PollingNotices):
             return False
         return status == 200 and bool(body.strip())
 
-    def _ask(self) -> Notice | None:
-        status, body, _ = http("GET", self.base + ACTION_PATH, {"X-aws-ec2-metadata-token": self._session()},
-                               self.config.poll_s + 5.0)
+    def _ask(self, timeout_s: float) -> Notice | None:
+        status, body, _ = http("GET", self.base + ACTION_PATH, {"X-aws-ec2-metadata-token": self._session(timeout_s)},
+                               timeout_s)
         if status == 401:  # the token expired: a new one next time
             self._token = None
             return None
         if status == 404:
             return None
         action = json_or_none(body) if status == 200 else None
-        if action is None or "time" not in action:
-            log.warning("AWS instance-action answered %d %r; ignored", status, body[:200])
-            return None
-        grace = seconds_until(datetime.fromisoformat(str(action["time"]).replace("Z", "+00:00")))
-        return Notice(source="aws", grace_s=grace, detail=str(action.get("action", "")))
+        if action is None:
+            raise BadAnswer(f"instance-action answered {status}: {body[:120]!r}")
+        when = field(action, "time", str, "instance-action answered 200")
+        try:
+            deadline = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        except ValueError:
+            raise BadAnswer(f"instance-action answered 200: time {when[:60]!r} is no ISO 8601 time") from None
+        return Notice(source="aws", grace_s=grace_until(deadline, AWS_NOTICE_S), detail=str(action.get("action", ""))[:60])
 
-    def _session(self) -> str:
+    def _session(self, timeout_s: float) -> str:
         if self._token is None or time.monotonic() - self._token_at > TOKEN_TTL_S / 2:
             status, body, _ = http("PUT", self.base + TOKEN_PATH,
-                                   {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)}, self.config.poll_s + 5)
+                                   {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)}, timeout_s)
             if status != 200 or not body.strip():
                 raise OSError(f"IMDSv2 token request answered {status}")
             self._token, self._token_at = body.strip(), time.monotonic()

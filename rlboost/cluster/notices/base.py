@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Any, Protocol
 
+from rlboost.cluster.notices.http import request
 from rlboost.validate import check_format_version, require
 
 NOTICE_FORMAT_VERSION = 1
@@ -27,7 +27,8 @@ NOTICE_SOURCES = ("auto", *CLOUDS, "none")
 # A node's Ray label that overrides cluster.notice_source for that node (a cluster that spans
 # clouds, or on-premises nodes beside spot ones): `ray start --labels='{"rlboost.io/notice-source": "gcp"}'`.
 SOURCE_LABEL = "rlboost.io/notice-source"
-MAX_BODY = 64 << 10  # a metadata answer is a few hundred bytes
+SOCKET_NAME_BYTES = 21  # "/" + 16 hex digits of the node id + ".sock"
+MIN_REQUEST_S = 1.0  # the least time a request to a metadata service is given, whatever is left of a watch
 log = logging.getLogger(__name__)
 
 
@@ -91,6 +92,9 @@ class NoticeConfig:
             require(0 <= getattr(self, name) <= 3600, f"cluster.notices.{name}", "in [0, 3600]", getattr(self, name))
         require(self.hook_dir is None or bool(self.hook_dir), "cluster.notices.hook_dir", "None or a folder",
                 self.hook_dir)
+        require(self.hook_dir is None or len(os.fsencode(os.path.abspath(self.hook_dir))) + SOCKET_NAME_BYTES <= 107,
+                "cluster.notices.hook_dir", f"a folder whose path leaves room for a Unix socket's name (at most "
+                f"{107 - SOCKET_NAME_BYTES} bytes)", self.hook_dir)
 
 
 class NoticeWatcher(Protocol):
@@ -127,23 +131,15 @@ class NoNotices:
 
 
 def http(method: str, url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, str, dict]:
-    """(status, body, headers) of one request; a 4xx/5xx answer is a status, not an error.
-    OSError (URLError, timeouts) when the server cannot be reached."""
-    request = urllib.request.Request(url, method=method, headers=headers,
-                                     data=b"" if method in ("PUT", "POST") else None)
-    # the metadata services are link-local: a proxy from the environment must not see them
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(request, timeout=timeout_s) as answer:
-            return answer.status, answer.read(MAX_BODY).decode("utf-8", "replace"), dict(answer.headers)
-    except urllib.error.HTTPError as err:
-        return err.code, err.read(MAX_BODY).decode("utf-8", "replace"), dict(err.headers or {})
+    """(status, body, headers) of one request that ends within timeout_s as a whole (see
+    notices/http.py); OSError when the server cannot be reached or does not answer in time."""
+    return request(method, url, headers, timeout_s)
 
 
 def json_or_none(text: str) -> dict | None:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
@@ -155,10 +151,32 @@ def seconds_until(when: datetime) -> float:
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
+def grace_until(when: datetime, longest_s: float) -> float:
+    """Seconds until `when`, at most longest_s (the cloud's documented notice length): a time
+    far off (year 9999) is an odd answer, not a licence to wait past the cloud's deadline."""
+    try:
+        return min(seconds_until(when), longest_s)
+    except OverflowError:  # out of datetime's range once made UTC
+        return longest_s
+
+
+class BadAnswer(ValueError):
+    """A metadata service answered something that is not what its documentation says."""
+
+
+def field(document: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """document[name] when it is of `kind`; BadAnswer naming `what` otherwise."""
+    value = document.get(name) if isinstance(document, dict) else None
+    if not isinstance(value, kind):
+        raise BadAnswer(f"{what}: {name} is {type(value).__name__} {str(value)[:60]!r}")
+    return value
+
+
 class PollingNotices:
-    """A watcher that asks its service every config.poll_s (`_ask`: a Notice or None) until
-    a notice comes, the timeout passes or close() is called. A service that does not
-    answer is logged and asked again at the next poll."""
+    """A watcher that asks its service every config.poll_s (`_ask(timeout_s)`: a Notice or
+    None) until a notice comes, the timeout passes or close() is called. A service that does
+    not answer, or answers what its documentation does not say, is logged (once per kind of
+    trouble) and asked again at the next poll: nothing it answers stops the watcher."""
 
     name = "polling"
     cloud = "the"
@@ -167,14 +185,31 @@ class PollingNotices:
         self.config = config
         self.base = base_url.rstrip("/")
         self._stop = threading.Event()
+        self._said: set[str] = set()
+
+    def request_s(self, deadline: float) -> float:
+        """How long one request may take: what is left of the watch (at least MIN_REQUEST_S),
+        at most one poll and 5 s."""
+        return min(self.config.poll_s + 5.0, max(MIN_REQUEST_S, deadline - time.monotonic()))
+
+    def trouble(self, kind: str, message: str, *args: object) -> None:
+        """Log a kind of trouble with the service once (later ones at debug level)."""
+        level = logging.DEBUG if kind in self._said else logging.WARNING
+        self._said.add(kind)
+        log.log(level, message, *args)
 
     def next(self, timeout_s: float) -> Notice | None:
         deadline = time.monotonic() + timeout_s
         while not self._stop.is_set():
             try:
-                notice = self._ask()
+                notice = self._ask(self.request_s(deadline))
             except OSError as exc:  # the service did not answer this time
-                log.warning("%s metadata at %s did not answer: %r", self.cloud, self.base, exc)
+                self.trouble(f"unreachable {type(exc).__name__}", "%s metadata at %s did not answer: %r",
+                             self.cloud, self.base, exc)
+                notice = None
+            except Exception as exc:  # an answer of a shape its documentation does not give
+                self.trouble(f"bad {type(exc).__name__} {str(exc).split(':')[0]}", "%s metadata at %s: %s; ignored", self.cloud, self.base,
+                             " ".join(str(exc).split())[:200])
                 notice = None
             if notice is not None:
                 return notice
@@ -183,7 +218,7 @@ class PollingNotices:
                 return None
         return None
 
-    def _ask(self) -> Notice | None:
+    def _ask(self, timeout_s: float) -> Notice | None:
         raise NotImplementedError
 
     def close(self) -> None:

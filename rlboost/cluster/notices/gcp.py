@@ -5,12 +5,14 @@ stopped; with ?wait_for_change=true the server answers only when the value chang
 from __future__ import annotations
 
 import logging
+from urllib.parse import quote
 
 from rlboost.cluster.notices.base import Notice, NoticeConfig, PollingNotices, http
 
 PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 PROBE_PATH = "/computeMetadata/v1/instance/id"
 HEADERS = {"Metadata-Flavor": "Google"}
+MAX_ETAG = 256
 log = logging.getLogger(__name__)
 
 
@@ -37,18 +39,21 @@ class GcpNotices(PollingNotices):
         if self._stop.is_set():
             return None
         wait = max(1, int(timeout_s))
-        query = "" if self._etag is None else f"?wait_for_change=true&timeout_sec={wait}&last_etag={self._etag}"
+        # the ETag is the server's text: escaped, so no answer can change the next request's URL
+        query = "" if self._etag is None else \
+            f"?wait_for_change=true&timeout_sec={wait}&last_etag={quote(self._etag, safe='')}"
         try:
             status, body, headers = http("GET", self.base + PREEMPTED_PATH + query, HEADERS, wait + 5.0)
-        except OSError as exc:
-            log.warning("GCP metadata at %s did not answer: %r", self.base, exc)
+        except Exception as exc:  # no answer in time, or not HTTP
+            self.trouble(f"unreachable {type(exc).__name__}", "GCP metadata at %s did not answer: %r", self.base, exc)
             self._stop.wait(min(timeout_s, self.config.poll_s))
             return None
         if status != 200:
-            log.warning("GCP instance/preempted answered %d %r; ignored", status, body[:200])
+            self.trouble(f"status {status}", "GCP instance/preempted answered %d %r; ignored", status, body[:200])
             self._stop.wait(min(timeout_s, self.config.poll_s))
             return None
-        self._etag = headers.get("ETag") or self._etag or "NONE"
+        etag = headers.get("ETag")
+        self._etag = (etag[:MAX_ETAG] if isinstance(etag, str) and etag else None) or self._etag or "NONE"
         if body.strip().upper() == "TRUE":
             return Notice(source="gcp", grace_s=self.config.gcp_grace_s, detail="preempted")
         return None

@@ -14,7 +14,7 @@ from rlboost.validate import check_format_version
 
 REWARD_RECORD_FORMAT_VERSION = 1
 # failure kinds that are not an exception class's name
-TIMEOUT, NOT_A_NUMBER, WORKER_DIED = "timeout", "not a number", "worker died"
+TIMEOUT, NOT_A_NUMBER, WORKER_DIED, UNSENDABLE = "timeout", "not a number", "worker died", "unsendable"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,7 +48,8 @@ class RewardRequest:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RewardResult:
     """A sample's reward; a failed call scores 0 with failure naming its kind (the
-    exception's class, "timeout", "not a number" or "worker died") and error its message.
+    exception's class, "timeout", "not a number", "worker died" or "unsendable": its row could
+    not be sent to a reward worker) and error its message.
 
     >>> RewardResult(score=0.5, parts={"format": 1.0}).failed
     False

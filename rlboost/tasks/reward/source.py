@@ -8,7 +8,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from rlboost.tasks.base import Task
 from rlboost.tasks.math_answers import extract_answer
-from rlboost.tasks.reward.records import RewardRequest, RewardResult
+from rlboost.tasks.reward.records import NOT_A_NUMBER, NotANumber, RewardRequest, RewardResult, read_value
 
 
 @runtime_checkable
@@ -25,6 +25,8 @@ class TaskReward:
     """A built-in task's reward, in this process: a sample that did not stop on its own (cut
     off at max_new_tokens) earns 0; with extract, the final answer found in the completion
     (\\boxed{}, "the answer is", else the last number) is scored instead of the whole text.
+    A check that raises on what a data set or a completion holds (a number too long to
+    read, say) scores that sample 0 with the exception's class as its failure kind.
 
     >>> from rlboost.tasks.arithmetic import ArithmeticTask
     >>> from rlboost.tasks.base import Problem
@@ -38,7 +40,15 @@ class TaskReward:
         self.task, self.extract = task, extract
 
     def score(self, requests: Sequence[RewardRequest]) -> list[RewardResult]:
-        return [RewardResult(score=self._one(r)) for r in requests]
+        return [self._result(r) for r in requests]
+
+    def _result(self, request: RewardRequest) -> RewardResult:
+        try:
+            return read_value(self._one(request))
+        except NotANumber as e:
+            return RewardResult.failing(NOT_A_NUMBER, str(e))
+        except Exception as e:  # the task's check failed on this sample: it scores 0, counted by kind
+            return RewardResult.failing(type(e).__name__, str(e) or repr(e))
 
     def _one(self, request: RewardRequest) -> float:
         if request.metadata.get("finish_reason") != "stop":
@@ -46,7 +56,7 @@ class TaskReward:
         text = request.completion
         if self.extract:
             text = extract_answer(text) or ""
-        return float(self.task.reward(request.problem, text))
+        return self.task.reward(request.problem, text)
 
     def close(self) -> None:
         pass

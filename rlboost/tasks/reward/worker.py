@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import pickle
 from typing import Any, Sequence
 
 from rlboost.tasks.reward.plugin import RewardTarget, load_function
@@ -14,8 +15,10 @@ from rlboost.tasks.reward.records import NOT_A_NUMBER, NotANumber, RewardResult,
 Item = tuple[str, str, dict, dict]  # prompt, completion, row, metadata
 
 
-def call_reward(target: RewardTarget, items: Sequence[Item]) -> list[RewardResult]:
-    """One result per item (a batched call that fails fails for every item of the batch)."""
+def call_reward(target: RewardTarget, payloads: Sequence[bytes]) -> list[RewardResult]:
+    """One result per item, each pickled by the driver (a batched call that fails fails for
+    every item of the batch)."""
+    items: list[Item] = [pickle.loads(p) for p in payloads]
     fn = load_function(target)
     try:
         if target.batched:
