@@ -119,7 +119,6 @@ class Cluster:
             self.fleet.join(f"reserved-{i}", "reserved")
         for i in range(config.cluster.initial_preemptible):
             self.fleet.join(f"spot-s{i}", "preemptible")
-        self.fleet.start()
         self.capacity = build_capacity(capacity_kind(config), config.cluster, self.fleet,
                                        slot=InstanceSlot(cpus=r.instance_cpus, gpus=r.instance_gpus),
                                        record=run.append_event, say=self.say, time_scale=config.cost.time_scale)
@@ -189,10 +188,10 @@ class Cluster:
         return metrics
 
     def publish(self, version: int) -> dict:
-        """Publish the trainer's weights as `version` and make it current."""
+        """Publish the trainer's weights as `version` and make it current (the controller
+        tells every instance at once)."""
         out = self.trainer.publish(version)
         ray.get(self.controller.set_weight_version.remote(version))
-        self.fleet.announce()
         return out
 
     def save_checkpoint(self, directory: Path, tokenizer_dir: Path) -> None:

@@ -105,7 +105,6 @@ class EmulatedFleet:
         layout = getattr(engine, "kv_layout", None) if hasattr(engine, "handoff_send") else None
         info = InstanceInfo(instance_id=spec.instance_id, kind=spec.kind,
                             capacity=spec.capacity or spec.engine.max_running,
-                            address=f"emulated://{spec.instance_id}",
                             max_model_len=getattr(engine, "max_model_len", None), kv_layout=layout)
         self.service.register(info, adapter)
         self._tasks.append(asyncio.create_task(self._agent(spec, engine, adapter)))

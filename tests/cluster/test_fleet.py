@@ -97,7 +97,7 @@ def _reference(model_dir, weights, step, prompts, params=None):
 
 @contextlib.contextmanager
 def _fleet(ctl, ckpt, weights, ledger, rec, now):
-    """Version 1 published and a fleet of no instances (its watcher not started); closes all."""
+    """Version 1 published and a fleet of no instances; closes all."""
     transfer = TransferConfig(secret=new_secret())  # the run's secret, shared with its instances
     with WeightPublisher(transfer) as pub:
         pub.publish(1, weights)
@@ -120,7 +120,6 @@ def _running_fleet(ctl, ckpt, weights, ledger, rec, now):
     with _fleet(ctl, ckpt, weights, ledger, rec, now) as (fleet, pub):
         fleet.join("reserved-0", "reserved")
         fleet.join("spot-0")
-        fleet.start()
         fleet.wait_version(1, "reserved", 120)
         fleet.wait_version(1, "preemptible", 120)
         yield fleet, pub
@@ -141,8 +140,7 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
 
         changed = {n: t + 0.05 * torch.randn_like(t) for n, t in weights.items()}
         pub.publish(2, changed)
-        ray.get(ctl.set_weight_version.remote(2))
-        fleet.announce()
+        ray.get(ctl.set_weight_version.remote(2))  # the controller tells the instances; the driver relays nothing
         fleet.wait_version(2, "reserved", 60)
         fleet.wait_version(2, "preemptible", 60)
         # pull records are asked only of started instances: both report once started
@@ -154,8 +152,8 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         clock[0] = 10.0
         fleet.notice("spot-0", 0.3)
         rec.wait("gone", "spot-0")
-        # preempted the moment the controller has it active, before the fleet's watcher
-        # has looked again: its activation is still recorded first
+        # preempted the moment the controller has it active: its activation is still
+        # recorded first (the controller's events arrive in the order they happened)
         fleet.join("spot-1")
         fleet.wait_version(2, "preemptible", 60)
         fleet.notice("spot-1", 0.3)
@@ -168,7 +166,7 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         assert fleet.up() == 0 and fleet.preemptions == {"notice": 2, "sudden": 1}
         for iid, end in (("spot-0", "gone"), ("spot-1", "gone"), ("spot-2", "death")):
             mine = [e["kind"] for e in rec.events if e["instance"] == iid]
-            # first_sample when the watcher saw samples on it; drained when it saw the drain end
+            # first_sample when the controller had samples on it; drained once its samples left
             core = [k for k in mine if k not in ("first_sample", "drained")]
             assert core == ["join", "active"] + (["notice"] if end == "gone" else []) + [end], (iid, mine)
             assert "drained" not in mine or mine.index("drained") == len(mine) - 2, mine
@@ -209,19 +207,18 @@ def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tm
 
 
 def test_an_instance_a_wait_reports_active_has_its_active_event_already(ray_cluster, tmp_path):
-    """wait_version records what it saw, so a preemption right after it (before the fleet's
-    watcher has looked; here there is no watcher at all) follows the instance's activation
-    in the event log: join, active, death."""
+    """wait_version returns once the events it waited on are recorded, so a preemption right
+    after it follows the instance's activation in the event log: join, active, death."""
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=5)
     weights = load_pretrained(ckpt).named_weights()
     ctl = RolloutController.options(num_cpus=0).remote(ControllerConfig(poll_interval_s=0.02), "reference")
     rec = Recorder()
     with _fleet(ctl, ckpt, weights, CostLedger(), rec, lambda: 0.0) as (fleet, _):
-        # fleet.start() is not called: only wait_version observes the controller
         fleet.join("spot-0")
         fleet.wait_version(1, "preemptible", 120)
         assert [e["kind"] for e in rec.events] == ["join", "active"]
         fleet.kill("spot-0")
+        rec.wait("death", "spot-0")
         assert [e["kind"] for e in rec.events] == ["join", "active", "death"]
         assert rec.events[1]["preemptible_up"] == 1 and rec.events[2]["preemptible_up"] == 0
 
