@@ -1,16 +1,12 @@
-"""Fleet: the run's rollout instances as Ray actors, from the driver's side.
-
-The fleet places instances (reserved ones at once, preemptible ones as the capacity source
-says: a trace, or the Ray cluster's nodes), preempts them with a notice or suddenly, and
-kills their actors when they end. It asks the controller nothing: the controller owns each
-instance's lifecycle and pushes its events (controller/events.py), which one listener
-thread takes in order and turns into events.jsonl lines (with the source of each,
-SOURCES), the cost ledger's bills, kills, and the fleet's own view that its waits
-(wait_version, wait_ended) wait on. Per instance the lines run join, active (if it served
-before any notice), notice, drained, then gone or death; a preemptible one's first_sample
-after its active. No Ray call is made while the fleet's lock is held. A reserved engine
-that dies is replaced at once under the same name; one whose engine fails to start or to
-load a version fails wait_version with the cause, in one line (InstanceFailed).
+"""Fleet: the run's rollout instances as Ray actors, from the driver's side. It places
+instances (reserved ones at once, preemptible ones as the capacity source says), preempts
+them with a notice or suddenly, and kills their actors when they end. It asks the
+controller nothing: the controller owns each instance's lifecycle and pushes its events
+(controller/events.py), which one listener thread takes in order and turns into
+events.jsonl lines (per instance: join, active, first_sample, notice, drained, gone or
+death), bills, kills, and the view its waits wait on. No Ray call is made under the
+fleet's lock. A reserved engine that dies is replaced at once under the same name; one
+whose engine fails to start or to load a version fails wait_version with its cause.
 """
 
 from __future__ import annotations
@@ -201,8 +197,7 @@ class Fleet:
         self._settle_bills()
 
     def _settle_bills(self) -> None:
-        """Every preemptible instance is billed from its placement to its end, also when the
-        controller never reported its join or its end."""
+        """Every preemptible instance is billed from placement to end, reported or not."""
         for iid, m in self._members.items():
             if m.spec.kind != "reserved" and not m.billed:
                 m.billed = True
@@ -286,15 +281,9 @@ class Fleet:
             if d.get("reason") == "failed":
                 m.failure = f"{m.spec.kind} instance {iid}: {d.get('cause', 'failed')}"
             if ended_here:  # the controller ended it (lost, failed): its actor goes too
-                lost_reserved = m.spec.kind == "reserved" and d.get("reason") == "lost" and not self._stop.is_set()
-                return lambda: self._replace(iid, m, lost_reserved)
+                rejoin = m.spec.kind == "reserved" and d.get("reason") == "lost" and not self._stop.is_set()
+                return lambda: (_kill(m.handle), rejoin and self.join(iid, "reserved"))
         return None
-
-    def _replace(self, instance_id: str, member: _Member, rejoin: bool) -> None:
-        _kill(member.handle)
-        if rejoin:
-            log.warning("reserved engine %s was lost; starting another", instance_id)
-            self.join(instance_id, "reserved")
 
     # -- waits and views -----------------------------------------------------------------------
 
