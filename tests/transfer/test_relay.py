@@ -149,7 +149,7 @@ def test_a_relay_pulls_its_next_version_into_a_second_buffer_while_a_peer_reads_
         pub.publish(2, {"w": big + 1})
         with WeightPuller(pub.address, cfg) as relay:
             v1 = relay.pull(1)
-            first = weakref.ref(v1._region)
+            first = weakref.ref(v1.region)
             reader = stuck_reader(relay.relay_address, 1)
             try:
                 assert wait_until(lambda: relay.stats()["reads_in_flight"].get(1, 0) > 0)
