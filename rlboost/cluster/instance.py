@@ -122,6 +122,7 @@ class RolloutInstance:
         self.host = self.puller = None
         self._failure: str | None = None
         self._pulls: list[PullRecord] = []
+        self._errors: list[str] = []
         self._held = None  # the last pulled version: its buffer is reused and relayed
         self._loading = threading.Lock()  # a version loads and is recorded as one step
         self._loaded = 0  # the version the engine holds, as the heartbeats report it
@@ -182,6 +183,11 @@ class RolloutInstance:
         with self._loading:
             return list(self._pulls)
 
+    def pull_errors(self) -> list[str]:
+        """The errors of failed pulls so far (each one is tried again at the next lease)."""
+        with self._loading:
+            return list(self._errors)
+
     # -- agent --------------------------------------------------------------------------------
 
     def _info(self) -> InstanceInfo:
@@ -222,9 +228,11 @@ class RolloutInstance:
                 continue
             try:
                 pulled, pull_s = self._pull(lease.weight_version, lease.peers)
-            except RlboostError as exc:  # e.g. a lost source, a timeout: tried again
+            except RlboostError as exc:  # e.g. a lost source, a timeout: tried again at the next lease
                 log.warning("instance %s: pull of version %d failed: %r", self.spec.instance_id,
                             lease.weight_version, exc)
+                with self._loading:
+                    self._errors.append(f"version {lease.weight_version}: {exc!r}")
                 continue
             try:
                 self._load(pulled, lease.weight_version, pull_s)

@@ -246,7 +246,7 @@ class RolloutService:
 
     # -- the trainer's calls (StepLifecycle) -----------------------------------------------------
 
-    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int, *,
+    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int,
                    ahead: bool = False) -> float:
         return self.steps.start_step(step, groups, weight_version, ahead=ahead)
 
