@@ -16,11 +16,12 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
-from rlboost.controller.actor import RolloutController
+from rlboost.controller.actor import RolloutController, _Controller
+from rlboost.controller.clock import MonotonicClock
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.offload import ReferenceWindowConfig
 from rlboost.controller.records import PromptGroup
 from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.service import RolloutService
 from rlboost.migration.state import SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.config import RolloutConfig
@@ -180,6 +181,33 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         assert ledger.summary(at_s=20.0).preemptible_s == pytest.approx(20.0)
 
 
+class TokenGatedWindowForTests:
+    """A local window that closes once the step has collected `tokens` tokens, rather than
+    after a time: the reserved instance then holds unfinished samples however loaded the
+    machine is (a window of 0.2 s could close before its first sample was placed)."""
+
+    def __init__(self, tokens: int):
+        self.tokens = tokens
+
+    def plan(self, ctx) -> float:
+        return 0.0
+
+    def should_close(self, ctx) -> bool:
+        return ctx.remote_tokens_per_s > 0 and ctx.generated_tokens >= self.tokens
+
+    def observe(self, obs) -> None:
+        pass
+
+
+@ray.remote(num_cpus=0)
+class TokenGatedControllerForTests(_Controller):
+    """The real controller with TokenGatedWindowForTests as its offload policy."""
+
+    def __init__(self, config: ControllerConfig, tokens: int):
+        RolloutService.__init__(self, config, clock=MonotonicClock(), window_policy=TokenGatedWindowForTests(tokens))
+        self.start_now()
+
+
 def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tmp_path):
     """migrate_with_kv (the recipes' setting) between instance actors: when the local window
     closes, the reserved instance's unfinished samples go to the preemptible one together
@@ -188,14 +216,11 @@ def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tm
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=4)
     weights = load_pretrained(ckpt).named_weights()
     prompts = [TOK.encode("3+4=", add_bos=True), TOK.encode("9+9=", add_bos=True)]
-    # outlives the window: quiet, the reserved engine makes about 500 tokens/s per sample, so
-    # it is about a third of the way when the 0.2 s window closes; a window of 0.05 s left it
-    # with no token yet (nothing to move but the prompt) when the cores were busy elsewhere
+    # outlives the window, which closes once 8 of the step's 1200 tokens are collected
     long = SamplingParams(temperature=0.0, max_new_tokens=300, stop_token_ids=())
-    ctl = RolloutController.options(num_cpus=0).remote(
+    ctl = TokenGatedControllerForTests.remote(
         ControllerConfig(poll_interval_s=0.02, migrate_with_kv=True,
-                         registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=20)),
-        "reference", ReferenceWindowConfig(initial_window_s=0.2, floor_s=0.0, whole_seconds=False))
+                         registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=20)), 8)
     rec, ledger = Recorder(), CostLedger()
     with _running_fleet(ctl, ckpt, weights, ledger, rec, lambda: 0.0) as (fleet, pub):
         metrics = []
