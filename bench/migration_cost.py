@@ -278,14 +278,17 @@ def parse_args():
 def main() -> None:
     args = parse_args()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(address="local", num_cpus=2, object_store_memory=128 << 20, include_dashboard=False, log_to_driver=False)
-    try:
-        with tempfile.TemporaryDirectory() as root:
+    # Ray's sockets live under its temp dir, whose path may not exceed 107 bytes: a short one
+    with tempfile.TemporaryDirectory(prefix="rlb-ray-", dir="/tmp") as ray_dir, \
+            tempfile.TemporaryDirectory() as root:
+        ray.init(address="local", num_cpus=2, object_store_memory=128 << 20, include_dashboard=False,
+                 log_to_driver=False, _temp_dir=ray_dir)
+        try:
             rows = measure_model("tiny", root, args)
             if not args.no_big:
                 rows += measure_model("qwen3-54m", root, args)
-    finally:
-        ray.shutdown()
+        finally:
+            ray.shutdown()
     codec_layout = KVLayout(num_layers=12, num_kv_heads=4, head_dim=64, block_size=16, dtype="float32")
     codec = codec_rates(codec_layout, samples=4, tokens=256 if args.quick else 2048, reps=3 if args.quick else 5,
                         transport=args.transport)

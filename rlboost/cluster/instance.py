@@ -203,12 +203,12 @@ class RolloutInstance:
         registration) never silences the instance."""
         try:
             me = ray.get_runtime_context().current_actor
-            lease = ray.get(self.controller.register.remote(self._info(), me))
+            ray.get(self.controller.register.remote(self._info(), me))
             while not self._stop.is_set():
-                self.renew(lease)
-                self._nudged.wait(lease.renew_within_s / 2)
                 self._nudged.clear()  # before the beat: a nudge during it brings the next one
                 lease = ray.get(self.controller.heartbeat.remote(self.spec.instance_id, self._loaded))
+                self.renew(lease)
+                self._nudged.wait(lease.renew_within_s / 2)
         except Exception as exc:  # the controller no longer knows us, or it is gone: stop
             log.info("instance %s stops heartbeating: %r", self.spec.instance_id, exc)
         finally:

@@ -5,10 +5,12 @@ and are preempted with a notice or suddenly, every event recorded."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 
 import pytest
 import ray
+import ray.cloudpickle
 import torch
 from own_processes import wait_until
 
@@ -197,6 +199,10 @@ class TokenGatedWindowForTests:
 
     def observe(self, obs) -> None:
         pass
+
+
+# Ray's workers cannot import a test module: its actor classes travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @ray.remote(num_cpus=0)

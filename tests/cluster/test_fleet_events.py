@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 
 import pytest
 import ray
+import ray.cloudpickle
 
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
@@ -54,6 +56,10 @@ class LinesForTests:
 
     def of(self, instance, kind=None):
         return [e for e in self.lines if e.get("instance") == instance and kind in (None, e["kind"])]
+
+
+# Ray's workers cannot import a test module: its actor classes travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @ray.remote(num_cpus=0)
