@@ -21,8 +21,8 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.placement import GpuNeeds
-from rlboost.cluster.replay import notice_seconds
 from rlboost.cluster.session import RaySettings, actor_options, join_address, process_info
+from rlboost.cluster.traces.replay import notice_seconds
 from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 
-from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
 from rlboost.cluster.traces import AvailabilityTrace, InstanceEvent
+from rlboost.cluster.traces.replay import TraceReplay, named_trace, trace_events
 
 
 class FakeFleetForTests:

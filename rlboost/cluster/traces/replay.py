@@ -15,18 +15,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from rlboost.cluster.traces import (
-    MEASURED,
-    SAMPLES,
-    AvailabilityTrace,
-    InstanceEvent,
-    PreemptionPolicy,
-    SyntheticTraceConfig,
-    load_trace,
-    preemption_events,
-    sample_trace,
-    synthetic_trace,
-)
+from rlboost.cluster.traces.availability import AvailabilityTrace
+from rlboost.cluster.traces.preemptions import InstanceEvent, PreemptionPolicy, preemption_events
+from rlboost.cluster.traces.readers import MEASURED, SAMPLES, load_trace, sample_trace
+from rlboost.cluster.traces.synthetic import SyntheticTraceConfig, synthetic_trace
 
 if TYPE_CHECKING:  # the fleet imports Ray, which a simulation that only reads traces never needs
     from rlboost.cluster.fleet import Fleet
