@@ -20,7 +20,7 @@ from rlboost.controller.service import RolloutService
 from rlboost.errors import RolloutError
 
 
-class _Controller(RolloutService):
+class ControllerActor(RolloutService):
     """The controller actor. Call its methods with `.remote()`.
 
     The driver (cluster/fleet.py), for each instance's lifecycle:
@@ -89,4 +89,4 @@ class _Controller(RolloutService):
         await super().end(instance_id, event, **(details or {}))
 
 
-RolloutController = ray.remote(num_cpus=0)(_Controller)
+RolloutController = ray.remote(num_cpus=0)(ControllerActor)

@@ -101,7 +101,7 @@ class EmulatedFleet:
         adapter = _MortalEngine(engine)
         self.engines[spec.instance_id] = engine
         self._adapters[spec.instance_id] = adapter
-        # engines speaking the handoff protocol (rollout.handoff.endpoint) declare their KV layout
+        # engines speaking the handoff protocol (rlboost.migration.endpoint) declare their KV layout
         layout = getattr(engine, "kv_layout", None) if hasattr(engine, "handoff_send") else None
         info = InstanceInfo(instance_id=spec.instance_id, kind=spec.kind,
                             capacity=spec.capacity or spec.engine.max_running,

@@ -18,7 +18,7 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
-from rlboost.controller.actor import RolloutController, _Controller
+from rlboost.controller.actor import ControllerActor, RolloutController
 from rlboost.controller.clock import MonotonicClock
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.records import PromptGroup
@@ -206,7 +206,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @ray.remote(num_cpus=0)
-class TokenGatedControllerForTests(_Controller):
+class TokenGatedControllerForTests(ControllerActor):
     """The real controller with TokenGatedWindowForTests as its offload policy."""
 
     def __init__(self, config: ControllerConfig, tokens: int):

@@ -19,7 +19,7 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
-from rlboost.controller.actor import RolloutController, _Controller
+from rlboost.controller.actor import ControllerActor, RolloutController
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.errors import InstanceFailed, StepFailed
@@ -63,7 +63,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @ray.remote(num_cpus=0)
-class HeldControllerForTests(_Controller):
+class HeldControllerForTests(ControllerActor):
     """The real controller, except that it answers place() and notice() only once release()
     is called: a controller too busy to answer the driver."""
 
