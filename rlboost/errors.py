@@ -73,6 +73,12 @@ class StepFailed(RlboostError):
         self.missing = missing
 
 
+class InstanceFailed(StepFailed):
+    """A rollout instance's engine failed to start or to load a weight version; the message
+    names the instance and the cause in one line. For the reserved engine it stops the
+    step (and the run restarts from its checkpoint, within run.max_restarts)."""
+
+
 class ConfigError(RlboostError, ValueError):
     """A run cannot start as configured: a bad value, a missing file, a cluster that lacks
     what the run needs. `rlboost train` prints it as one line and exits 2."""

@@ -101,7 +101,7 @@ def test_the_controller_and_every_record_it_receives_load_no_torch():
     import sys
 
     modules = ["rlboost.controller.actor", "rlboost.cluster.instance", "rlboost.cluster.session",
-               "rlboost.rollout.handoff.ticket", "rlboost.rollout.handoff.result", "rlboost.migration.batch",
+               "rlboost.migration.ticket", "rlboost.migration.result", "rlboost.migration.batch",
                "rlboost.migration.state", "rlboost.transfer.config"]
     code = f"import sys; import {', '.join(modules)}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -81,11 +81,12 @@ def _dial_every_port(ports: set[int]) -> tuple[list[str], int, set[int]]:
 
 def _other_cluster(port: int, temp_dir: str, log: Path, env: dict[str, str]) -> subprocess.Popen:
     """`ray start --head --block` on 127.0.0.1:port, once it says it runs."""
-    head = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block", f"--port={port}",
-         "--node-ip-address=127.0.0.1", "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats",
-         f"--temp-dir={temp_dir}", "--object-store-memory=80000000"],
-        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    with log.open("w") as out:  # the node writes to it; this process needs no handle of its own
+        head = subprocess.Popen(
+            [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block", f"--port={port}",
+             "--node-ip-address=127.0.0.1", "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats",
+             f"--temp-dir={temp_dir}", "--object-store-memory=80000000"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while "Ray runtime started" not in log.read_text():
         assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]

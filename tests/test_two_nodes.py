@@ -71,10 +71,11 @@ class RayNodes:
         log = self.folder / f"{name}.log"
         # free ports for what would otherwise take a fixed default one another cluster may hold
         ports = [f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
-        proc = subprocess.Popen(
-            ["ray", "start", "--block", "--disable-usage-stats", f"--temp-dir={self.folder / 'ray'}",
-             "--object-store-memory=100000000", *ports, *args],
-            env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        with log.open("w") as out:  # the node writes to it; this process needs no handle of its own
+            proc = subprocess.Popen(
+                ["ray", "start", "--block", "--disable-usage-stats", f"--temp-dir={self.folder / 'ray'}",
+                 "--object-store-memory=100000000", *ports, *args],
+                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.starts.append(proc)
         wait_until(lambda: "Ray runtime started" in log.read_text(), START_TIMEOUT_S, f"{name} node started", proc)
         return proc

@@ -1,78 +1,74 @@
-"""Fleet: the run's rollout instances as Ray actors, from the driver's side.
-
-It starts instances (reserved ones at once, preemptible ones as the capacity source says:
-a trace, or the Ray cluster's nodes), preempts them with a notice (the controller drains
-them, the actor is killed at the deadline) or suddenly (the actor is killed; the
-controller finds out on its next call), and records every instance event in the run
-directory's events.jsonl (in causal order per instance: join, then active, then notice,
-then drained, then its end; a preemptible instance's first_sample after its active) with
-the event's source (SOURCES), and every instance lifetime in the cost ledger. A watcher
-thread follows the controller's view (first time active, first sample, drained, gone) and
-keeps each instance's list of relay peers current. An instance that dies on its own (its
-process or its node) is recorded as a death like a sudden preemption; a reserved engine
-that dies is replaced at once, under the same name.
+"""Fleet: the run's rollout instances as Ray actors, from the driver's side. It places
+instances (reserved ones at once, preemptible ones as the capacity source says), preempts
+them with a notice or suddenly, and kills their actors when they end. It asks the
+controller nothing: the controller owns each instance's lifecycle and pushes its events
+(controller/events.py), which one listener thread takes in order and turns into
+events.jsonl lines (per instance: join, active, first_sample, notice, drained, gone or
+death), bills, kills, and the view its waits wait on. No Ray call is made under the
+fleet's lock. A reserved engine that dies is replaced at once under the same name; one
+whose engine fails to start or to load a version fails wait_version with its cause.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
+import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.cluster.cost import CostLedger
-from rlboost.cluster.instance import InstanceSpec, PullRecord, RolloutInstance
-from rlboost.cluster.session import process_info
+from rlboost.cluster.instance import InstanceSpec, PullRecord, RolloutInstance, one_line
+from rlboost.controller.events import LIFECYCLE, InstanceEvent
+from rlboost.errors import InstanceFailed
 
-WATCH_INTERVAL_S = 0.25
-# Why an instance ended. "gone" events: its notice's deadline came, or the run shut its
-# fleet down. "death" events: the run killed it without notice (a sudden preemption), or it
-# was lost (its process or node died, or it stopped answering, and the controller dropped it).
+# Why an instance ended. "gone" events: its notice's deadline came, or the run shut its fleet
+# down. "death" events: the run killed it without notice (a sudden preemption), it was lost
+# (its process or node died, or it stopped answering), or its engine failed.
 GONE_REASONS = ("reclaimed", "shutdown")
-DEATH_REASONS = ("killed", "lost")
+DEATH_REASONS = ("killed", "lost", "failed")
 # Who decided an instance event: the availability trace (and injected preemptions), a cloud's
 # notice, a node's shutdown hook (`rlboost notice`), the Ray cluster's nodes (a node joined,
-# left or died; an instance lost), or the run itself (reserved engines, shutdown).
+# left or died; an instance lost), or the run itself (reserved engines, failures, shutdown).
 SOURCES = ("trace", "cloud", "hook", "node", "run")
+LISTEN_S = 30.0  # one long wait of the listener on the controller's next events
+ACK_S = 10.0  # how long an end waits for the controller to write the instance off before the kill
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class _Member:
     spec: InstanceSpec
-    handle: Any
-    ready: Any  # ObjectRef of ready(): the relay address
-    process: Any  # ObjectRef of process_info(): where the actor runs
+    placed_at: float
+    handle: Any = None
+    ready: Any = None  # concurrent Future of ready(): the engine is built, or failed to
     node: str | None = None  # the Ray node it was placed on, when the fleet chose one
-    relay: str | None = None
-    alive: bool = True
+    alive: bool = True  # placed and not ended, as far as the fleet knows
     noticed: bool = False
     notice_source: str = ""
-    deadline: float | None = None  # run clock; a notice the controller has not received yet
-    delivered: bool = False  # the controller has its notice
     drained: bool = False
-    served: bool = False  # the controller has had samples on it
-    seen: set = field(default_factory=set)  # controller states seen (this life)
-    samples: int = 0  # samples the controller had on it when last seen
+    ended_at: float | None = None  # when the fleet ended it (billing stops then)
+    billed: bool = False
+    state: str = "joining"  # the controller's, from its events
+    version: int = -1
+    failure: str | None = None
 
 
 class Fleet:
     """Rollout instances of one run.
 
-    template: an InstanceSpec whose instance_id/kind are replaced per instance.
+    template: an InstanceSpec whose instance_id/kind/source are replaced per instance.
     record(kind, instance=..., pool=..., preemptible_up=..., reserved_up=..., **more)
-    appends one event (events.jsonl; the counts are instances placed and not ended after
-    the event, starting and draining ones included; `source` is one of SOURCES, and the end
-    of a noticed instance carries its notice's); a death event also carries its reason
-    (DEATH_REASONS) and samples_resumed, the samples the controller had on the instance
-    when last seen (they resume elsewhere from their last collected token). now() is the
-    run's clock in seconds, shared with the ledger.
+    appends one event line (events.jsonl; the counts are the controller's: instances
+    placed and not ended after the event, starting and draining ones included); a death
+    also carries its reason (DEATH_REASONS), samples_resumed (the samples the controller
+    had on it, resumed elsewhere from their last collected token) and, for a failure, its
+    cause. now() is the run's clock in seconds, shared with the ledger.
     """
 
     def __init__(self, controller: Any, template: InstanceSpec, actor_options: Callable[[str], dict],
@@ -84,21 +80,18 @@ class Fleet:
         self._members: dict[str, _Member] = {}
         self._pulls: dict[tuple[str, int], PullRecord] = {}
         self._lock = threading.RLock()
-        # observations are numbered when asked for; one answered after a newer one was
-        # applied is dropped (it could miss an instance that registered in between)
-        self._asked = itertools.count(1)
-        self._applied = 0
-        self._ended = threading.Condition(self._lock)  # notified whenever an instance ends
+        self._changed = threading.Condition(self._lock)  # notified whenever the fleet's view changes
+        self._seq = 0  # the last controller event applied
+        self._inbox: queue.Queue = queue.Queue()  # what the listener acts on, in arrival order
+        self._events = None  # the controller call that waits for the next events
         self._timers: list[threading.Timer] = []
+        self._waits: set[threading.Event] = set()
         self._stop = threading.Event()
-        self._peers: tuple[str, ...] = ()
-        self._watcher = threading.Thread(target=self._watch, name="fleet-watch", daemon=True)
         self.preemptions = {"notice": 0, "sudden": 0}
+        self._listener = threading.Thread(target=self._listen, name="fleet-events", daemon=True)
+        self._listener.start()
 
-    def start(self) -> None:
-        self._watcher.start()
-
-    # -- membership ----------------------------------------------------------------------------
+    # -- placing and ending instances -------------------------------------------------------------
 
     def join(self, instance_id: str, kind: str = "preemptible", *, node: str | None = None,
              source: str | None = None) -> None:
@@ -106,114 +99,242 @@ class Fleet:
         current weights by itself. source: who placed it (default: run for reserved engines,
         trace for preemptible instances)."""
         source = source or ("run" if kind == "reserved" else "trace")
-        spec = dataclasses.replace(self.template, instance_id=instance_id, kind=kind)
+        spec = dataclasses.replace(self.template, instance_id=instance_id, kind=kind, source=source)
         options = self.actor_options(kind)
         if node is not None:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        actor = ray.remote(RolloutInstance).options(name=None, **options)
-        handle = actor.remote(spec, self.controller)
+        member = _Member(spec, self.now(), node=node)
         with self._lock:
             if instance_id in self._members and self._members[instance_id].alive:
                 raise ValueError(f"instance {instance_id!r} is already running")
-            self._members[instance_id] = _Member(spec, handle, handle.ready.remote(),
-                                                 handle.__ray_call__.remote(process_info), node=node)
-            if kind != "reserved":  # reserved engines run on the reserved cluster, billed as a whole
-                self.ledger.start(instance_id, kind, at_s=self.now(), source=source)
-            self._record("join", instance_id, source=source, **({"node": node} if node else {}))
-
-    def _record(self, kind: str, instance_id: str, **more: Any) -> None:
-        """One instance event with the counts after it (under the lock, so counts and
-        order agree with what happened)."""
-        self.record(kind, instance=instance_id, pool=self._members[instance_id].spec.kind,
-                    preemptible_up=self.up("preemptible"), reserved_up=self.up("reserved"), **more)
+            self._members[instance_id] = member
+        self.controller.place.remote(instance_id, kind, {"source": source, **({"node": node} if node else {})})
+        member.handle = ray.remote(RolloutInstance).options(name=None, **options).remote(spec, self.controller)
+        member.ready = member.handle.ready.remote().future()
+        member.ready.add_done_callback(lambda _, m=member: self._inbox.put(("ready", m)))
 
     def notice(self, instance_id: str, grace_s: float, source: str = "trace", **more: Any) -> None:
-        """Preemption with notice: the controller drains it; the actor dies after grace_s.
-        An instance still starting gets the notice as soon as it has registered (and is
-        then never recorded active: it goes from starting to draining). more: fields of the
-        notice event (e.g. the cloud that sent it)."""
-        self._observe_now()
+        """Preemption with notice: the controller drains it (one still starting takes the
+        notice too); the actor is killed after grace_s. more: fields of the notice event
+        (e.g. the cloud that sent it)."""
         with self._lock:
             member = self._members.get(instance_id)
             if member is None or not member.alive or member.noticed:
                 return
             member.noticed, member.notice_source = True, source
-            member.deadline = self.now() + grace_s
             self.preemptions["notice"] += 1
-            self._record("notice", instance_id, grace_s=grace_s, source=source, **more)
-            if member.seen:
-                self._deliver_notice(instance_id, member)
-        timer = threading.Timer(grace_s, self._reclaim, args=(instance_id,))
-        timer.daemon = True
-        self._timers.append(timer)
+            timer = threading.Timer(grace_s, self._reclaim, args=(instance_id, member))
+            timer.daemon = True
+            self._timers.append(timer)
+        self.controller.notice.remote(instance_id, grace_s, {"source": source, **more})
         timer.start()
 
-    def _deliver_notice(self, instance_id: str, member: _Member) -> None:
-        grace = max(0.0, member.deadline - self.now())
-        member.deadline, member.delivered = None, True
-        try:
-            ray.get(self.controller.notice.remote(instance_id, grace), timeout=30)
-        except (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
-            pass  # already gone: the kill still comes at the deadline
-
     def kill(self, instance_id: str, source: str = "trace") -> None:
-        """Preemption without notice: the actor process dies now."""
-        self._observe_now()
-        with self._lock:
-            member = self._members.get(instance_id)
-            if member is None or not member.alive:
-                return
-            self.preemptions["sudden"] += 1
-            self._terminate(instance_id, "death", reason="killed", samples_resumed=member.samples, source=source)
+        """Preemption without notice: the controller writes the instance off, then its actor dies."""
+        member = self._end(instance_id, lambda m: True)
+        if member is not None:
+            with self._lock:
+                self.preemptions["sudden"] += 1
+            self._write_off(instance_id, member, "death", {"reason": "killed", "source": source})
 
     def node_gone(self, instance_id: str) -> None:
         """Its Ray node left or died: the instance ends now (gone, reclaimed, after a notice;
         else a death), and the controller is told at once, so its samples resume elsewhere
         without waiting for missed heartbeats."""
-        with self._lock:
-            member = self._members.get(instance_id)
-            if member is None or not member.alive:
-                return
-            if member.noticed:
-                self._terminate(instance_id, "gone", reason="reclaimed", source=member.notice_source)
-            else:
-                self._terminate(instance_id, "death", reason="lost", samples_resumed=member.samples, source="node")
-        self.controller.deregister.remote(instance_id)
-
-    def _reclaim(self, instance_id: str) -> None:
-        with self._lock:
-            member = self._members.get(instance_id)
-            if not self._stop.is_set() and member is not None:
-                self._terminate(instance_id, "gone", reason="reclaimed", source=member.notice_source)
-
-    def _terminate(self, instance_id: str, event: str, **more: Any) -> None:
-        member = self._members[instance_id]
-        if not member.alive:
+        member = self._end(instance_id, lambda m: True)
+        if member is None:
             return
-        member.alive = False
+        if member.noticed:
+            self._write_off(instance_id, member, "gone", {"reason": "reclaimed", "source": member.notice_source})
+        else:
+            self._write_off(instance_id, member, "death", {"reason": "lost", "source": "node"})
+
+    def _reclaim(self, instance_id: str, member: _Member) -> None:
+        if self._stop.is_set() or self._end(instance_id, lambda m: m is member) is None:
+            return
+        self._write_off(instance_id, member, "gone", {"reason": "reclaimed", "source": member.notice_source})
+
+    def _end(self, instance_id: str, this: Callable[[_Member], bool]) -> _Member | None:
+        """The fleet ends a live instance now (its billing stops now); None if it was not live."""
+        with self._lock:
+            member = self._members.get(instance_id)
+            if member is None or not member.alive or not this(member):
+                return None
+            member.alive, member.ended_at = False, self.now()
+            self._changed.notify_all()
+            return member
+
+    def _write_off(self, instance_id: str, member: _Member, event: str, details: dict) -> None:
+        """Tell the controller (its samples resume elsewhere, and the end comes back as an
+        event), then kill the actor once it has, or ACK_S later."""
         try:
-            ray.kill(member.handle, no_restart=True)
-        except ValueError:  # its node is gone, and the actor with it
+            ray.wait([self.controller.end.remote(instance_id, event, details)], timeout=ACK_S)
+        except Exception:  # the controller is gone: the kill still comes
             pass
-        if instance_id in self.ledger.running():
-            self.ledger.stop(instance_id, at_s=self.now())
-        self._record(event, instance_id, **more)
-        self._ended.notify_all()
+        _kill(member.handle)
+
+    def close(self) -> None:
+        """Stop listening and end every instance (billing stops now; each is recorded gone)."""
+        self._stop.set()
+        for timer in self._timers:
+            timer.cancel()
+        self.stop_waits()
+        self._inbox.put(("stop", None))  # after a last look at the controller's events
+        self._listener.join(timeout=15)
+        with self._lock:
+            live = [iid for iid, m in self._members.items() if m.alive]
+            up = {kind: self.up(kind) for kind in ("preemptible", "reserved")}
+            for iid in live:
+                m = self._members[iid]
+                m.alive, m.ended_at = False, self.now()
+        for iid in live:
+            _kill(self._members[iid].handle)
+        for iid in live:  # the run ends them itself: the controller is closing
+            m = self._members[iid]
+            up[m.spec.kind] -= 1
+            self.record("gone", instance=iid, pool=m.spec.kind, preemptible_up=up["preemptible"],
+                        reserved_up=up["reserved"], reason="shutdown", source="run")
+        self._settle_bills()
+
+    def _settle_bills(self) -> None:
+        """Every preemptible instance is billed from placement to end, reported or not."""
+        for iid, m in self._members.items():
+            if m.spec.kind != "reserved" and not m.billed:
+                m.billed = True
+                self.ledger.start(iid, m.spec.kind, at_s=m.placed_at, source=m.spec.source)
+            if iid in self.ledger.running():
+                self.ledger.stop(iid, at_s=m.ended_at if m.ended_at is not None else self.now())
+
+    # -- the controller's events --------------------------------------------------------------
+
+    def _listen(self) -> None:
+        self._ask_events()
+        while True:
+            what, item = self._inbox.get()
+            try:
+                if what == "stop":  # what the controller said before the end is recorded first
+                    self._apply(ray.get(self.controller.next_events.remote(self._seq, 0.0), timeout=5.0))
+                    return
+                if what == "events":
+                    self._apply(item.result())
+                    if not self._stop.is_set():
+                        self._ask_events()
+                else:
+                    self._started(item)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                log.info("the controller is gone: the fleet stops following its events")
+                if what == "stop":
+                    return
+            except Exception:  # keep listening: one bad event must not end the event log
+                log.exception("fleet listener failed on %s", what)
+                if what == "stop":
+                    return
+                if what == "events" and not self._stop.is_set():
+                    self._ask_events()
+
+    def _ask_events(self) -> None:
+        self._events = self.controller.next_events.remote(self._seq, LISTEN_S)
+        self._events.future().add_done_callback(lambda f: self._inbox.put(("events", f)))
+
+    def _started(self, member: _Member) -> None:
+        """An instance's engine is built, or failed to be. An engine that raised has reported
+        its cause to the controller itself; an actor that died before it could is ended here."""
+        error = member.ready.exception()
+        if error is None or isinstance(getattr(error, "cause", None), InstanceFailed):
+            return
+        iid = member.spec.instance_id
+        if self._end(iid, lambda m: m is member) is not None:
+            self._write_off(iid, member, "death", {"reason": "failed", "source": "run", "cause": one_line(error)})
+
+    def _apply(self, events: list[InstanceEvent]) -> None:
+        for event in events:
+            with self._lock:
+                if event.seq <= self._seq:
+                    continue
+                self._seq = event.seq
+                member = self._members.get(event.instance_id)
+                todo = self._follow(event, member) if member is not None else None
+            if event.kind in LIFECYCLE:
+                self.record(event.kind, instance=event.instance_id, pool=event.pool,
+                            preemptible_up=event.preemptible_up, reserved_up=event.reserved_up, **event.details)
+            if todo is not None:
+                todo()
+            with self._lock:
+                self._changed.notify_all()
+
+    def _follow(self, event: InstanceEvent, m: _Member) -> Callable[[], None] | None:
+        """The fleet's view after one event (under the lock); returns what to do after its line."""
+        kind, d, iid = event.kind, event.details, event.instance_id
+        if kind == "join" and m.spec.kind != "reserved" and not m.billed:  # the reserved cluster is billed as a whole
+            m.billed = True
+            self.ledger.start(iid, m.spec.kind, at_s=m.placed_at, source=m.spec.source)
+        elif kind == "loaded":
+            m.state, m.version = d["state"], d["weight_version"]
+        elif kind == "drained":
+            m.drained = True
+        elif kind in ("gone", "death"):
+            ended_here = m.alive
+            m.alive, m.state = False, kind
+            m.ended_at = m.ended_at if m.ended_at is not None else self.now()
+            if iid in self.ledger.running():
+                self.ledger.stop(iid, at_s=m.ended_at)
+            if d.get("reason") == "failed":
+                m.failure = f"{m.spec.kind} instance {iid}: {d.get('cause', 'failed')}"
+            if ended_here:  # the controller ended it (lost, failed): its actor goes too
+                rejoin = m.spec.kind == "reserved" and d.get("reason") == "lost" and not self._stop.is_set()
+                return lambda: (_kill(m.handle), rejoin and self.join(iid, "reserved"))
+        return None
+
+    # -- waits and views -----------------------------------------------------------------------
+
+    def wait_version(self, version: int, kind: str, timeout_s: float) -> float:
+        """Block until every live instance of a kind is active at `version` (its events
+        recorded); returns seconds waited. InstanceFailed, at once, naming the instance and
+        the cause, when one of that kind failed to start or to load a version."""
+        t0 = time.monotonic()
+        with self._changed:
+            while True:
+                members = [m for m in self._members.values() if m.spec.kind == kind]
+                failed = [m.failure for m in members if m.failure is not None]
+                if failed:
+                    raise InstanceFailed(failed[0])
+                pending = sorted(m.spec.instance_id for m in members
+                                 if m.alive and not m.noticed and (m.state != "active" or m.version != version))
+                if not pending:
+                    return time.monotonic() - t0
+                left = timeout_s - (time.monotonic() - t0)
+                if left <= 0:
+                    raise TimeoutError(f"{pending} did not load weight version {version} within {timeout_s:.0f} s")
+                self._changed.wait(left)
 
     def wait_ended(self, instance_id: str, timeout_s: float) -> bool:
         """Block until the instance has ended (True; also for one never started) or
         timeout_s has passed (False)."""
-        with self._ended:
-            return self._ended.wait_for(
+        with self._changed:
+            return self._changed.wait_for(
                 lambda: instance_id not in self._members or not self._members[instance_id].alive
                 or self._stop.is_set(), timeout_s)
 
-    def announce(self) -> None:
-        """Tell every live instance to check its lease now (a new version is current)."""
+    def wait_busy(self, instance_id: str, timeout_s: float) -> bool:
+        """Wait (up to timeout_s) until the controller holds samples on the instance (it
+        answers when it does); False on timeout, or at once when stop_waits() is called."""
+        woken, answer = threading.Event(), []
         with self._lock:
-            for m in self._members.values():
-                if m.alive:
-                    m.handle.nudge.remote()
+            if self._stop.is_set():
+                return False
+            self._waits.add(woken)
+        ref = self.controller.wait_busy.remote(instance_id, timeout_s)
+        ref.future().add_done_callback(lambda f: (answer.append(f), woken.set()))
+        woken.wait(timeout_s + ACK_S)
+        with self._lock:
+            self._waits.discard(woken)
+        return bool(answer) and answer[0].exception() is None and bool(answer[0].result())
+
+    def stop_waits(self) -> None:
+        """End every wait_busy() now (the run, or its trace replay, is stopping)."""
+        with self._lock:
+            for woken in self._waits:
+                woken.set()
 
     def oldest(self, kind: str = "preemptible") -> str | None:
         """The longest-running live instance of a kind that is not under notice."""
@@ -243,60 +364,17 @@ class Fleet:
         it failed with (None: it started, or is still starting)."""
         with self._lock:
             m = self._members.get(instance_id)
-        if m is None:
-            return True, None
-        done, _ = ray.wait([m.ready], timeout=0)
-        if not done:
-            return False, None
-        try:
-            ray.get(done[0])
-        except Exception as exc:
-            return True, exc
-        return True, None
-
-    # -- observation ---------------------------------------------------------------------------
-
-    def wait_version(self, version: int, kind: str, timeout_s: float) -> float:
-        """Block until every live instance of a kind is active at `version`; returns seconds
-        waited. An instance that failed to start raises its error here."""
-        t0 = time.perf_counter()
-        while True:
-            with self._lock:
-                members = {i: m for i, m in self._members.items() if m.alive and m.spec.kind == kind}
-            done, _ = ray.wait([m.ready for m in members.values()], num_returns=len(members), timeout=0) \
-                if members else ([], [])
-            ray.get(done)  # raises the error of an instance whose start failed
-            asked = next(self._asked)
-            states = ray.get(self.controller.instances.remote())
-            ok = {s.instance_id for s in states if s.state == "active" and s.weight_version == version}
-            if set(members) <= ok:
-                # what this wait saw is recorded before it returns: an instance reported active
-                # here has its active event before any preemption that follows
-                self._absorb(asked, {s.instance_id: s for s in states})
-                return time.perf_counter() - t0
-            if time.perf_counter() - t0 > timeout_s:
-                raise TimeoutError(f"{sorted(set(members) - ok)} did not load weight version {version} "
-                                   f"within {timeout_s:.0f} s")
-            self._stop.wait(0.02)
-
-    def wait_busy(self, instance_id: str, timeout_s: float, until: threading.Event | None = None) -> bool:
-        """Wait (up to timeout_s) until the controller has samples on the instance; False at
-        once when the fleet closes or `until` (the caller's own stop) is set."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            states = ray.get(self.controller.instances.remote())
-            if any(s.instance_id == instance_id and s.samples > 0 for s in states):
-                return True
-            if time.monotonic() >= deadline or self._stop.wait(0.01) or (until is not None and until.is_set()):
-                return False
+        if m is None or m.ready is None or not m.ready.done():
+            return m is None, None
+        return True, m.ready.exception()
 
     def pull_records(self, version: int, timeout_s: float = 10.0) -> list[PullRecord]:
         """Pulls of `version` by the instances up now (and any fetched before). Instances
         still starting are not asked: they would answer only once started."""
         with self._lock:
-            live = [m for m in self._members.values() if m.alive]
-        started, _ = ray.wait([m.ready for m in live], num_returns=len(live), timeout=0) if live else ([], [])
-        refs = [m.handle.pulls.remote() for m in live if m.ready in started]
+            live = [m for m in self._members.values()
+                    if m.alive and m.ready is not None and m.ready.done() and m.ready.exception() is None]
+        refs = [m.handle.pulls.remote() for m in live]
         for ref in refs:
             try:
                 for rec in ray.get(ref, timeout=timeout_s):
@@ -307,105 +385,11 @@ class Fleet:
             del self._pulls[key]
         return [r for (_, v), r in sorted(self._pulls.items()) if v == version]
 
-    def _watch(self) -> None:
-        while not self._stop.wait(WATCH_INTERVAL_S):
-            try:
-                self._observe()
-            except Exception:  # keep watching: a bad round must not end the event log
-                log.exception("fleet watcher round failed")
 
-    def _observe_now(self) -> None:
-        """One watcher round now, before a preemption: an activation the watcher has not
-        seen yet is recorded before the notice or death that follows it."""
-        try:
-            self._observe(timeout_s=5.0)
-        except Exception:  # the preemption goes ahead; only the active event may be missing
-            log.exception("fleet observation before a preemption failed")
-
-    def _observe(self, timeout_s: float = 30.0) -> None:
-        asked = next(self._asked)
-        try:
-            statuses = {s.instance_id: s for s in ray.get(self.controller.instances.remote(), timeout=timeout_s)}
-        except ray.exceptions.GetTimeoutError:  # controller busy: try again next round
-            return
-        except ray.exceptions.RayActorError:  # the controller died: the driver finds out on its next call
-            return
-        self._absorb(asked, statuses)
-
-    def _absorb(self, asked: int, statuses: dict) -> None:
-        """Record what one observation of the controller's instances shows (activations,
-        losses) and deliver notices held for instances that have registered."""
-        with self._lock:
-            if asked < self._applied:
-                return
-            self._applied = asked
-            for iid, m in list(self._members.items()):
-                status = statuses.get(iid)
-                if status is None:
-                    if m.alive and m.seen and not m.noticed:
-                        self._lost(iid, m)
-                    elif m.alive and m.seen and m.delivered and not m.drained:
-                        self._drained(iid, m)  # the controller let it go: its samples have left
-                    continue
-                if status.state == "active" and "active" not in m.seen and m.alive and not m.noticed:
-                    self._record("active", iid, **_ready_or_empty(m.process))
-                if status.samples > 0 and not m.served and m.alive and m.spec.kind == "preemptible":
-                    m.served = True
-                    self._record("first_sample", iid, samples=status.samples)
-                m.seen.add(status.state)
-                m.samples = status.samples
-                if m.deadline is not None and m.alive:
-                    self._deliver_notice(iid, m)
-            self._refresh_peers()
-
-    def _drained(self, instance_id: str, member: _Member) -> None:
-        member.drained = True
-        self._record("drained", instance_id, source=member.notice_source)
-        self._ended.notify_all()
-
-    def _lost(self, instance_id: str, member: _Member) -> None:
-        """The controller dropped a live instance (its process or node died, or it stopped
-        answering): end it, and start a new reserved engine in a lost one's place."""
-        log.warning("the controller dropped instance %s; ending it", instance_id)
-        self._terminate(instance_id, "death", reason="lost", samples_resumed=member.samples, source="node")
-        if member.spec.kind == "reserved" and not self._stop.is_set():
-            self.join(instance_id, "reserved")
-
-    def _refresh_peers(self) -> None:
-        for m in self._members.values():
-            if m.alive and m.relay is None:
-                done, _ = ray.wait([m.ready], timeout=0)
-                if done:
-                    try:
-                        m.relay = ray.get(m.ready)
-                    except Exception:
-                        m.relay = ""
-        # An instance under notice pulls nothing more and soon vanishes: not a useful relay.
-        peers = tuple(sorted(m.relay for m in self._members.values() if m.alive and m.relay and not m.noticed))
-        if peers != self._peers:
-            self._peers = peers
-            for m in self._members.values():
-                if m.alive and m.relay is not None:
-                    m.handle.set_peers.remote(list(peers))
-
-    def close(self) -> None:
-        """Stop watching and end every instance (billing stops now; each is recorded gone)."""
-        self._stop.set()
-        for timer in self._timers:
-            timer.cancel()
-        if self._watcher.is_alive():
-            self._watcher.join(timeout=5)
-        with self._lock:
-            for iid, m in self._members.items():
-                if m.alive:
-                    self._terminate(iid, "gone", reason="shutdown", source="run")
-
-
-def _ready_or_empty(ref: Any) -> dict:
-    done, _ = ray.wait([ref], timeout=0)
-    if not done:
-        return {}
+def _kill(handle: Any) -> None:
+    if handle is None:
+        return
     try:
-        return ray.get(done[0])
-    except Exception:  # it died meanwhile: its death is recorded next
-        return {}
+        ray.kill(handle, no_restart=True)
+    except ValueError:  # its node is gone, and the actor with it
+        pass

@@ -119,11 +119,6 @@ def current_path(cls: type, key: str) -> str:
     return key
 
 
-def apply_override(config: Any, assignment: str) -> Any:
-    """Return a copy of `config` with one `dotted.key=value` assignment applied."""
-    return apply_overrides(config, [assignment])
-
-
 def _parse_at(obj: Any, path: list[str], text: str, key: str) -> Any:
     """The value of `text` for the field at `path` under `obj` (ValueError naming the key)."""
     for depth, name in enumerate(path):

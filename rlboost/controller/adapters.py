@@ -1,95 +1,94 @@
-"""One small async face over engines, so one driver loop drives in-process engines and Ray actors.
-
-InProcessEngine calls an engine object directly (or in a worker thread, for engines whose
-calls block); RayEngineHandle awaits the same methods on a Ray actor handle and turns a dead actor into
-PeerLost.
+"""EngineAdapter: the controller's one face of an engine, the RolloutEngine protocol (and the
+handoff protocol of rlboost.migration.endpoint) awaited, written once over how a call
+travels: InProcessEngine calls an EngineHost in this process (in a worker thread, for
+engines whose calls block); RayEngineHandle sends the same call to a rollout instance's
+Ray actor (its engine_call) and turns a dead actor into PeerLost. So one driver loop drives
+in-process engines (tests, the simulator) and Ray actors.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rlboost.errors import PeerLost
 from rlboost.migration.state import RequestState
 from rlboost.rollout.engine import EngineLoad, RolloutEngine, TokenDelta
+from rlboost.rollout.host import EngineHost
+
+if TYPE_CHECKING:
+    from rlboost.migration.endpoint import HandoffEndpoint
 
 
-class EngineAdapter(Protocol):
-    """The RolloutEngine protocol, awaited. poll() never blocks: the driver paces itself."""
+class EngineAdapter:
+    """The engine and handoff protocols, awaited; poll() never blocks (the driver paces itself).
+    The handoff calls are made only on instances whose InstanceInfo declares a kv_layout."""
 
-    async def submit(self, states: Sequence[RequestState]) -> None: ...
-    async def poll(self) -> list[TokenDelta]: ...
-    async def abort(self, sample_ids: Sequence[int]) -> None: ...
-    async def export_states(self, sample_ids: Sequence[int] | None, *, with_kv: bool) -> Any: ...
-    async def import_states(self, batch: Any) -> None: ...
-    async def load_weights(self, named_tensors: Mapping[str, Any], version: int) -> None: ...
-    async def load(self) -> EngineLoad: ...
-    async def close(self) -> None: ...
-    # the handoff protocol (rollout.handoff.endpoint.MigratingEngine); only used with instances
-    # whose InstanceInfo declares a kv_layout
-    async def handoff_send(self, sample_ids: Sequence[int], mode: str) -> tuple[Any, tuple[RequestState, ...]]: ...
-    async def handoff_receive(self, ticket: Any, sample_ids: Sequence[int], timeout_s: float) -> None: ...
-    async def handoff_release(self, ticket: Any, sample_ids: Sequence[int]) -> None: ...
-    async def handoff_take_back(self, ticket: Any, sample_ids: Sequence[int]) -> None: ...
+    async def _invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    async def submit(self, states: Sequence[RequestState]) -> None:
+        await self._invoke("submit", list(states))
+
+    async def poll(self) -> list[TokenDelta]:
+        return await self._invoke("poll", 0.0)
+
+    async def abort(self, sample_ids: Sequence[int]) -> None:
+        await self._invoke("abort", list(sample_ids))
+
+    async def export_states(self, sample_ids: Sequence[int] | None, *, with_kv: bool) -> Any:
+        ids = None if sample_ids is None else list(sample_ids)
+        return await self._invoke("export_states", ids, with_kv=with_kv)
+
+    async def import_states(self, batch: Any) -> None:
+        await self._invoke("import_states", batch)
+
+    async def load_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
+        await self._invoke("load_weights", named_tensors, version)
+
+    async def load(self) -> EngineLoad:
+        return await self._invoke("load")
+
+    async def close(self) -> None:
+        await self._invoke("close")
+
+    async def handoff_send(self, sample_ids: Sequence[int], mode: str) -> tuple[Any, tuple[RequestState, ...]]:
+        return await self._invoke("handoff_send", list(sample_ids), mode)
+
+    async def handoff_receive(self, ticket: Any, sample_ids: Sequence[int], timeout_s: float) -> None:
+        await self._invoke("handoff_receive", ticket, list(sample_ids), timeout_s)
+
+    async def handoff_release(self, ticket: Any, sample_ids: Sequence[int]) -> None:
+        await self._invoke("handoff_release", ticket, list(sample_ids))
+
+    async def handoff_take_back(self, ticket: Any, sample_ids: Sequence[int]) -> None:
+        await self._invoke("handoff_take_back", ticket, list(sample_ids))
 
 
-class InProcessEngine:
-    """An engine object in this process. threaded=True runs each call in a worker thread
-    (for engines that compute inside their calls); keep it False on virtual time, where a
-    thread would let real time, not the program, decide what happens first."""
+class InProcessEngine(EngineAdapter):
+    """An engine object in this process (with its handoff ends, when given). threaded=True
+    runs each call in a worker thread (for engines that compute inside their calls); keep it
+    False on virtual time, where a thread would let real time, not the program, decide what
+    happens first. Subclasses may wrap every call through _call()."""
 
-    def __init__(self, engine: RolloutEngine, *, threaded: bool = False):
+    def __init__(self, engine: RolloutEngine, *, handoff: HandoffEndpoint | None = None, threaded: bool = False):
         self.engine = engine
+        self.host = EngineHost(engine, handoff=handoff if handoff is not None else False)
         self.threaded = threaded
+
+    async def _invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._call(self.host.method(method), *args, **kwargs)
 
     async def _call(self, fn, *args, **kwargs):
         if self.threaded:
             return await asyncio.to_thread(fn, *args, **kwargs)
         return fn(*args, **kwargs)
 
-    async def submit(self, states):
-        await self._call(self.engine.submit, list(states))
 
-    async def poll(self):
-        return await self._call(self.engine.poll, 0.0)
-
-    async def abort(self, sample_ids):
-        await self._call(self.engine.abort, list(sample_ids))
-
-    async def export_states(self, sample_ids, *, with_kv):
-        ids = None if sample_ids is None else list(sample_ids)
-        return await self._call(self.engine.export_states, ids, with_kv=with_kv)
-
-    async def import_states(self, batch):
-        await self._call(self.engine.import_states, batch)
-
-    async def load_weights(self, named_tensors, version):
-        await self._call(self.engine.load_weights, named_tensors, version)
-
-    async def load(self):
-        return await self._call(self.engine.load)
-
-    async def close(self):
-        await self._call(self.engine.close)
-
-    async def handoff_send(self, sample_ids, mode):
-        return await self._call(self.engine.handoff_send, list(sample_ids), mode)
-
-    async def handoff_receive(self, ticket, sample_ids, timeout_s):
-        await self._call(self.engine.handoff_receive, ticket, list(sample_ids), timeout_s)
-
-    async def handoff_release(self, ticket, sample_ids):
-        await self._call(self.engine.handoff_release, ticket, list(sample_ids))
-
-    async def handoff_take_back(self, ticket, sample_ids):
-        await self._call(self.engine.handoff_take_back, ticket, list(sample_ids))
-
-
-class RayEngineHandle:
-    """A Ray actor handle whose actor exposes the RolloutEngine methods (and, for KV
-    migration, the handoff methods of rollout.handoff.endpoint.MigratingEngine: only tickets and
-    token-only states cross Ray; the pages go from actor to actor).
+class RayEngineHandle(EngineAdapter):
+    """A Ray actor that answers engine_call(name, ...) (an EngineHost, or a rollout instance):
+    only tickets and token-only states cross Ray; KV pages go from actor to actor.
 
     A dead actor raises PeerLost, which the driver treats as the loss of the instance (its
     samples resume from their last collected tokens); the driver also bounds every call by
@@ -99,47 +98,10 @@ class RayEngineHandle:
     def __init__(self, handle: Any):
         self.handle = handle
 
-    async def _call(self, method: str, *args, **kwargs):
+    async def _invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray  # only this adapter needs Ray; policy code stays importable without it
 
         try:
-            return await getattr(self.handle, method).remote(*args, **kwargs)
+            return await self.handle.engine_call.remote(method, *args, **kwargs)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             raise PeerLost(f"rollout actor died during {method}: {exc}") from exc
-
-    async def submit(self, states):
-        await self._call("submit", list(states))
-
-    async def poll(self):
-        return await self._call("poll", 0.0)
-
-    async def abort(self, sample_ids):
-        await self._call("abort", list(sample_ids))
-
-    async def export_states(self, sample_ids, *, with_kv):
-        ids = None if sample_ids is None else list(sample_ids)
-        return await self._call("export_states", ids, with_kv=with_kv)
-
-    async def import_states(self, batch):
-        await self._call("import_states", batch)
-
-    async def load_weights(self, named_tensors, version):
-        await self._call("load_weights", named_tensors, version)
-
-    async def load(self):
-        return await self._call("load")
-
-    async def close(self):
-        await self._call("close")
-
-    async def handoff_send(self, sample_ids, mode):
-        return await self._call("handoff_send", list(sample_ids), mode)
-
-    async def handoff_receive(self, ticket, sample_ids, timeout_s):
-        await self._call("handoff_receive", ticket, list(sample_ids), timeout_s)
-
-    async def handoff_release(self, ticket, sample_ids):
-        await self._call("handoff_release", ticket, list(sample_ids))
-
-    async def handoff_take_back(self, ticket, sample_ids):
-        await self._call("handoff_take_back", ticket, list(sample_ids))

@@ -17,7 +17,7 @@ from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.estimates import RateModel
 from rlboost.controller.records import InstanceInfo, InstanceStatus
-from rlboost.controller.registry import GONE, Registry
+from rlboost.controller.registry import Registry
 from rlboost.controller.router import Router
 from rlboost.errors import TransferTimeout
 
@@ -182,20 +182,25 @@ class EngineTable:
 
     # -- loss and closing --------------------------------------------------------------------
 
-    def lose(self, instance_id: str, reason: str) -> Loss | None:
+    def lose(self, instance_id: str, reason: str, *, cause: str = "",
+             end: tuple[str, dict] | None = None) -> Loss | None:
         """The instance is lost: its samples go back to the queue (to resume from their last
         collected tokens elsewhere), pages it held for others are given up, and an engine
-        that may still be alive is asked (best effort) to drop its samples. None if it was
-        lost already."""
+        that may still be alive is asked (best effort) to drop its samples. The registry
+        records it lost (cause: why its engine failed), or ended as the driver said (end:
+        event and details). None if it was lost already."""
         rec = self.registry.get(instance_id)
-        if rec is None or (rec.state == GONE and instance_id not in self._slots):
+        if rec is None or (rec.ended and instance_id not in self._slots):
             return None
-        self.registry.mark_gone(instance_id, reason)
         slot = self._slots.pop(instance_id, None)
         call = self._calls.pop(instance_id, None)
         if call is not None:
             call[0].cancel()
         sids = self.router.release(instance_id, failed=True)
+        if end is not None:
+            self.registry.end(instance_id, end[0], samples=len(sids), **end[1])
+        else:
+            self.registry.mark_lost(instance_id, reason, samples=len(sids), cause=cause)
         for sid, (src, _) in list(self._held.items()):
             if src == instance_id:  # its sender is gone with it: these resume by re-prefill
                 del self._held[sid]
@@ -203,13 +208,26 @@ class EngineTable:
             self.in_background(slot.adapter.abort(list(sids)))
         return Loss(instance_id, reason, sids)
 
+    def lose_now(self, instance_id: str, reason: str, *, cause: str = "",
+                 end: tuple[str, dict] | None = None) -> list[Loss]:
+        """lose(), and the registry's record of an instance that holds nothing here (still
+        starting, already drained or lost): the driver's end, or its engine's failure."""
+        loss = self.lose(instance_id, reason, cause=cause, end=end)
+        if loss is None:
+            if end is not None:
+                self.registry.end(instance_id, end[0], **end[1])
+            elif cause:
+                self.registry.mark_lost(instance_id, reason, cause=cause)
+        return [loss] if loss is not None else []
+
     def leave(self, instance_id: str, reason: str) -> None:
         """The instance is gone (e.g. its actor died); lose_departed() writes it off."""
         self._leaving.append((instance_id, reason))
 
     def lose_departed(self) -> list[Loss]:
         """Lose the instances whose leases expired, then those that left, in that order."""
-        departed = [(iid, "missed heartbeats") for iid in self.registry.expire()] + self._leaving
+        silent = self.registry.expire(samples_of=lambda iid: len(self.router.samples_on(iid)))
+        departed = [(iid, "missed heartbeats") for iid in silent] + self._leaving
         self._leaving = []
         return [loss for iid, reason in departed if (loss := self.lose(iid, reason)) is not None]
 

@@ -11,7 +11,7 @@ from typing import Any
 from rlboost.controller.clock import Clock
 from rlboost.controller.collector import APPLIED, GAP
 from rlboost.controller.engines import EngineSlot, EngineTable
-from rlboost.controller.registry import ACTIVE, DRAINING, GONE, Registry
+from rlboost.controller.registry import ACTIVE, DRAINING, Registry
 from rlboost.controller.router import Router
 from rlboost.controller.step import Outcome, StepState
 from rlboost.errors import TransferTimeout
@@ -53,7 +53,7 @@ class Intake:
             pass  # busy (e.g. loading weights): its heartbeats, or their absence, decide
         elif isinstance(res, BaseException):
             out.add_loss(self.table.lose(iid, f"load() failed: {res!r}"))
-        elif self.registry.get(iid).state != GONE:
+        elif not self.registry.get(iid).ended:
             self.registry.heartbeat(iid, res.weight_version)
             self._loaded(self.table.get(iid), res)
         return out
@@ -70,7 +70,7 @@ class Intake:
         if isinstance(res, BaseException):
             out.add_loss(self.table.lose(iid, f"poll() failed: {res!r}"))
             return
-        if self.registry.get(iid).state == GONE:
+        if self.registry.get(iid).ended:
             return
         self.registry.heartbeat(iid)
         got = await self._take(st, iid, res, out)

@@ -74,7 +74,7 @@ class StepLifecycle:
             st.failure = exc
             self.signal.wake()
 
-    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int, *,
+    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int,
                    ahead: bool = False) -> float:
         """Begin rolling out groups with weights weight_version; returns the planned local window (s).
 

@@ -4,7 +4,7 @@ Every move goes through the collector first (an exported state carries tokens no
 yet), so a sample resumes from exactly the token where it stopped, wherever it goes next.
 An engine that refuses samples (RolloutError) is not lost: the offending samples are found
 and offered elsewhere. Only a failed call (PeerLost, a timeout, anything else) loses it.
-With KV migration, pages go engine to engine (rollout.handoff.endpoint): the controller only ever
+With KV migration, pages go engine to engine (rlboost.migration.endpoint): the controller only ever
 holds handoff tickets and token-only states. Each move returns an Outcome (what it
 finished, whom it lost, what it took back); where samples go next is the caller's choice.
 """
@@ -18,7 +18,7 @@ from rlboost.controller.config import ControllerConfig
 from rlboost.controller.continuation import resume_points
 from rlboost.controller.engines import CallTimeout, EngineTable
 from rlboost.controller.intake import Intake
-from rlboost.controller.registry import ACTIVE, GONE, InstanceRecord, Registry
+from rlboost.controller.registry import ACTIVE, InstanceRecord, Registry
 from rlboost.controller.router import Router
 from rlboost.controller.step import Outcome, StepState
 from rlboost.errors import RolloutError
@@ -116,7 +116,7 @@ class SampleMover:
         them, else by re-prefill of their collected tokens."""
         out = Outcome()
         rec = self.registry.get(iid)
-        if iid not in self.table or rec is None or rec.state == GONE:
+        if iid not in self.table or rec is None or rec.ended:
             self.router.requeue(sids, failed=False)
             return out
         for sid in sids:
@@ -140,7 +140,7 @@ class SampleMover:
 
     def _kv_fits(self, src: str, target: InstanceRecord) -> bool:
         source = self.registry.get(src)
-        return (src in self.table and source is not None and source.state != GONE
+        return (src in self.table and source is not None and not source.ended
                 and source.info.kv_layout is not None and target.info.kv_layout is not None
                 and source.info.kv_layout.compatible_with(target.info.kv_layout))
 
@@ -257,7 +257,7 @@ class SampleMover:
         except Exception as exc:
             out.add_loss(self.table.lose(iid, f"{why!r}, then load() failed: {exc!r}"))
             return None
-        if iid in self.table and self.registry.get(iid).state != GONE:
+        if iid in self.table and not self.registry.get(iid).ended:
             self.registry.heartbeat(iid, load.weight_version)
         return load
 

@@ -26,23 +26,28 @@ def _check_version(record) -> None:
 class InstanceInfo:
     """A rollout instance as it introduces itself.
 
-    >>> InstanceInfo(instance_id="spot-3", kind="preemptible", capacity=64, address="10.0.0.7:7000").kind
+    >>> InstanceInfo(instance_id="spot-3", kind="preemptible", capacity=64, relay_address="10.0.0.7:7000").kind
     'preemptible'
 
     capacity is how many samples it decodes at once; the controller never queues more
     than that on it, so everything else stays cheap to move. max_model_len is the longest
     prompt + output its engine accepts (None: no limit declared); a sample that cannot fit
-    is never offered to it. kv_layout is set when its engine speaks the handoff protocol
-    (rlboost.rollout.handoff.endpoint.MigratingEngine): KV pages of migrating samples then move
-    engine to engine, to targets whose layout is compatible.
+    is never offered to it. kv_layout is set when it speaks the handoff protocol
+    (rlboost.migration.endpoint): KV pages of migrating samples then move engine to engine,
+    to targets whose layout is compatible. relay_address is where its weight relay serves
+    what it holds: the controller names it to the others in their leases, as a source to
+    pull from. source (who placed it), pid and host (its process) go into its events.
     """
 
     instance_id: str
     kind: str
     capacity: int
-    address: str = ""
+    relay_address: str = ""
     max_model_len: int | None = None
     kv_layout: KVLayout | None = None
+    source: str = ""
+    pid: int = 0
+    host: str = ""
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -59,19 +64,23 @@ class InstanceInfo:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Lease:
-    """The controller's answer to register/heartbeat: renew within renew_within_s, hold weight_version.
+    """The controller's answer to register/heartbeat (and what it pushes when a new weight
+    version is current): renew within renew_within_s, hold weight_version.
 
-    >>> Lease(instance_id="spot-3", state="pulling", weight_version=5, renew_within_s=3.0).state
-    'pulling'
+    >>> Lease(instance_id="spot-3", state="pulling", weight_version=5, renew_within_s=3.0,
+    ...       peers=("10.0.0.8:7001",)).peers
+    ('10.0.0.8:7001',)
 
-    state is one of joining, pulling, active, draining, gone. An instance whose loaded
-    version differs from weight_version should pull that version and report it.
+    state is one of joining, pulling, active, draining, gone, lost. An instance whose loaded
+    version differs from weight_version pulls that version, from the trainer's publishers
+    and from `peers` (the relays of other instances), loads it and reports it.
     """
 
     instance_id: str
     state: str
     weight_version: int
     renew_within_s: float
+    peers: tuple[str, ...] = ()
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:

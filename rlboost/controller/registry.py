@@ -1,22 +1,30 @@
-"""Registry of rollout instances: leases renewed by heartbeats, weight-version gating, drains.
+"""Registry of rollout instances: the one owner of each instance's lifecycle. Leases renewed
+by heartbeats, weight-version gating, notices and drains, and the ordered events
+(controller/events.py) that tell the driver each step of an instance's life.
 
-An instance moves joining -> pulling -> active -> draining -> gone. Only an instance whose
-weights are current is given new samples: an active one, or a draining one for samples that
-fit before its drain time. With bounded staleness (controller.max_staleness N >= 1) an
-instance up to N versions behind the running step stays active (its samples in flight keep
-decoding) while it pulls the current version. Time comes from an injected clock, so lease
-expiry is deterministic in tests.
+An instance moves joining -> pulling -> active -> draining, and ends gone (drained, reclaimed
+or shut down) or lost (it died, stopped answering, or its engine failed). It is placed
+(billed) from its join until the driver ends it. Only an instance whose weights are current
+is given new samples: an active one, or a draining one for samples that fit before its drain
+time. With bounded staleness (controller.max_staleness N >= 1) an instance up to N versions
+behind the running step stays active (its samples in flight keep decoding) while it pulls
+the current version. Time comes from an injected clock, so lease expiry is deterministic in
+tests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from rlboost.controller.clock import Clock
+from rlboost.controller.events import EventLog
 from rlboost.controller.records import InstanceInfo, Lease
 from rlboost.errors import RolloutError
 
-JOINING, PULLING, ACTIVE, DRAINING, GONE = "joining", "pulling", "active", "draining", "gone"
+JOINING, PULLING, ACTIVE, DRAINING, GONE, LOST = "joining", "pulling", "active", "draining", "gone", "lost"
+STATES = (JOINING, PULLING, ACTIVE, DRAINING, GONE, LOST)
+ENDED = (GONE, LOST)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,7 +63,11 @@ class RegistryConfig:
 
 @dataclass(slots=True)
 class InstanceRecord:
-    """The registry's mutable view of one instance."""
+    """The registry's mutable view of one life of one instance.
+
+    registered: the instance has introduced itself (a placed one may still be starting);
+    placed: it is billed (from its join until the driver ends it, or until it is lost
+    without a notice); noticed/served/drained: what was already told of it."""
 
     info: InstanceInfo
     state: str
@@ -65,6 +77,13 @@ class InstanceRecord:
     drain_at: float | None = None
     deadline: float | None = None
     gone_reason: str = ""
+    registered: bool = False
+    placed: bool = True
+    noticed: bool = False
+    served: bool = False
+    drained: bool = False
+    activated: bool = False
+    source: str = ""
 
     @property
     def instance_id(self) -> str:
@@ -74,14 +93,21 @@ class InstanceRecord:
     def kind(self) -> str:
         return self.info.kind
 
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
 
 class Registry:
-    """Who can take work now, at which weight version, and until when."""
+    """Who can take work now, at which weight version, and until when; and what happened to
+    each instance, as ordered events (`events`)."""
 
-    def __init__(self, config: RegistryConfig, clock: Clock, *, max_staleness: int = 0):
+    def __init__(self, config: RegistryConfig, clock: Clock, *, max_staleness: int = 0,
+                 events: EventLog | None = None):
         self.config = config
         self.clock = clock
         self.max_staleness = max_staleness  # controller.max_staleness
+        self.events = events if events is not None else EventLog()
         self._records: dict[str, InstanceRecord] = {}
         self._order: list[InstanceRecord] | None = None  # records in id order (None: re-sort)
         self._version = 0
@@ -106,25 +132,54 @@ class Registry:
         self._step_version = int(version)
         self._restate()
 
+    # -- joining ---------------------------------------------------------------------------
+
+    def place(self, instance_id: str, kind: str, **details: Any) -> None:
+        """The driver placed an instance (it is billed from now and starts on its own):
+        state joining, and a join event, unless the instance has registered already."""
+        old = self._records.get(instance_id)
+        if old is not None and old.placed:
+            old.source = old.source or str(details.get("source", ""))
+            return
+        now = self.clock.now()
+        info = InstanceInfo(instance_id=instance_id, kind=kind, capacity=1)  # its own comes at register
+        self._add(InstanceRecord(info=info, state=JOINING, weight_version=-1, last_beat=now, joined_at=now,
+                                 source=str(details.get("source", ""))), details)
+
     def register(self, info: InstanceInfo) -> Lease:
-        """Admit a new instance (or a new life of a gone one) in state joining."""
+        """The instance introduces itself: a placed one keeps its state (a notice may have
+        come first); one never placed, or a new life of an ended one, joins now."""
         old = self._records.get(info.instance_id)
-        if old is not None and old.state != GONE:
+        if old is not None and old.registered and old.placed and not old.ended:
             raise ValueError(f"instance {info.instance_id!r} is already registered ({old.state})")
         now = self.clock.now()
-        rec = InstanceRecord(info=info, state=JOINING, weight_version=-1, last_beat=now, joined_at=now)
-        self._records[info.instance_id] = rec
-        self._order = None
+        if old is not None and old.placed and not old.registered:
+            if info.kind != old.kind:
+                raise ValueError(f"instance {info.instance_id!r} was placed as {old.kind}, not {info.kind}")
+            old.info, old.registered, old.last_beat = info, True, now
+            self._order = None
+            return self._lease(old)
+        rec = InstanceRecord(info=info, state=JOINING, weight_version=-1, last_beat=now, joined_at=now,
+                             registered=True, source=info.source)
+        self._add(rec, {"source": info.source} if info.source else {})
         return self._lease(rec)
+
+    def _add(self, rec: InstanceRecord, details: dict) -> None:
+        self._records[rec.instance_id] = rec
+        self._order = None
+        self._emit("join", rec, **details)
+
+    # -- leases ----------------------------------------------------------------------------
 
     def heartbeat(self, instance_id: str, weight_version: int | None = None) -> Lease:
         """Renew the lease; a reported weight version moves the instance between pulling and active."""
         rec = self._live(instance_id)
         rec.last_beat = self.clock.now()
-        if weight_version is not None:
+        if weight_version is not None and int(weight_version) != rec.weight_version:
             rec.weight_version = int(weight_version)
-        if rec.state in (JOINING, PULLING, ACTIVE):
-            rec.state = ACTIVE if self.version_ok(rec.weight_version) else PULLING
+            self._restate_one(rec, reported=True)
+        elif rec.state == JOINING:
+            self._restate_one(rec)
         return self._lease(rec)
 
     def lease(self, instance_id: str) -> Lease:
@@ -144,44 +199,121 @@ class Registry:
     def _restate(self) -> None:
         for rec in self._records.values():
             if rec.state in (ACTIVE, PULLING):
-                rec.state = ACTIVE if self.version_ok(rec.weight_version) else PULLING
+                self._restate_one(rec)
 
-    def notice(self, instance_id: str, grace_s: float) -> float:
-        """A preemption notice: its samples must leave before the returned deadline (only
-        those that fit before its drain time are still routed to it, see RegistryConfig)."""
+    def _restate_one(self, rec: InstanceRecord, reported: bool = False) -> None:
+        """Active or pulling by the version it holds; the driver hears of every change, and of
+        the first time it is active (unless a notice came first)."""
+        if rec.state not in (JOINING, PULLING, ACTIVE):
+            return
+        was = rec.state
+        rec.state = ACTIVE if self.version_ok(rec.weight_version) else PULLING
+        if rec.state == ACTIVE and not rec.activated:
+            rec.activated = True
+            self._emit("active", rec, pid=rec.info.pid, node=rec.info.host)
+        if reported or rec.state != was:
+            self._emit("loaded", rec, weight_version=rec.weight_version, state=rec.state)
+
+    # -- notices, drains and ends ----------------------------------------------------------
+
+    def notice(self, instance_id: str, grace_s: float, **details: Any) -> float:
+        """A preemption notice (an instance still starting takes it too): its samples must
+        leave before the returned deadline (only those that fit before its drain time are
+        still routed to it, see RegistryConfig)."""
         if not grace_s >= 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s}")
-        rec = self._live(instance_id)
+        rec = self._live(instance_id, registered=False)
         now = self.clock.now()
         deadline = now + grace_s
         if rec.deadline is not None:
             deadline = min(deadline, rec.deadline)
         rec.state, rec.deadline = DRAINING, deadline
         rec.drain_at = max(now, deadline - self.config.drain_margin_s)
+        if not rec.noticed:
+            rec.noticed = True
+            rec.source = str(details.get("source", rec.source))
+            self._emit("notice", rec, grace_s=grace_s, **details)
         return deadline
 
-    def mark_gone(self, instance_id: str, reason: str) -> None:
+    def served(self, instance_id: str, samples: int) -> None:
+        """The controller holds samples on the instance: the first time, the driver hears of it."""
         rec = self._records.get(instance_id)
-        if rec is not None and rec.state != GONE:
-            rec.state, rec.gone_reason = GONE, reason
+        if rec is not None and not rec.served and not rec.ended:
+            rec.served = True
+            self._emit("first_sample", rec, samples=samples)
 
-    def expire(self) -> list[str]:
-        """Declare dead every instance silent for missed_beats intervals; return their ids."""
+    def mark_gone(self, instance_id: str, reason: str) -> None:
+        """The controller let the instance go (drained after its notice, or shut down); it
+        stays placed until the driver ends it."""
+        rec = self._records.get(instance_id)
+        if rec is not None and not rec.ended:
+            rec.state, rec.gone_reason = GONE, reason
+            self._drained(rec)
+
+    def mark_lost(self, instance_id: str, reason: str, *, samples: int = 0, cause: str = "") -> None:
+        """The instance died, stopped answering or failed: lost. Without a notice it ends here
+        (a death, with the samples that resume elsewhere); a noticed one has drained, and
+        the driver ends it at its deadline."""
+        rec = self._records.get(instance_id)
+        if rec is None or rec.ended:
+            return
+        rec.state, rec.gone_reason = LOST, reason
+        if rec.noticed:
+            self._drained(rec)
+            return
+        rec.placed = False
+        if cause:  # its engine failed to start or to load a version: the run's own doing
+            self._emit("death", rec, reason="failed", samples_resumed=samples, source="run", cause=cause)
+        else:
+            self._emit("death", rec, reason="lost", samples_resumed=samples, source="node")
+
+    def end(self, instance_id: str, event: str, *, samples: int = 0, **details: Any) -> None:
+        """The driver ended the instance (event gone: reclaimed or shutdown; death: killed,
+        lost or failed); it is no longer placed. A noticed one that had not drained yet has
+        its samples' departure recorded first."""
+        if event not in ("gone", "death"):
+            raise ValueError(f"event must be gone or death, got {event!r}")
+        rec = self._records.get(instance_id)
+        if rec is None or not rec.placed:
+            return
+        if rec.noticed:
+            self._drained(rec)
+        if not rec.ended:
+            rec.state = GONE if event == "gone" else LOST
+            rec.gone_reason = str(details.get("reason", event))
+        rec.placed = False
+        if event == "death":
+            details = {"samples_resumed": samples, **details}
+        elif rec.noticed:
+            details = {**details, "source": rec.source or details.get("source", "")}
+        self._emit(event, rec, **details)
+
+    def _drained(self, rec: InstanceRecord) -> None:
+        if rec.noticed and not rec.drained:
+            rec.drained = True
+            self._emit("drained", rec, source=rec.source)
+
+    def expire(self, samples_of: Callable[[str], int] = lambda iid: 0) -> list[str]:
+        """Declare lost every registered instance silent for missed_beats intervals (with the
+        samples it held, samples_of(id), resuming elsewhere); return their ids."""
         now = self.clock.now()
         limit = self.config.heartbeat_interval_s * self.config.missed_beats
-        dead = [r.instance_id for r in self._records.values()
-                if r.state != GONE and now - r.last_beat > limit]
+        dead = sorted(r.instance_id for r in self._records.values()
+                      if not r.ended and r.registered and now - r.last_beat > limit)
         for iid in dead:
-            self.mark_gone(iid, f"no heartbeat for {limit:g} s")
-        return sorted(dead)
+            self.mark_lost(iid, f"no heartbeat for {limit:g} s", samples=samples_of(iid))
+        return dead
+
+    # -- views -----------------------------------------------------------------------------
 
     def get(self, instance_id: str) -> InstanceRecord | None:
         return self._records.get(instance_id)
 
     def live(self) -> list[InstanceRecord]:
+        """Registered instances not ended, in id order."""
         if self._order is None:  # asked every controller round; records change only on register
             self._order = [r for _, r in sorted(self._records.items())]
-        return [r for r in self._order if r.state != GONE]
+        return [r for r in self._order if not r.ended and r.registered]
 
     def routable(self, kind: str | None = None) -> list[InstanceRecord]:
         """Active instances at an allowed weight version, in id order."""
@@ -209,14 +341,29 @@ class Registry:
         now = self.clock.now()
         return [r for r in self.live() if r.state == DRAINING and r.drain_at is not None and r.drain_at <= now]
 
-    def _live(self, instance_id: str) -> InstanceRecord:
+    def placed(self, kind: str) -> int:
+        """Instances of a kind placed and not yet ended (starting and draining ones included)."""
+        return sum(1 for r in self._records.values() if r.placed and r.kind == kind)
+
+    def peers(self, instance_id: str) -> tuple[str, ...]:
+        """Relay addresses of the other instances that are up and not under notice: where an
+        instance pulls a weight version from besides the trainer."""
+        return tuple(sorted(r.info.relay_address for r in self._records.values()
+                            if r.instance_id != instance_id and r.registered and not r.ended and not r.noticed
+                            and r.info.relay_address))
+
+    def _live(self, instance_id: str, registered: bool = True) -> InstanceRecord:
         rec = self._records.get(instance_id)
-        if rec is None:
+        if rec is None or (registered and not rec.registered):
             raise RolloutError(f"instance {instance_id!r} is not registered")
-        if rec.state == GONE:
-            raise RolloutError(f"instance {instance_id!r} is gone ({rec.gone_reason}); register it again")
+        if rec.ended:
+            raise RolloutError(f"instance {instance_id!r} is {rec.state} ({rec.gone_reason}); register it again")
         return rec
+
+    def _emit(self, kind: str, rec: InstanceRecord, **details: Any) -> None:
+        self.events.append(kind, rec.instance_id, rec.kind, self.clock.now(),
+                           (self.placed("preemptible"), self.placed("reserved")), **details)
 
     def _lease(self, rec: InstanceRecord) -> Lease:
         return Lease(instance_id=rec.instance_id, state=rec.state, weight_version=self._version,
-                     renew_within_s=self.config.heartbeat_interval_s)
+                     renew_within_s=self.config.heartbeat_interval_s, peers=self.peers(rec.instance_id))

@@ -2,13 +2,16 @@
 gathers the instances' answers (Intake) and carries out what StepDecisions return (close
 the window, place and steal samples, fail a stuck step) through the SampleMover. Engines
 are EngineAdapters: one loop drives in-process engines (tests, the simulator) and Ray
-actors. The trainer's calls are StepLifecycle's.
+actors. The trainer's calls are StepLifecycle's; each instance's lifecycle is the
+registry's, which the driver follows through next_events() and moves with place(),
+notice() and end().
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any, Callable
 
 from rlboost.controller.adapters import EngineAdapter
 from rlboost.controller.clock import Clock
@@ -16,13 +19,14 @@ from rlboost.controller.config import ControllerConfig
 from rlboost.controller.decisions import AskForReserved, CloseWindow, FailStep, ReopenWindow, RolloutDone, StepDecisions
 from rlboost.controller.engines import EngineTable
 from rlboost.controller.estimates import LengthModel
+from rlboost.controller.events import InstanceEvent
 from rlboost.controller.intake import Intake
 from rlboost.controller.lifecycle import StepLifecycle
 from rlboost.controller.metrics import StepMetrics
 from rlboost.controller.mover import SampleMover
 from rlboost.controller.offload import AdaptiveWindow, WindowPolicy
 from rlboost.controller.records import GroupBatch, InstanceInfo, InstanceStatus, Lease, PromptGroup
-from rlboost.controller.registry import GONE, Registry
+from rlboost.controller.registry import Registry
 from rlboost.controller.router import Router
 from rlboost.controller.step import Outcome, StepState
 from rlboost.controller.wakeup import ChangeSignal
@@ -58,14 +62,20 @@ class RolloutService:
                                    mover=self.mover, decisions=self.decisions, lengths=self.lengths,
                                    policy=self.policy, signal=self.signal)
         self._task: asyncio.Task | None = None
+        self._renew: dict[str, Callable[[Lease], Any]] = {}  # instance -> how its new leases reach it
+        self._pushed = self.registry.current_version  # the version the instances were last told of
 
     # -- the loop ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.start_now()
+
+    def start_now(self) -> None:
+        """Launch the loop on the event loop running now."""
         if self._task is not None:
             raise RolloutError("the controller loop is already running")
         self.signal.start()
-        self._task = asyncio.create_task(self._run(), name="rlboost-controller")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="rlboost-controller")
 
     async def close(self) -> None:
         if self._task is not None:
@@ -102,6 +112,8 @@ class RolloutService:
                 await self._window(st)
                 await self._place(st)
                 self._check(st)
+            self._first_samples()
+        self._push_leases()
         self.signal.wake()
 
     async def _drain_due(self) -> None:
@@ -113,7 +125,7 @@ class RolloutService:
                 out = self.steps.note(await self.mover.evacuate(st, iid))
                 if any(self.table.holds(s) for s in out.moved) and st.failure is None and not st.ending:
                     await self._place(st)
-            if rec.state != GONE:
+            if not rec.ended:
                 self.steps.note(await self.mover.retire(self.steps.current, iid))
 
     async def _window(self, st: StepState) -> None:
@@ -149,37 +161,92 @@ class RolloutService:
         elif isinstance(action, FailStep):
             self.steps.fail(action.error)
 
+    def _first_samples(self) -> None:
+        """The first samples the controller holds on each preemptible instance: an event."""
+        for rec in self.registry.live():
+            if rec.kind == "preemptible" and not rec.served:
+                if held := len(self.router.samples_on(rec.instance_id)):
+                    self.registry.served(rec.instance_id, held)
+
+    def _push_leases(self) -> None:
+        """A new version is current: every instance hears it now, not at its next heartbeat."""
+        if self._pushed == self.registry.current_version:
+            return
+        self._pushed = self.registry.current_version
+        for rec in self.registry.live():
+            if (renew := self._renew.get(rec.instance_id)) is not None:
+                renew(self.registry.lease(rec.instance_id))
+
     # -- instances ---------------------------------------------------------------------------
 
-    def register(self, info: InstanceInfo, engine: EngineAdapter) -> Lease:
-        """Admit an instance (state joining); the loop contacts it and learns its weight version."""
+    def place(self, instance_id: str, kind: str, **details: Any) -> None:
+        """The driver placed an instance (billed from now; it registers once started)."""
+        self.registry.place(instance_id, kind, **details)
+
+    def register(self, info: InstanceInfo, engine: EngineAdapter,
+                 renew: Callable[[Lease], Any] | None = None) -> Lease:
+        """Admit an instance (state joining); the loop contacts it and learns its weight
+        version. renew: how a lease reaches it between its heartbeats (a new version)."""
         lease = self.registry.register(info)
-        self.table.add(info, engine)
+        if not self.registry.get(info.instance_id).ended:  # a notice may have drained it while it started
+            self.table.add(info, engine)
+            if renew is not None:
+                self._renew[info.instance_id] = renew
         return lease
 
     def heartbeat(self, instance_id: str, weight_version: int | None = None) -> Lease:
         return self.registry.heartbeat(instance_id, weight_version)
 
-    def notice(self, instance_id: str, grace_s: float) -> float:
+    def notice(self, instance_id: str, grace_s: float, **details: Any) -> float:
         """A preemption notice; returns the deadline (controller clock) by which samples leave."""
-        deadline = self.registry.notice(instance_id, grace_s)
+        deadline = self.registry.notice(instance_id, grace_s, **details)
         if (st := self.steps.current) is not None:
             st.meter.preemptions += 1
         return deadline
+
+    async def end(self, instance_id: str, event: str, **details: Any) -> None:
+        """The driver ended the instance (event gone or death, details its reason and source):
+        written off between ticks, so its samples resume elsewhere before the driver kills it."""
+        async with self.steps.tick_lock:
+            self.steps.note(Outcome(lost=self.table.lose_now(instance_id, str(details.get("reason", event)),
+                                                             end=(event, details))))
+        self._renew.pop(instance_id, None)
+
+    async def failed(self, instance_id: str, cause: str) -> None:
+        """The instance's engine failed to start or to load a version (cause: one line): lost,
+        and the driver hears why."""
+        async with self.steps.tick_lock:
+            self.steps.note(Outcome(lost=self.table.lose_now(instance_id, f"failed: {cause}", cause=cause)))
+        self._renew.pop(instance_id, None)
 
     def deregister(self, instance_id: str, reason: str = "deregistered") -> None:
         """The instance is gone now (e.g. its actor died): resume its samples elsewhere."""
         self.table.leave(instance_id, reason)
 
+    async def next_events(self, after: int, timeout_s: float) -> list[InstanceEvent]:
+        """Instance events after seq `after`, as soon as there is one ([] after timeout_s)."""
+        return await self.registry.events.after(after, timeout_s)
+
+    async def wait_busy(self, instance_id: str, timeout_s: float) -> bool:
+        """Whether the controller holds samples on the instance within timeout_s (answered
+        as soon as it does)."""
+        deadline = self.clock.now() + timeout_s
+        while not self.router.samples_on(instance_id):
+            if self.signal.expired(deadline):
+                return False
+            await self.signal.wait(deadline)
+        return True
+
     def set_weight_version(self, version: int) -> None:
         self.steps.set_weight_version(version)
+        self._push_leases()
 
     def instances(self) -> tuple[InstanceStatus, ...]:
         return self.table.statuses()
 
     # -- the trainer's calls (StepLifecycle) -----------------------------------------------------
 
-    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int, *,
+    def start_step(self, step: int, groups: Sequence[PromptGroup], weight_version: int,
                    ahead: bool = False) -> float:
         return self.steps.start_step(step, groups, weight_version, ahead=ahead)
 

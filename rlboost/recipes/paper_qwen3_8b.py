@@ -149,7 +149,7 @@ def artifact_workers(config: RunConfig) -> RunConfig:
     """artifact_setup with the artifact's worker schedule (a file trace, at its own pace): a
     worker added every 1800 s up to four, then the oldest killed without notice and relaunched
     1800 s later."""
-    from rlboost.cluster.trace_readers import DATA
+    from rlboost.cluster.traces.readers import DATA
 
     cluster = dataclasses.replace(config.cluster, trace=str(DATA / "artifact_worker_schedule.csv"), max_preemptible=4,
                                   initial_preemptible=0, trace_duration_s=None)

@@ -1,1 +1,2 @@
-"""Rollout engines behind one protocol (embedded torch engine, SGLang adapter, emulated) and the handoff between them."""
+"""Rollout engines behind one protocol (embedded torch engine, SGLang and vLLM adapters,
+emulated), and the host that answers one engine's protocol calls for a controller."""

@@ -15,6 +15,8 @@ from rlboost.migration.state import RequestState
 from rlboost.validate import check_format_version
 
 ENGINE_RECORD_FORMAT_VERSION = 1
+# The RolloutEngine protocol's calls, as a controller names them across a process boundary.
+ENGINE_METHODS = ("submit", "poll", "abort", "export_states", "import_states", "load_weights", "load", "close")
 
 
 def _check_version(record) -> None:

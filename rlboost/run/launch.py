@@ -21,8 +21,8 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.placement import GpuNeeds
-from rlboost.cluster.replay import notice_seconds
 from rlboost.cluster.session import RaySettings, actor_options, join_address, process_info
+from rlboost.cluster.traces.replay import notice_seconds
 from rlboost.config.run import RunConfig
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.metrics import StepMetrics
@@ -121,7 +121,6 @@ class Cluster:
             self.fleet.join(f"reserved-{i}", "reserved")
         for i in range(config.cluster.initial_preemptible):
             self.fleet.join(f"spot-s{i}", "preemptible")
-        self.fleet.start()
         self.capacity = build_capacity(capacity_kind(config), config.cluster, self.fleet,
                                        slot=InstanceSlot(cpus=r.instance_cpus, gpus=r.instance_gpus),
                                        record=run.append_event, say=self.say, time_scale=config.cost.time_scale)
@@ -191,10 +190,10 @@ class Cluster:
         return metrics
 
     def publish(self, version: int) -> dict:
-        """Publish the trainer's weights as `version` and make it current."""
+        """Publish the trainer's weights as `version` and make it current (the controller
+        tells every instance at once)."""
         out = self.trainer.publish(version)
         ray.get(self.controller.set_weight_version.remote(version))
-        self.fleet.announce()
         return out
 
     def save_checkpoint(self, directory: Path, tokenizer_dir: Path) -> None:

@@ -101,11 +101,10 @@ class EmulatedFleet:
         adapter = _MortalEngine(engine)
         self.engines[spec.instance_id] = engine
         self._adapters[spec.instance_id] = adapter
-        # engines speaking the handoff protocol (rollout.handoff.endpoint) declare their KV layout
+        # engines speaking the handoff protocol (rlboost.migration.endpoint) declare their KV layout
         layout = getattr(engine, "kv_layout", None) if hasattr(engine, "handoff_send") else None
         info = InstanceInfo(instance_id=spec.instance_id, kind=spec.kind,
                             capacity=spec.capacity or spec.engine.max_running,
-                            address=f"emulated://{spec.instance_id}",
                             max_model_len=getattr(engine, "max_model_len", None), kv_layout=layout)
         self.service.register(info, adapter)
         self._tasks.append(asyncio.create_task(self._agent(spec, engine, adapter)))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rlboost.cluster.cost import CostLedger
-from rlboost.cluster.replay import named_trace, notice_seconds, replay_span, trace_events
+from rlboost.cluster.traces.replay import named_trace, notice_seconds, replay_span, trace_events
 from rlboost.controller.clock import ManualClock
 from rlboost.controller.metrics import StepMetrics
 from rlboost.errors import StepFailed

@@ -52,10 +52,6 @@ class TrainerTiming:
         real = [n * self.block for n in lengths]
         return self.timing.train_s(len(real), float(sum(real)), float(sum(x * x for x in real))) / self.scale
 
-    def step_end_s(self) -> float:
-        """The optimizer step and staging the new weights for pullers."""
-        return (self.timing.optimizer_s() + self.timing.publish_s()) / self.scale
-
     def payload_bytes(self, egress_bytes_per_s: int | None) -> int:
         """Bytes to publish so that a pull at the egress cap takes the run time the model's
         weights take over rlboost.timing.LINK_BYTES_PER_S."""

@@ -14,7 +14,6 @@ against a measured one.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 GIB = float(1 << 30)
@@ -344,7 +343,3 @@ def tokens_per_forward(*, max_tokens: int | None, sample_tokens: int, samples_pe
     if max_tokens is not None:
         return max(max_tokens, sample_tokens)
     return samples_per_rank * sample_tokens
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b) if b else math.inf

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from rlboost import _C
 from rlboost.errors import (
     IntegrityError,
     ProtocolError,
@@ -32,29 +30,25 @@ from rlboost.transfer.delta import apply_deltas, delta_key, mismatched_chunks, t
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.pulled import PulledWeights, PullHandle
 
+if TYPE_CHECKING:
+    from rlboost.transfer.relay import Relay
+
 _AWAIT_SLICE_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class DeltaHooks:
-    """What a delta pull asks of the puller that prepared it."""
-
-    payload: Callable[[object, object, Manifest], PullHandle]  # (native puller, plan, table) -> a started pull
-    claim: Callable[[torch.Tensor], None]  # stop relaying whatever the buffer holds
-    complete: Callable[[object, torch.Tensor, object | None], None]  # serve (manifest, buffer, region) whole
-    secret: bytes
 
 
 class DeltaPullHandle:
     """Like PullHandle (``start()``, ``poll()``, ``wait()``, ``cancel()``), for a puller that
-    holds an earlier version of the same layout."""
+    holds an earlier version of the same layout. relay: the puller's, which serves the
+    deltas as they arrive and the rebuilt version once checked; secret: the run's, which
+    the rebuilt bytes' tags are checked with."""
 
-    def __init__(self, hooks: DeltaHooks, full: PullHandle, base: PulledWeights, native_puller,
-                 config: TransferConfig):
+    def __init__(self, full: PullHandle, base: PulledWeights, native_puller, config: TransferConfig, *,
+                 relay: Relay | None, secret: bytes):
         self.manifest, self.version, self.buffer = full.manifest, full.version, full.buffer
         self.native_manifest = full.native_manifest
         self.skipped_sources = full.skipped_sources
-        self._hooks, self._full, self._base, self._native, self._config = hooks, full, base, native_puller, config
+        self._full, self._base, self._native, self._config = full, base, native_puller, config
+        self._relay, self._secret = relay, secret
         self._payloads: list[PullHandle] = []
         self._current: PullHandle | None = None
         self._thread: threading.Thread | None = None
@@ -156,21 +150,29 @@ class DeltaPullHandle:
         route = self._route()
         if route is None:
             return None
-        deltas = [self._wait(self._hooks.payload(self._native, plan, m)).buffer for plan, m in route]
+        deltas = [self._wait(self._payload(plan, m)).buffer for plan, m in route]
         dst, base = self.buffer, descriptors.byte_view(self._base.buffer, "base")[: self.total_bytes]
-        if descriptors.same_memory(dst, base):
-            self._hooks.claim(dst)  # its old version is about to change in place
+        if descriptors.same_memory(dst, base) and self._relay is not None:
+            self._relay.claim(dst)  # its old version is about to change in place
         t0 = time.perf_counter()
         apply_deltas(deltas, base, dst, self._config.delta_threads)
         t1 = time.perf_counter()
-        bad = mismatched_chunks(self.native_manifest, dst, self._hooks.secret, self._config.delta_threads)
+        bad = mismatched_chunks(self.native_manifest, dst, self._secret, self._config.delta_threads)
         self._timings = {"apply_s": t1 - t0, "verify_s": time.perf_counter() - t1}
         if bad:
             raise IntegrityError(f"version {self.version} rebuilt from deltas differs from its tags in "
                                  f"{len(bad)} chunks (first {bad[0]})")
-        region = self._full._region
-        self._hooks.complete(self.native_manifest, dst, region)
+        region = self._full.region
+        if self._relay is not None:  # every chunk is held: served whole
+            self._relay.serve(self.native_manifest, dst, region, complete=True)
         return PulledWeights(self.manifest, dst, region, self.stats())
+
+    def _payload(self, plan, manifest: Manifest) -> PullHandle:
+        """Starts pulling a delta payload into fresh memory (relayed while it arrives; a
+        delta that fails is not resumed: the full version is pulled instead)."""
+        region = _C.Region.create(manifest.total_bytes)
+        return PullHandle(self._native, plan, manifest, descriptors.region_tensor(region), region, b"", None,
+                          relay=self._relay).start()
 
     def _route(self) -> list[tuple[object, Manifest]] | None:
         """(plan, table) of each delta from the held version to the target, oldest first;

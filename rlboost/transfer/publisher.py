@@ -1,8 +1,8 @@
 """WeightPublisher: the trainer side. Each version is copied once into a shared-memory
-staging region and served from there by a native weight server; publishing returns as
-soon as the copy and the chunk tags (the integrity check pullers verify) are done. A
-version laid out like the one before is then also served as a delta against it, encoded
-on a thread of its own (transfer/delta.py) while the trainer goes on.
+staging region of a VersionServer (transfer/versions.py) and served from there;
+publishing returns as soon as the copy and the chunk tags (the integrity check pullers
+verify) are done. A version laid out like the one before is then also served as a delta
+against it, encoded on a thread of its own (transfer/delta.py) while the trainer goes on.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from dataclasses import replace
 
 import torch
 
-from rlboost import _C
 from rlboost.errors import TransferClosed
 from rlboost.transfer import descriptors
 from rlboost.transfer.closing import Closing
-from rlboost.transfer.config import ServerConfig, TransferConfig, advertised_host, format_address
+from rlboost.transfer.config import ServerConfig, TransferConfig
 from rlboost.transfer.delta import DeltaEncoder, changed_share, delta_key, is_delta_key, sample_values
 from rlboost.transfer.manifest import Manifest
-from rlboost.transfer.server import start_server
+from rlboost.transfer.versions import VersionServer
 
 
 class WeightPublisher(Closing):
@@ -33,18 +32,15 @@ class WeightPublisher(Closing):
     def __init__(self, config: TransferConfig | None = None, server: ServerConfig | None = None, *,
                  deltas: bool | None = None):
         """`server`: this publisher's role limits (default: ``config.publisher``, the
-        trainer's; a sample sender passes ``config.handoff``). `deltas`: serve each version
-        also as a delta against the previous one (default: ``config.delta`` for the
-        trainer's role, off for others, whose payloads are unrelated to each other)."""
+        trainer's). `deltas`: serve each version also as a delta against the previous one
+        (default: ``config.delta`` for the trainer's role, off for others)."""
         self.config = config = config if config is not None else TransferConfig()
         self.server_config = server if server is not None else config.publisher
-        secret = config.require_secret()
-        self._store = _C.VersionStore(versions_kept=self.server_config.versions_kept, secret=secret)
-        self._server = start_server(self._store, config, self.server_config, secret)
-        self._staged: dict[int, tuple[Manifest, object]] = {}
+        self._versions = VersionServer(config, self.server_config)
+        self._staged: dict[int, tuple[Manifest, torch.Tensor]] = {}
         self._last: Manifest | None = None  # the latest committed version, the next delta's base
         use_deltas = (config.delta and server is None) if deltas is None else deltas
-        self._deltas = DeltaEncoder(self._store, config) if use_deltas else None
+        self._deltas = DeltaEncoder(self._versions.store, config) if use_deltas else None
         self._sample: list[torch.Tensor] | None = None  # of the latest version: see sample_values
         self._changed: dict[int, float | None] = {}  # version -> share of values changed since its base
         self._closed = False
@@ -52,47 +48,39 @@ class WeightPublisher(Closing):
     @property
     def address(self) -> str:
         """Where pullers connect: "host:port"."""
-        return format_address(advertised_host(self.config, self._server.host), self._server.port)
+        return self._versions.address
 
     @property
     def versions(self) -> list[int]:
-        return [v for v in self._store.versions() if not is_delta_key(v)]
+        return [v for v in self._versions.keys() if not is_delta_key(v)]
 
     @property
     def latest(self) -> int | None:
-        v = self._store.latest()
-        return None if v < 0 else v
+        return self._versions.latest
 
     def stage(self, version: int, manifest: Manifest) -> dict[str, torch.Tensor]:
         """Writable named views into the staging region of `version`, laid out by `manifest`."""
         self._check_open()
-        if version in self._staged:
-            raise ValueError(f"version {version} is already staged")
-        region = self._store.stage(version, manifest.total_bytes)
-        self._staged[version] = (manifest, region)
-        return descriptors.tensor_views(descriptors.region_tensor(region), manifest)
+        staged = self._versions.stage(version, manifest)
+        self._staged[version] = (manifest, staged)
+        return descriptors.tensor_views(staged, manifest)
 
     def commit(self, version: int) -> Manifest:
         """Checksums the staged bytes and starts serving `version`; returns its manifest."""
         self._check_open()
         if version not in self._staged:
             raise ValueError(f"version {version} was not staged")
-        manifest, region = self._staged[version]
+        manifest, staged = self._staged.pop(version)
         base = self._delta_base(manifest)
         if self._deltas is not None:  # a few values of each version: why a delta pays off, or not
-            sample, previous = sample_values(descriptors.region_tensor(region), manifest), self._sample
+            sample, previous = sample_values(staged, manifest), self._sample
             self._sample = sample
             if base is not None and previous is not None:
                 self._changed[version] = changed_share(previous, sample)
                 for old in [v for v in self._changed if v < version - 64]:
                     del self._changed[old]
         manifest = replace(manifest, delta_base=base)  # tells pullers that holding `base` pays off
-        try:
-            native = self._store.commit(version, self.config.chunk_bytes, manifest.to_bytes(),
-                                        self.config.commit_threads)
-        finally:
-            self.discard(version)
-        self._last = manifest = manifest.with_chunks(version, native.chunk_bytes, native.tags)
+        self._last = manifest = self._versions.commit(version, manifest)
         if base is not None:
             self._deltas.submit(base, version)
         return manifest
@@ -131,21 +119,18 @@ class WeightPublisher(Closing):
 
     def discard(self, version: int) -> None:
         """Drops a staged version that will not be committed."""
-        if self._staged.pop(version, None) is not None:
-            self._store.discard_staged(version)
+        self._staged.pop(version, None)
+        self._versions.discard(version)
 
     def retire(self, version: int, timeout: float | None = None) -> None:
         """Stops serving `version` (and the delta into it), waiting until no read of it is in flight."""
-        timeout = self.config.request_timeout_s if timeout is None else timeout
-        self._store.retire(version, timeout)
-        self._store.retire(delta_key(version), timeout)
+        self._versions.retire(version, timeout)
+        self._versions.retire(delta_key(version), timeout)
 
     def stats(self) -> dict:
         """Server counters (bytes_sent, chunks_sent, auth_failures, protocol_errors, ...),
         plus held_bytes: the memory of every version held (served, still read, staged)."""
-        out = self._server.stats()
-        out["held_bytes"] = self._store.held_bytes()
-        return out
+        return self._versions.stats()
 
     def close(self) -> None:
         """Stops serving and joins every server thread. Idempotent."""
@@ -153,7 +138,7 @@ class WeightPublisher(Closing):
             self._closed = True
             if self._deltas is not None:
                 self._deltas.close()
-            self._server.close()
+            self._versions.close()
             self._staged.clear()
 
     def _check_open(self) -> None:

@@ -1,12 +1,13 @@
-"""PullHandle (prepare -> start -> wait) and PulledWeights (the named tensor views over
-a received buffer). A handle reports to the puller that prepared it through PullHooks,
-so this module needs nothing of puller.py."""
+"""PullHandle (prepare -> start -> wait), PulledWeights (the named tensor views over a
+received buffer) and PartialPulls (what failed pulls already hold, for the next try). A
+handle serves its buffer through its puller's relay while the bytes arrive."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,11 +16,16 @@ from rlboost.transfer import descriptors
 from rlboost.transfer.manifest import Manifest
 from rlboost.transfer.progress import ProgressCallback, TqdmProgress
 
+if TYPE_CHECKING:
+    from rlboost.transfer.relay import Relay
+
 
 class PulledWeights(Mapping[str, torch.Tensor]):
     """A pulled version: name -> tensor views over one received buffer (zero-copy).
 
     The views share memory with ``buffer``; pass ``into=this`` to the next pull to reuse it.
+    ``region`` is the native memory behind the buffer when the puller allocated it (None
+    when the caller gave the buffer).
     """
 
     def __init__(self, manifest: Manifest, buffer: torch.Tensor, region: object | None, stats: dict):
@@ -27,7 +33,7 @@ class PulledWeights(Mapping[str, torch.Tensor]):
         self.version = manifest.version
         self.buffer = buffer
         self.stats = stats
-        self._region = region  # native memory behind buffer, when the puller allocated it
+        self.region = region
         self._views = descriptors.tensor_views(buffer, manifest)
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -43,32 +49,54 @@ class PulledWeights(Mapping[str, torch.Tensor]):
         return f"PulledWeights(version={self.version}, tensors={len(self)}, bytes={self.manifest.total_bytes})"
 
 
-@dataclass(frozen=True, slots=True)
-class PullHooks:
-    """What a pull tells the puller that prepared it."""
+class PartialPulls:
+    """Pulls that ended part way, by version: their buffer and the chunks they hold, which a
+    later pull of the same version (with no buffer given, or into the same one) resumes
+    from instead of fetching those chunks again."""
 
-    register_relay: Callable[["PullHandle"], tuple[object | None, int]]  # -> (relay store, registration)
-    retire: Callable[[int], None]  # the pull could not start: stop relaying its version
-    failed: Callable[["PullHandle", bytes], None]  # held-chunk bitmap, for a resumed pull
-    succeeded: Callable[[int], None]
+    def __init__(self) -> None:
+        self._by_version: dict[int, tuple[torch.Tensor, object | None, bytes, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, handle: PullHandle, held: bytes) -> None:
+        with self._lock:
+            self._by_version[handle.version] = (handle.buffer, handle.region, held, handle.manifest.chunk_tags)
+
+    def forget(self, version: int) -> None:
+        with self._lock:
+            self._by_version.pop(version, None)
+
+    def find(self, manifest: Manifest) -> tuple[torch.Tensor, object | None, bytes] | None:
+        """(buffer, region, held-chunk bitmap) of a failed pull of exactly this version."""
+        with self._lock:
+            entry = self._by_version.get(manifest.version)
+        if entry is None or entry[3] != manifest.chunk_tags:
+            return None
+        return entry[:3]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_version.clear()
 
 
 class PullHandle:
     """One pull in progress: ``start()`` returns at once, ``wait(timeout)`` collects it."""
 
-    def __init__(self, hooks: PullHooks, native_puller, plan, manifest: Manifest,
-                 buffer: torch.Tensor, region: object | None, seed: bytes,
-                 progress: ProgressCallback | bool | None):
+    def __init__(self, native_puller, plan, manifest: Manifest, buffer: torch.Tensor, region: object | None,
+                 seed: bytes, progress: ProgressCallback | bool | None, *, relay: Relay | None = None,
+                 partial: PartialPulls | None = None):
+        """relay: serves the buffer to peers while it fills; partial: remembers what a
+        failed pull holds (None: a pull not to resume, such as a delta's payload)."""
         self.manifest = manifest
         self.version = manifest.version
         self.buffer = buffer
-        self._hooks = hooks
+        self.region = region
+        self._relay, self._partial = relay, partial
         self._native = native_puller
         self._plan = plan
         self.native_manifest = plan.manifest  # what relaying this version serves
         # "host:port: reason" for each source left out when the version was resolved.
         self.skipped_sources: list[str] = list(plan.skipped)
-        self._region = region
         self._seed = seed
         # progress=True: a tqdm bar, for runs a person is watching.
         self._progress = TqdmProgress(desc=f"pull weights v{self.version}") if progress is True else progress
@@ -91,13 +119,16 @@ class PullHandle:
         """Starts moving bytes in native threads and returns immediately."""
         if self._job is not None:
             raise ValueError("pull already started")
-        relay, registration = self._hooks.register_relay(self)
+        store, registration = None, 0
+        if self._relay is not None:
+            store, registration = self._relay.store, self._relay.serve(self.native_manifest, self.buffer, self.region)
         addr, nbytes = descriptors.describe(self.buffer)
         try:
-            self._job = self._native.start(self._plan, addr, nbytes, relay, registration, self._seed,
-                                           keepalive=(self.buffer, self._region))
+            self._job = self._native.start(self._plan, addr, nbytes, store, registration, self._seed,
+                                           keepalive=(self.buffer, self.region))
         except BaseException:
-            self._hooks.retire(self.version)
+            if self._relay is not None:
+                self._relay.retire(self.version)
             raise
         self._plan = None
         return self
@@ -133,10 +164,12 @@ class PullHandle:
         try:
             self._job.raise_if_failed()
         except TransferError:
-            self._hooks.failed(self, self._job.held_bitmap())
+            if self._partial is not None:
+                self._partial.remember(self, self._job.held_bitmap())
             raise
-        self._hooks.succeeded(self.version)
-        self._result = PulledWeights(self.manifest, self.buffer, self._region, self.stats())
+        if self._partial is not None:
+            self._partial.forget(self.version)
+        self._result = PulledWeights(self.manifest, self.buffer, self.region, self.stats())
         return self._result
 
     def _wait_slices(self, deadline: float | None) -> bool:

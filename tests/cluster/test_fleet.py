@@ -5,10 +5,12 @@ and are preempted with a notice or suddenly, every event recorded."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 
 import pytest
 import ray
+import ray.cloudpickle
 import torch
 from own_processes import wait_until
 
@@ -16,11 +18,12 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
-from rlboost.controller.actor import RolloutController
+from rlboost.controller.actor import ControllerActor, RolloutController
+from rlboost.controller.clock import MonotonicClock
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.offload import ReferenceWindowConfig
 from rlboost.controller.records import PromptGroup
 from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.service import RolloutService
 from rlboost.migration.state import SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.config import RolloutConfig
@@ -97,7 +100,7 @@ def _reference(model_dir, weights, step, prompts, params=None):
 
 @contextlib.contextmanager
 def _fleet(ctl, ckpt, weights, ledger, rec, now):
-    """Version 1 published and a fleet of no instances (its watcher not started); closes all."""
+    """Version 1 published and a fleet of no instances; closes all."""
     transfer = TransferConfig(secret=new_secret())  # the run's secret, shared with its instances
     with WeightPublisher(transfer) as pub:
         pub.publish(1, weights)
@@ -120,7 +123,6 @@ def _running_fleet(ctl, ckpt, weights, ledger, rec, now):
     with _fleet(ctl, ckpt, weights, ledger, rec, now) as (fleet, pub):
         fleet.join("reserved-0", "reserved")
         fleet.join("spot-0")
-        fleet.start()
         fleet.wait_version(1, "reserved", 120)
         fleet.wait_version(1, "preemptible", 120)
         yield fleet, pub
@@ -141,8 +143,7 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
 
         changed = {n: t + 0.05 * torch.randn_like(t) for n, t in weights.items()}
         pub.publish(2, changed)
-        ray.get(ctl.set_weight_version.remote(2))
-        fleet.announce()
+        ray.get(ctl.set_weight_version.remote(2))  # the controller tells the instances; the driver relays nothing
         fleet.wait_version(2, "reserved", 60)
         fleet.wait_version(2, "preemptible", 60)
         # pull records are asked only of started instances: both report once started
@@ -154,8 +155,8 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         clock[0] = 10.0
         fleet.notice("spot-0", 0.3)
         rec.wait("gone", "spot-0")
-        # preempted the moment the controller has it active, before the fleet's watcher
-        # has looked again: its activation is still recorded first
+        # preempted the moment the controller has it active: its activation is still
+        # recorded first (the controller's events arrive in the order they happened)
         fleet.join("spot-1")
         fleet.wait_version(2, "preemptible", 60)
         fleet.notice("spot-1", 0.3)
@@ -168,7 +169,7 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         assert fleet.up() == 0 and fleet.preemptions == {"notice": 2, "sudden": 1}
         for iid, end in (("spot-0", "gone"), ("spot-1", "gone"), ("spot-2", "death")):
             mine = [e["kind"] for e in rec.events if e["instance"] == iid]
-            # first_sample when the watcher saw samples on it; drained when it saw the drain end
+            # first_sample when the controller had samples on it; drained once its samples left
             core = [k for k in mine if k not in ("first_sample", "drained")]
             assert core == ["join", "active"] + (["notice"] if end == "gone" else []) + [end], (iid, mine)
             assert "drained" not in mine or mine.index("drained") == len(mine) - 2, mine
@@ -182,6 +183,37 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         assert ledger.summary(at_s=20.0).preemptible_s == pytest.approx(20.0)
 
 
+class TokenGatedWindowForTests:
+    """A local window that closes once the step has collected `tokens` tokens, rather than
+    after a time: the reserved instance then holds unfinished samples however loaded the
+    machine is (a window of 0.2 s could close before its first sample was placed)."""
+
+    def __init__(self, tokens: int):
+        self.tokens = tokens
+
+    def plan(self, ctx) -> float:
+        return 0.0
+
+    def should_close(self, ctx) -> bool:
+        return ctx.remote_tokens_per_s > 0 and ctx.generated_tokens >= self.tokens
+
+    def observe(self, obs) -> None:
+        pass
+
+
+# Ray's workers cannot import a test module: its actor classes travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@ray.remote(num_cpus=0)
+class TokenGatedControllerForTests(ControllerActor):
+    """The real controller with TokenGatedWindowForTests as its offload policy."""
+
+    def __init__(self, config: ControllerConfig, tokens: int):
+        RolloutService.__init__(self, config, clock=MonotonicClock(), window_policy=TokenGatedWindowForTests(tokens))
+        self.start_now()
+
+
 def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tmp_path):
     """migrate_with_kv (the recipes' setting) between instance actors: when the local window
     closes, the reserved instance's unfinished samples go to the preemptible one together
@@ -190,14 +222,11 @@ def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tm
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=4)
     weights = load_pretrained(ckpt).named_weights()
     prompts = [TOK.encode("3+4=", add_bos=True), TOK.encode("9+9=", add_bos=True)]
-    # outlives the window: quiet, the reserved engine makes about 500 tokens/s per sample, so
-    # it is about a third of the way when the 0.2 s window closes; a window of 0.05 s left it
-    # with no token yet (nothing to move but the prompt) when the cores were busy elsewhere
+    # outlives the window, which closes once 8 of the step's 1200 tokens are collected
     long = SamplingParams(temperature=0.0, max_new_tokens=300, stop_token_ids=())
-    ctl = RolloutController.options(num_cpus=0).remote(
+    ctl = TokenGatedControllerForTests.remote(
         ControllerConfig(poll_interval_s=0.02, migrate_with_kv=True,
-                         registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=20)),
-        "reference", ReferenceWindowConfig(initial_window_s=0.2, floor_s=0.0, whole_seconds=False))
+                         registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=20)), 8)
     rec, ledger = Recorder(), CostLedger()
     with _running_fleet(ctl, ckpt, weights, ledger, rec, lambda: 0.0) as (fleet, pub):
         metrics = []
@@ -209,19 +238,18 @@ def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tm
 
 
 def test_an_instance_a_wait_reports_active_has_its_active_event_already(ray_cluster, tmp_path):
-    """wait_version records what it saw, so a preemption right after it (before the fleet's
-    watcher has looked; here there is no watcher at all) follows the instance's activation
-    in the event log: join, active, death."""
+    """wait_version returns once the events it waited on are recorded, so a preemption right
+    after it follows the instance's activation in the event log: join, active, death."""
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=5)
     weights = load_pretrained(ckpt).named_weights()
     ctl = RolloutController.options(num_cpus=0).remote(ControllerConfig(poll_interval_s=0.02), "reference")
     rec = Recorder()
     with _fleet(ctl, ckpt, weights, CostLedger(), rec, lambda: 0.0) as (fleet, _):
-        # fleet.start() is not called: only wait_version observes the controller
         fleet.join("spot-0")
         fleet.wait_version(1, "preemptible", 120)
         assert [e["kind"] for e in rec.events] == ["join", "active"]
         fleet.kill("spot-0")
+        rec.wait("death", "spot-0")
         assert [e["kind"] for e in rec.events] == ["join", "active", "death"]
         assert rec.events[1]["preemptible_up"] == 1 and rec.events[2]["preemptible_up"] == 0
 

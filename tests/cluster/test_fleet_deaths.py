@@ -67,7 +67,6 @@ def test_a_dead_reserved_engine_is_replaced_and_every_death_is_recorded(ray_clus
         try:
             for iid, kind in (("reserved-0", "reserved"), ("spot-0", "preemptible"), ("spot-1", "preemptible")):
                 fleet.join(iid, kind)
-            fleet.start()
             fleet.wait_version(1, "reserved", 120)
             fleet.wait_version(1, "preemptible", 120)
             active = {i: rec.wait(lambda e, i=i: e["kind"] == "active" and e["instance"] == i)

@@ -5,10 +5,9 @@ holding more instances than the trace allows."""
 from __future__ import annotations
 
 import threading
-import time
 
-from rlboost.cluster.replay import TraceReplay, named_trace, trace_events
 from rlboost.cluster.traces import AvailabilityTrace, InstanceEvent
+from rlboost.cluster.traces.replay import TraceReplay, named_trace, trace_events
 
 
 class FakeFleetForTests:
@@ -86,11 +85,13 @@ def test_replay_from_an_offset_starts_with_the_instances_up_then_and_skips_the_p
 class TimedFakeFleetForTests:
     """Like the real fleet: a noticed instance ends grace_s after its notice on a timer of
     its own, and a preemption first waits busy_s for its victim to hold samples (which it
-    never does here). Records the most instances up at once."""
+    never does here), unless stop_waits() ends the wait. Records the most instances up at
+    once; `waiting` is set while a preemption waits."""
 
     def __init__(self, busy_s):
         self.busy_s, self.up, self.peak, self.order = busy_s, set(), 0, []
         self._cond = threading.Condition()
+        self.waiting, self._interrupted = threading.Event(), threading.Event()
 
     def join(self, instance_id, kind):
         with self._cond:
@@ -111,9 +112,14 @@ class TimedFakeFleetForTests:
     def kill(self, instance_id):
         self._end(instance_id, "death")
 
-    def wait_busy(self, instance_id, timeout_s, until=None):
-        (until or threading.Event()).wait(min(timeout_s, self.busy_s))
+    def wait_busy(self, instance_id, timeout_s):
+        self.waiting.set()
+        self._interrupted.wait(min(timeout_s, self.busy_s))
+        self.waiting.clear()
         return False
+
+    def stop_waits(self):
+        self._interrupted.set()
 
     def wait_ended(self, instance_id, timeout_s):
         with self._cond:
@@ -146,8 +152,8 @@ def test_stopping_a_replay_ends_a_wait_for_its_victim_to_get_busy():
               InstanceEvent(time_s=0.1, instance_id="spot-1", kind="join"))
     fleet = TimedFakeFleetForTests(busy_s=600.0)
     replay = TraceReplay(fleet, events, busy_wait_s=600.0).start()
-    while fleet.order != [("join", "spot-0")]:  # the replay is now waiting on spot-0
-        time.sleep(0.01)
+    assert fleet.waiting.wait(timeout=30)  # the replay is now waiting on spot-0
+    assert fleet.order == [("join", "spot-0")]
     replay.stop()
     assert replay.wait(timeout=0) and replay.error is None
     assert fleet.order == [("join", "spot-0")]

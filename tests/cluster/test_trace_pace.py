@@ -11,7 +11,7 @@ import json
 import pytest
 
 from rlboost.cluster.config import ClusterConfig
-from rlboost.cluster.replay import DEFAULT_NOTICE_S, named_trace, notice_seconds, replay_span, trace_cloud
+from rlboost.cluster.traces.replay import DEFAULT_NOTICE_S, named_trace, notice_seconds, replay_span, trace_cloud
 from rlboost.config.overrides import apply_overrides
 from rlboost.recipes.paper_qwen3_8b import TIME_SCALE
 from rlboost.recipes.scenarios import get_scenario

@@ -10,10 +10,10 @@ from rlboost.controller.clock import ManualClock, run_virtual
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.service import RolloutService
 from rlboost.errors import PeerLost
+from rlboost.migration.endpoint import HandoffEndpoint
 from rlboost.rollout.emulated.engine import KV_LAYOUT, EmulatedEngine, EmulatedEngineConfig
-from rlboost.rollout.handoff.endpoint import MigratingEngine
 
-OPEN_ENDPOINTS: list[MigratingEngine] = []  # closed after each test (tests/controller/conftest.py)
+OPEN_ENDPOINTS: list[HandoffEndpoint] = []  # closed after each test (tests/controller/conftest.py)
 
 TOKENS = dict(vocab_size=1000, stop_probability=0.02, eos_token_id=2)
 
@@ -40,7 +40,7 @@ class RecordingEngineForTests:
     """Wraps an EmulatedEngine as an EngineAdapter and records every call in order.
 
     kill() makes later calls fail like a dead actor; hang() makes them never answer.
-    With handoff=True it speaks the handoff protocol through a real MigratingEngine (pages
+    With handoff=True it speaks the handoff protocol through a real HandoffEndpoint (pages
     travel over loopback TCP). kv_bytes counts KV page bytes that crossed this adapter, in
     either direction: what a controller would have carried.
     """
@@ -50,7 +50,7 @@ class RecordingEngineForTests:
         self.dead = False
         self.hung = False
         self.kv_bytes = 0
-        self.endpoint = MigratingEngine(engine) if handoff else None
+        self.endpoint = HandoffEndpoint(engine) if handoff else None
         if self.endpoint is not None:
             OPEN_ENDPOINTS.append(self.endpoint)
 

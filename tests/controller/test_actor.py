@@ -13,7 +13,7 @@ from rlboost.controller.offload import ReferenceWindowConfig
 from rlboost.controller.records import InstanceInfo
 from rlboost.errors import RolloutError
 from rlboost.rollout.emulated.engine import KV_LAYOUT, EmulatedEngine
-from rlboost.rollout.handoff.endpoint import MigratingEngine
+from rlboost.rollout.host import EngineHost
 from rlboost.sim import make_groups
 from rlboost.transfer import TransferConfig, new_secret
 
@@ -31,7 +31,7 @@ def ray_session():
 def test_a_step_over_ray_actors_survives_a_killed_instance(ray_session):
     # engines speak the handoff protocol: when the window closes, the reserved engine's
     # samples move to the spot actors with their KV pages, pulled actor to actor
-    engine_actor = ray.remote(num_cpus=0)(MigratingEngine)
+    engine_actor = ray.remote(num_cpus=0)(EngineHost)
     ctl = RolloutController.remote(
         ControllerConfig(poll_interval_s=0.02, idle_timeout_s=30.0, call_timeout_s=10.0, migrate_with_kv=True),
         "reference", ReferenceWindowConfig(initial_window_s=0.2, floor_s=0.0))
@@ -39,8 +39,9 @@ def test_a_step_over_ray_actors_survives_a_killed_instance(ray_session):
     transfer = TransferConfig(secret=new_secret())  # the run's secret: engines pull pages from each other
     config = engine_config(max_running=8, sample_tokens_per_s=20.0)
     for name, kind in (("reserved-0", "reserved"), ("spot-0", "preemptible"), ("spot-1", "preemptible")):
-        engines[name] = engine_actor.remote(lambda: EmulatedEngine(config, clock=MonotonicClock()), transfer)
-        ray.get(engines[name].load_weights.remote({}, 0))
+        engines[name] = engine_actor.remote(lambda: EmulatedEngine(config, clock=MonotonicClock()), transfer,
+                                            handoff=True)
+        ray.get(engines[name].engine_call.remote("load_weights", {}, 0))
         info = InstanceInfo(instance_id=name, kind=kind, capacity=8, kv_layout=KV_LAYOUT)
         lease = ray.get(ctl.register.remote(info, engines[name]))
         assert lease.state == "joining"

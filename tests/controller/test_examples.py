@@ -6,7 +6,8 @@ import importlib
 import pytest
 
 MODULES = ["rlboost.controller.clock", "rlboost.controller.records", "rlboost.controller.estimates",
-           "rlboost.controller.offload", "rlboost.controller.metrics", "rlboost.sim.workload",
+           "rlboost.controller.offload.window", "rlboost.controller.offload.adaptive",
+           "rlboost.controller.offload.reference", "rlboost.controller.metrics", "rlboost.sim.workload",
            "rlboost.rollout.emulated.engine", "rlboost.rollout.emulated.tokens", "rlboost.rollout.engine",
            "rlboost.rollout.embedded.forward"]
 

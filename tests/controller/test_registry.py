@@ -50,11 +50,11 @@ def test_missed_heartbeats_declare_an_instance_dead():
     reg.heartbeat("b", 0)
     clock.advance(1.5)  # a: 3.5 s silent > 3 beats of 1 s; b: 1.5 s
     assert reg.expire() == ["a"]
-    assert reg.get("a").state == "gone" and "heartbeat" in reg.get("a").gone_reason
+    assert reg.get("a").state == "lost" and "heartbeat" in reg.get("a").gone_reason
     assert [r.instance_id for r in reg.live()] == ["b"]
-    with pytest.raises(RolloutError, match="gone"):
+    with pytest.raises(RolloutError, match="lost"):
         reg.heartbeat("a", 0)
-    assert reg.register(info("a")).state == "joining"  # a new life after it is gone
+    assert reg.register(info("a")).state == "joining"  # a new life after it is lost
 
 
 def test_notice_drains_margin_before_the_deadline_or_at_once_when_grace_is_short():

@@ -1,6 +1,6 @@
-"""Handoff between embedded engines: samples moved tokens-only or with their KV pages continue
-exactly as an uninterrupted run, the result record counts what moved, and a refused or
-failed handoff loses nothing."""
+"""Handoff between embedded engines through the sender and receiver the rollout instances
+use: samples moved tokens-only or with their KV pages continue exactly as an uninterrupted
+run, the result record counts what moved, and a refused or failed handoff loses nothing."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ import threading
 import pytest
 import torch
 from engine_contract import Collected, collect, make_state, poll_until
+from handoff_helpers import Handoff, migrate
 
 from rlboost.errors import HandoffFailed, PeerLost, ProtocolError, RolloutError, TransferTimeout
+from rlboost.migration.receiver import SampleReceiver
+from rlboost.migration.sender import SampleSender
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.rollout.handoff.migrate import Handoff, SampleReceiver, SampleSender, TransferChannel, migrate
 from rlboost.transfer import TransferConfig
 
 MAX_NEW = 40
@@ -155,29 +157,29 @@ def test_kv_layout_mismatch_is_refused_before_anything_moves(make):
     assert migrate(src, dst, [0], mode="tokens").samples_moved == 1  # tokens still move
 
 
-class GatedChannelForTests:
-    """Ships in-process, but only once `gate` is set; fails instead when `error` is set."""
+class GatedShipmentForTests:
+    """Lets a served batch be pulled only once `gate` is set; fails the shipment instead when
+    `error` is set."""
 
     def __init__(self, error: Exception | None = None):
         self.gate = threading.Event()
         self.error = error
 
-    def ship(self, payload, timeout=None):
+    def __call__(self, ticket):
         if self.error is not None:
             raise self.error
         assert self.gate.wait(60)
-        return payload
 
 
 def test_wait_times_out_and_the_handoff_keeps_going(make, reference):
     src, dst = make(), make()
     out = started(src)
-    channel = GatedChannelForTests()
-    handoff = Handoff(src, dst, [0, 1, 2], "kv", channel=channel).prepare().start()
+    shipment = GatedShipmentForTests()
+    handoff = Handoff(src, dst, [0, 1, 2], "kv", between=shipment).prepare().start()
     with pytest.raises(TransferTimeout):
         handoff.wait(timeout=0.05)
     assert not handoff.done
-    channel.gate.set()
+    shipment.gate.set()
     result = handoff.wait(timeout=60)
     reset(out, result.states)
     collect(dst, [0, 1, 2], out)
@@ -188,7 +190,7 @@ def test_lost_shipment_resumes_on_the_source(make, reference):
     src, dst = make(), make()
     out = started(src)
     with pytest.raises(HandoffFailed) as info:
-        Handoff(src, dst, [0, 1, 2], "kv", channel=GatedChannelForTests(PeerLost("link down"))).wait(timeout=60)
+        Handoff(src, dst, [0, 1, 2], "kv", between=GatedShipmentForTests(PeerLost("link down"))).wait(timeout=60)
     assert info.value.returned_to_source and isinstance(info.value.__cause__, PeerLost)
     reset(out, info.value.batch.states)
     collect(src, [0, 1, 2], out)
@@ -205,12 +207,15 @@ def test_bad_arguments_are_refused(make):
         Handoff(src, src, [0], "kv")
 
 
-def test_shipping_over_the_transfer_layer_in_one_process(make, reference):
+def test_a_batch_is_served_only_until_its_destination_has_it(make, reference):
     src, dst = make(), make()
     out = started(src)
-    with TransferChannel() as channel:
-        result = migrate(src, dst, [0, 1, 2], mode="kv", channel=channel)
-        assert channel.publisher.versions == []  # served only until pulled
+    with SampleSender() as sender, SampleReceiver() as receiver:
+        ticket = sender.send(src, [0, 1, 2], mode="kv")
+        result = receiver.receive(dst, ticket)
+        assert sender.server.keys() == [ticket.key]
+        sender.release(ticket)
+        assert sender.server.keys() == []
     reset(out, result.states)
     collect(dst, [0, 1, 2], out)
     assert_matches(out, reference)
@@ -291,7 +296,7 @@ def test_samples_move_to_another_process(make, reference, destination, mode):
         assert status == "done" and result.sample_ids == (0, 1, 2) and result.batch_bytes == ticket.nbytes
         assert (result.kv_bytes > 0) == (mode == "kv")
         sender.release(ticket)
-        assert ticket.key not in sender.publisher.versions
+        assert ticket.key not in sender.server.keys()
     reset(out, result.states)  # what the source streamed before the move is a prefix of the states
     assert_matches(there, reference)
 
@@ -305,7 +310,7 @@ def test_samples_refused_by_another_process_come_back(make, reference, destinati
         tickets.put(ticket)
         assert results.get(timeout=120) == ("refused", (0, 1, 2))
         back = sender.take_back(src, ticket)
-        assert ticket.key not in sender.publisher.versions
+        assert ticket.key not in sender.server.keys()
     reset(out, back.states)
     collect(src, [0, 1, 2], out)
     assert_matches(out, reference)
@@ -316,11 +321,10 @@ def test_a_stalled_channel_times_out_and_the_samples_go_back(make, reference):
 
     src, dst = make(), make()
     out = started(src)
-    # a server capped at 1 KiB/s needs minutes for these pages: the handoff must not wait for it
-    slow = TransferConfig(relay=False, publisher=ServerConfig(egress_bytes_per_s=1024), request_timeout_s=2.0)
-    with TransferChannel(slow) as channel:
-        with pytest.raises(HandoffFailed) as info:
-            migrate(src, dst, [0, 1, 2], mode="kv", channel=channel, ship_timeout_s=0.5)
+    # a sender capped at 1 KiB/s needs minutes for these pages: the handoff must not wait for it
+    slow = TransferConfig(relay=False, handoff=ServerConfig(egress_bytes_per_s=1024), request_timeout_s=2.0)
+    with pytest.raises(HandoffFailed) as info:
+        migrate(src, dst, [0, 1, 2], mode="kv", config=slow, ship_timeout_s=0.5)
     assert info.value.returned_to_source and isinstance(info.value.__cause__, TransferTimeout)
     assert dst.load().running + dst.load().queued == 0
     reset(out, info.value.batch.states)
@@ -338,7 +342,7 @@ def test_a_full_sender_refuses_before_draining_instead_of_evicting_a_batch(make)
         with pytest.raises(RolloutError, match="versions_kept"):
             sender.send(src, [2], mode="kv")
         assert src.load().running + src.load().queued == 1  # sample 2 was not drained
-        assert sorted(sender.publisher.versions) == [first.key, second.key]  # nothing evicted
+        assert sorted(sender.server.keys()) == [first.key, second.key]  # nothing evicted
         sender.release(first)
         third = sender.send(src, [2], mode="kv")
         assert sender.pending == 2 and third.sample_ids == (2,)
@@ -352,10 +356,10 @@ def test_parts_of_one_ticket_go_to_different_destinations(make, reference):
         reset(out, sender.states(ticket))
         receiver.receive(dst_a, ticket, sample_ids=[0, 2])
         sender.release(ticket, [0, 2])
-        assert ticket.key in sender.publisher.versions  # sample 1 still waits for a destination
+        assert ticket.key in sender.server.keys()  # sample 1 still waits for a destination
         receiver.receive(dst_b, ticket, sample_ids=[1])
         sender.release(ticket, [1])
-        assert ticket.key not in sender.publisher.versions and sender.pending == 0
+        assert ticket.key not in sender.server.keys() and sender.pending == 0
     collect(dst_a, [0, 2], out)
     collect(dst_b, [1], out)
     assert_matches(out, reference)

@@ -1,15 +1,15 @@
 """Migration is invisible in the tokens: samples that hop between two engines at random
-positions (through rlboost.rollout.handoff.migrate, tokens only or with their KV pages) generate
+positions (through the instances' sender and receiver, tokens only or with their KV pages) generate
 exactly what they would have generated without moving."""
 
 import random
 
 import pytest
 from engine_contract import Collected, absorb, collect
+from handoff_helpers import migrate
 
 from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.rollout.handoff.migrate import migrate
 
 N_SAMPLES, MAX_NEW, HOPS = 16, 64, 3
 PARAMS = [SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW),

@@ -7,7 +7,7 @@ import pytest
 
 MODULES = ["rlboost.timing", "rlboost.rollout.emulated.lengths", "rlboost.rollout.emulated.pace",
            "rlboost.rollout.emulated.schedule", "rlboost.rollout.emulated.config", "rlboost.controller.continuation",
-           "rlboost.trainer.emulated", "rlboost.sim.workload", "rlboost.cluster.availability"]
+           "rlboost.trainer.emulated", "rlboost.sim.workload", "rlboost.cluster.traces.availability"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlboost.cluster.replay import named_trace
 from rlboost.cluster.traces import SAMPLES, load_trace, read_bamboo_csv, read_spotserve_segment, sample_trace
+from rlboost.cluster.traces.replay import named_trace
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))

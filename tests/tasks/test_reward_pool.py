@@ -5,7 +5,9 @@ one line before anything runs."""
 
 from __future__ import annotations
 
+import os
 import textwrap
+import threading
 
 import pytest
 
@@ -32,9 +34,11 @@ MODULE = textwrap.dedent('''
         if kind == "nan":
             return float("nan")
         if kind == "exit":
-            # Mid-call, as a crash is: pebble sees a worker that dies before the pool has read
-            # its start message as idle, and then reports that call as a timeout instead.
-            time.sleep(0.5)
+            # Mid-call, as a crash is, once the pool has marked the call started (the gate):
+            # pebble sees a worker that dies before the pool has read its start message as
+            # idle, and then reports that call as a timeout instead.
+            with open(row["gate"]) as gate:
+                gate.read(1)
             os._exit(7)
         if kind == "no_score":
             return {"correct": 1.0}
@@ -62,15 +66,35 @@ def module(tmp_path):
     return path
 
 
-def _requests(kinds):
-    return [RewardRequest(problem=Problem(problem_id=i, prompt="2+2=", answer="4", row={"kind": k, "answer": "4"}),
+def _requests(kinds, gate=""):
+    return [RewardRequest(problem=Problem(problem_id=i, prompt="2+2=", answer="4",
+                                          row={"kind": k, "answer": "4", "gate": gate}),
                           completion="4", metadata={"sample_id": i}) for i, k in enumerate(kinds)]
 
 
-def test_every_kind_of_failure_scores_zero_and_the_rest_is_scored(module):
+@pytest.fixture
+def started_gate(tmp_path, monkeypatch):
+    """A FIFO the "exit" call reads before its worker dies: written once the pool has marked
+    that call started (pebble's Task.set_running_or_notify_cancel, on the pool's thread)."""
+    from pebble.pool.base_pool import Task
+
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    real = Task.set_running_or_notify_cancel
+
+    def running(task):
+        out = real(task)
+        if any(row.get("kind") == "exit" for _, _, row, _ in task.payload.args[-1]):
+            threading.Thread(target=lambda: fifo.write_text("x"), daemon=True).start()  # blocks until read
+        return out
+    monkeypatch.setattr(Task, "set_running_or_notify_cancel", running)
+    return str(fifo)
+
+
+def test_every_kind_of_failure_scores_zero_and_the_rest_is_scored(module, started_gate):
     kinds = ["ok", "raise", "hang", "text", "nan", "exit", "no_score", "ok"]
     with FunctionReward(RewardTarget.parse(f"{module}:plain"), workers=2, timeout_s=1.5) as rewards:
-        results = rewards.score(_requests(kinds))
+        results = rewards.score(_requests(kinds, started_gate))
         again = rewards.score(_requests(["ok", "ok"]))  # the pool replaced its killed workers
     by_kind = dict(zip(kinds, results))
     assert by_kind["ok"] == RewardResult(score=1.0, parts={"length": 1.0})

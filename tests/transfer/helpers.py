@@ -79,11 +79,17 @@ class ServerProcess:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=10)
+        self._close_pipes()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            pipe.close()
 
 
 def wait_until(condition, timeout: float = 30.0) -> bool:

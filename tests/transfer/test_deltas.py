@@ -1,7 +1,9 @@
 """Delta updates end to end: a puller that holds version k takes delta(k -> k+1) from any
 source that has it (trainer or relay) and ends with k+1's exact bytes; a newcomer, a
 puller too far behind, a missing, declined or corrupt delta, or a tampered base all end
-in the full version, never in other weights."""
+in the full version, never in other weights. A test that expects the delta route waits
+for the publisher to have encoded it (wait_for_deltas): a pull waits only delta_wait_s,
+which busy cores can outlast."""
 
 import hashlib
 
@@ -56,6 +58,7 @@ def test_a_puller_that_holds_the_previous_version_pulls_only_the_delta():
         assert pulled.stats["route"] == "full"
         expected = trainer.step()
         assert pub.publish(2, expected).delta_base == 1
+        assert pub.wait_for_deltas(WAIT)
         pulled = puller.pull(2, into=pulled, timeout=WAIT)
         assert_same(pulled, expected)
         assert pulled.stats["route"] == "delta" and pulled.stats["deltas"] == 1
@@ -72,6 +75,7 @@ def test_100_chained_deltas_give_the_bytes_of_a_full_pull():
         routes = []
         for version in range(2, 102):
             pub.publish(version, trainer.step())
+            assert pub.wait_for_deltas(WAIT)
             pulled = follower.pull(version, into=pulled, timeout=WAIT)
             routes.append(pulled.stats["route"])
         with WeightPuller(pub.address, _config(relay=False)) as newcomer:
@@ -92,6 +96,7 @@ def test_a_newcomer_mid_chain_pulls_the_full_version_then_deltas():
             for version in (4, 5):
                 expected = trainer.step()
                 pub.publish(version, expected)
+                assert pub.wait_for_deltas(WAIT)
                 pulled = newcomer.pull(version, into=pulled, timeout=WAIT)
                 assert_same(pulled, expected)
                 assert pulled.stats["route"] == "delta"
@@ -109,6 +114,7 @@ def test_a_puller_two_versions_behind_chains_two_deltas():
         assert pub.wait_for_deltas(WAIT)
         expected = trainer.step()
         pub.publish(3, expected)
+        assert pub.wait_for_deltas(WAIT)
         pulled = puller.pull(3, into=pulled, timeout=WAIT)
         assert_same(pulled, expected)
         assert pulled.stats["route"] == "delta" and pulled.stats["deltas"] == 2
@@ -139,6 +145,7 @@ def test_a_relay_serves_the_delta_it_pulled_and_the_version_it_rebuilt():
             held_relay, held_other = relay.pull(1), other.pull(1)
             expected = trainer.step()
             pub.publish(2, expected)
+            assert pub.wait_for_deltas(WAIT)
             held_relay = relay.pull(2, into=held_relay, timeout=WAIT)
             assert relay.relayed_deltas == [2] and relay.relayed_versions == [2]
             sent = pub.stats()["bytes_sent"]

@@ -4,6 +4,7 @@ newcomers do not all drain the trainer's link."""
 import gc
 import socket
 import struct
+import threading
 import weakref
 
 import pytest
@@ -14,6 +15,7 @@ from rlboost.errors import TransferError
 from rlboost.transfer import ServerConfig, WeightPublisher, WeightPuller
 
 from .helpers import BUILT_TRANSPORTS, SECRET, assert_same, make_config, random_tensors, wait_for_bytes, wait_until
+from .proxies import PumpingProxyForTests, shut
 from .wire_client import HEADER, W, client_handshake, connect, frame, is_closed_by_peer, recv_frame
 
 
@@ -71,6 +73,27 @@ def test_relay_answers_not_held_for_chunks_it_lacks():
         server.close()
 
 
+class GatedTrainerLinkForTests(PumpingProxyForTests):
+    """The trainer's link: forwards both ways, except that what the trainer sends waits
+    while `open` is clear."""
+
+    def __init__(self, upstream: str):
+        super().__init__(upstream)
+        self.open = threading.Event()
+        self.open.set()
+        self._start()
+
+    def _pump(self, src, dst, from_server: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if from_server:
+                    assert self.open.wait(60)
+                dst.sendall(data)
+        except (ConnectionError, OSError):
+            pass
+        shut(src, dst)
+
+
 def test_four_newcomers_share_the_trainer_link_through_relays():
     nbytes = 4 << 20
     blob = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
@@ -78,11 +101,19 @@ def test_four_newcomers_share_the_trainer_link_through_relays():
     cfg = make_config(transport="tcp", publisher=ServerConfig(egress_bytes_per_s=4_000_000))
     with WeightPublisher(cfg) as pub:
         pub.publish(1, {"blob": blob})
-        pullers = [WeightPuller(pub.address, cfg) for _ in range(4)]
+        link = GatedTrainerLinkForTests(pub.address)
+        pullers = [WeightPuller(link.address, cfg) for _ in range(4)]
         try:
             for i, p in enumerate(pullers):
-                p.set_sources([pub.address] + [q.relay_address for q in pullers if q is not p])
-            handles = [p.prepare(1).start() for p in pullers]
+                p.set_sources([link.address] + [q.relay_address for q in pullers if q is not p])
+            prepared = [p.prepare(1) for p in pullers]
+            # the four pulls run at once, as newcomers that join together do: the trainer's
+            # bytes wait until every one has started (on busy cores the first could
+            # otherwise finish before the last starts, and each later one draw a share of the
+            # trainer's link besides its peers')
+            link.open.clear()
+            handles = [h.start() for h in prepared]
+            link.open.set()
             for h in handles:
                 assert torch.equal(h.wait(timeout=120)["blob"], blob)
             # Without relays the trainer would send the payload four times.
@@ -91,6 +122,7 @@ def test_four_newcomers_share_the_trainer_link_through_relays():
         finally:
             for p in pullers:
                 p.close()
+            link.close()
 
 
 def test_a_version_without_chunks_relays_and_reports_an_empty_bitmap(publisher):
@@ -149,7 +181,7 @@ def test_a_relay_pulls_its_next_version_into_a_second_buffer_while_a_peer_reads_
         pub.publish(2, {"w": big + 1})
         with WeightPuller(pub.address, cfg) as relay:
             v1 = relay.pull(1)
-            first = weakref.ref(v1._region)
+            first = weakref.ref(v1.region)
             reader = stuck_reader(relay.relay_address, 1)
             try:
                 assert wait_until(lambda: relay.stats()["reads_in_flight"].get(1, 0) > 0)

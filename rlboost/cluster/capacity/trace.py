@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlboost.cluster.config import ClusterConfig
-from rlboost.cluster.replay import TraceReplay, named_trace, notice_seconds, replay_span, trace_events
+from rlboost.cluster.traces.replay import TraceReplay, named_trace, notice_seconds, replay_span, trace_events
 
 
 @dataclass(frozen=True, slots=True)

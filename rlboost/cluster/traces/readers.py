@@ -10,10 +10,10 @@ import csv
 import json
 from pathlib import Path
 
-from rlboost.cluster.availability import AvailabilityTrace
+from rlboost.cluster.traces.availability import AvailabilityTrace
 from rlboost.inputs import parse_json, read_json
 
-DATA = Path(__file__).with_name("data")
+DATA = Path(__file__).parents[1] / "data"  # rlboost/cluster/data
 SAMPLE_TRACE = DATA / "spot_sample.csv"
 SAMPLES = {"sample": SAMPLE_TRACE, "skypilot-sample": DATA / "skypilot_sample.json",
            "spotserve-sample": DATA / "spotserve_sample.csv", "bamboo-sample": DATA / "bamboo_sample.csv",

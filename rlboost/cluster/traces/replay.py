@@ -15,18 +15,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from rlboost.cluster.traces import (
-    MEASURED,
-    SAMPLES,
-    AvailabilityTrace,
-    InstanceEvent,
-    PreemptionPolicy,
-    SyntheticTraceConfig,
-    load_trace,
-    preemption_events,
-    sample_trace,
-    synthetic_trace,
-)
+from rlboost.cluster.traces.availability import AvailabilityTrace
+from rlboost.cluster.traces.preemptions import InstanceEvent, PreemptionPolicy, preemption_events
+from rlboost.cluster.traces.readers import MEASURED, SAMPLES, load_trace, sample_trace
+from rlboost.cluster.traces.synthetic import SyntheticTraceConfig, synthetic_trace
 
 if TYPE_CHECKING:  # the fleet imports Ray, which a simulation that only reads traces never needs
     from rlboost.cluster.fleet import Fleet
@@ -182,10 +174,10 @@ class TraceReplay:
                 if self._stop.is_set():
                     return
             return
-        if self.busy_wait_s > 0:  # a run that ends meanwhile stops the wait (its close would wait on it)
-            self.fleet.wait_busy(ev.instance_id, self.busy_wait_s, until=self._stop)
-            if self._stop.is_set():
-                return
+        if self.busy_wait_s > 0 and not self._stop.is_set():  # a run that ends meanwhile ends the wait
+            self.fleet.wait_busy(ev.instance_id, self.busy_wait_s)
+        if self._stop.is_set():
+            return
         if ev.kind == "notice":
             self.fleet.notice(ev.instance_id, max(0.0, ev.deadline_s - ev.time_s))
         else:
@@ -198,5 +190,7 @@ class TraceReplay:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.busy_wait_s > 0:
+            self.fleet.stop_waits()
         if self._thread.is_alive():
             self._thread.join(timeout=5)

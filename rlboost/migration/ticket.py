@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlboost.rollout.handoff.result import HANDOFF_FORMAT_VERSION, check_mode
+from rlboost.migration.result import HANDOFF_FORMAT_VERSION, check_mode
 from rlboost.transfer.config import parse_address
 from rlboost.validate import check_format_version
+
+DEFAULT_TIMEOUT_S = 60.0  # how long a destination waits for a ticket's bytes by default
+# The calls of the handoff protocol (migration/endpoint.py), which a controller makes with
+# tickets on the instances that own the two ends.
+HANDOFF_METHODS = ("handoff_send", "handoff_receive", "handoff_release", "handoff_take_back")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

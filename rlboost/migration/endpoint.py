@@ -1,87 +1,46 @@
-"""MigratingEngine: a rollout engine plus both ends of engine-to-engine handoffs, so a
-controller can move samples with their KV pages while only tickets and token-only states
-pass through it (the pages go straight from the source's sender to the destination).
+"""HandoffEndpoint: both ends of engine-to-engine handoffs for one engine, the protocol a
+controller drives while only tickets and token-only states pass through it (the pages go
+straight from the source's sender to the destination's receiver). A rollout instance owns
+one beside its engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from rlboost.errors import RolloutError
+from rlboost.migration.receiver import SampleReceiver
+from rlboost.migration.result import HoldsSamples
+from rlboost.migration.sender import SampleSender
 from rlboost.migration.state import RequestState
-from rlboost.rollout.engine import EngineLoad, RolloutEngine, TokenDelta
-from rlboost.rollout.handoff.tickets import DEFAULT_TIMEOUT_S, HandoffTicket, SampleReceiver, SampleSender
+from rlboost.migration.ticket import DEFAULT_TIMEOUT_S, HandoffTicket
 from rlboost.transfer import TransferConfig
 
 MAX_PENDING = 64  # batches a source serves at once (the handoff role's versions_kept ceiling)
 
 
-class MigratingEngine:
-    """Wraps a RolloutEngine (or builds one, from a zero-argument factory: what a Ray actor
-    needs, since engines hold threads and locks that do not pickle) and adds the handoff
-    protocol a controller drives:
+class HandoffEndpoint:
+    """The handoff protocol over one engine:
 
-        ticket, states = src.handoff_send([3, 7])    # drain + publish; states hold tokens only
+        ticket, states = src.handoff_send([3, 7])    # drain + serve; states hold tokens only
         dst.handoff_receive(ticket, [3, 7])          # pull the pages from src, resume there
         src.handoff_release(ticket, [3, 7])          # dst has them: stop serving
         src.handoff_take_back(ticket, [3, 7])        # or: dst refused, resume them on src
 
-    As a Ray actor: ray.remote(MigratingEngine).remote(lambda: EmbeddedEngine(config)).
     The sender and receiver open their servers on first use; transfer configures them
     (bind_host and secret matter between hosts).
     """
 
-    def __init__(self, engine: RolloutEngine | Callable[[], RolloutEngine],
-                 transfer: TransferConfig | None = None, *, max_pending: int = MAX_PENDING):
-        self.engine = engine if isinstance(engine, RolloutEngine) else engine()
+    def __init__(self, engine: HoldsSamples, transfer: TransferConfig | None = None, *,
+                 max_pending: int = MAX_PENDING):
         if not 1 <= max_pending <= MAX_PENDING:
             raise ValueError(f"max_pending must be in [1, {MAX_PENDING}], got {max_pending}")
+        self.engine = engine
         self._transfer = transfer if transfer is not None else TransferConfig()
         self._max_pending = max_pending
         self._sender: SampleSender | None = None
         self._receiver: SampleReceiver | None = None
-
-    @property
-    def kv_layout(self):
-        return getattr(self.engine, "kv_layout", None)
-
-    @property
-    def max_model_len(self) -> int | None:
-        return getattr(self.engine, "max_model_len", None)
-
-    # -- the RolloutEngine protocol, forwarded ----------------------------------------------
-
-    def submit(self, states: Sequence[RequestState]) -> None:
-        self.engine.submit(states)
-
-    def poll(self, timeout_s: float) -> list[TokenDelta]:
-        return self.engine.poll(timeout_s)
-
-    def abort(self, sample_ids: Sequence[int]) -> None:
-        self.engine.abort(sample_ids)
-
-    def export_states(self, sample_ids: Sequence[int] | None = None, *, with_kv: bool = False):
-        return self.engine.export_states(sample_ids, with_kv=with_kv)
-
-    def import_states(self, batch) -> None:
-        self.engine.import_states(batch)
-
-    def load_weights(self, named_tensors: Mapping[str, object], version: int) -> None:
-        self.engine.load_weights(named_tensors, version)
-
-    def load(self) -> EngineLoad:
-        return self.engine.load()
-
-    def close(self) -> None:
-        try:
-            self.engine.close()
-        finally:
-            for side in (self._sender, self._receiver):
-                if side is not None:
-                    side.close()
-
-    # -- handoffs -------------------------------------------------------------------------
 
     def handoff_send(self, sample_ids: Sequence[int], mode: str = "kv"
                      ) -> tuple[HandoffTicket | None, tuple[RequestState, ...]]:
@@ -105,7 +64,7 @@ class MigratingEngine:
         Transfer errors propagate (the source still holds the samples); a refusal raises
         HandoffFailed."""
         if self._receiver is None:
-            self._receiver = SampleReceiver(replace(self._transfer, relay=False))
+            self._receiver = SampleReceiver(self._transfer)
         self._receiver.receive(self.engine, ticket, timeout_s, sample_ids)
 
     def handoff_release(self, ticket: HandoffTicket, sample_ids: Collection[int] | None = None) -> None:
@@ -119,7 +78,13 @@ class MigratingEngine:
             raise RolloutError("nothing was sent from this engine")
         self._sender.take_back(self.engine, ticket, sample_ids)
 
-    def __enter__(self) -> MigratingEngine:
+    def close(self) -> None:
+        for side in (self._sender, self._receiver):
+            if side is not None:
+                side.close()
+        self._sender = self._receiver = None
+
+    def __enter__(self) -> HandoffEndpoint:
         return self
 
     def __exit__(self, *exc) -> None:

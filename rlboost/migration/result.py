@@ -1,4 +1,4 @@
-"""What both kinds of handoff share: the result record, draining a source, counting what
+"""What both ends of a handoff share: the result record, draining a source, counting what
 moved, and handing a drained batch back to its source when the destination cannot take it.
 """
 
@@ -6,14 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlboost.errors import HandoffFailed
 from rlboost.migration.state import RequestState
-from rlboost.rollout.engine import RolloutEngine
 
 if TYPE_CHECKING:  # the record crosses to the controller, which never loads torch
     from rlboost.migration.batch import MigrationBatch
+
+
+class HoldsSamples(Protocol):
+    """What a handoff asks of an engine (the two RolloutEngine methods that move samples)."""
+
+    def export_states(self, sample_ids: Sequence[int] | None = None, *, with_kv: bool = False) -> Any: ...
+    def import_states(self, batch: Any) -> None: ...
 
 HANDOFF_FORMAT_VERSION = 1
 MODES = ("tokens", "kv")  # tokens: the destination re-prefills; kv: KV pages travel along
@@ -66,7 +72,7 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
-def drain(src: RolloutEngine, sample_ids: Sequence[int], mode: str) -> MigrationBatch:
+def drain(src: HoldsSamples, sample_ids: Sequence[int], mode: str) -> MigrationBatch:
     """Remove the samples from the source and return their states (and KV pages in kv mode).
 
     Unknown and finished ids are skipped (the engine's export contract)."""
@@ -83,7 +89,7 @@ def batch_counts(batch: MigrationBatch) -> dict[str, int]:
             "kv_bytes": kv_bytes, "reprefill_tokens": reprefill}
 
 
-def give_back(src: RolloutEngine, batch: MigrationBatch, why: BaseException, where: str) -> HandoffFailed:
+def give_back(src: HoldsSamples, batch: MigrationBatch, why: BaseException, where: str) -> HandoffFailed:
     """Resume a drained batch on its source; return the error to raise either way."""
     ids = list(batch.sample_ids)
     try:
@@ -100,12 +106,10 @@ def give_back(src: RolloutEngine, batch: MigrationBatch, why: BaseException, whe
 
 
 def make_result(mode: str, batch: MigrationBatch, batch_bytes: int, drain_s: float, pack_s: float,
-            ship_s: float, unpack_s: float, resume_s: float) -> HandoffResult:
+                ship_s: float, unpack_s: float, resume_s: float) -> HandoffResult:
     return HandoffResult(mode=mode, states=tuple(batch.states), batch_bytes=batch_bytes, drain_s=drain_s,
                          pack_s=pack_s, ship_s=ship_s, unpack_s=unpack_s, resume_s=resume_s,
                          **batch_counts(batch))
-
-
 
 
 def subset(batch: MigrationBatch, sample_ids: Collection[int]) -> MigrationBatch:
