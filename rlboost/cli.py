@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, parents=[common], help=helptext, description=helptext + ". Recipes: "
                              "tiny_cpu (default), smollm2_cpu, qwen3_gpu. Extra --set assignments may "
                              "come from RLBOOST_SET; run directories go under RLBOOST_RUN_ROOT (./runs).")
-        cmd.add_argument("--recipe", help="tiny_cpu (default), smollm2_cpu or qwen3_gpu")
+        cmd.add_argument("--recipe", help="tiny_cpu (default), tiny_vllm_cpu, smollm2_cpu or qwen3_gpu")
         cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                          help="override a config field, e.g. --set run.steps=10 (repeatable; "
                               "`rlboost config` lists the fields)")
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", parents=[common], help="the trainer's memory per rank, term by term",
                           description="Print the trainer's memory plan per rank (parameters, gradients, optimizer "
                           "state, activations, logits, NCCL, a colocated engine) against a GPU's memory.")
-    plan.add_argument("--recipe", help="tiny_cpu (default), smollm2_cpu, qwen3_gpu or paper_qwen3_8b")
+    plan.add_argument("--recipe", help="tiny_cpu (default), tiny_vllm_cpu, smollm2_cpu, qwen3_gpu or paper_qwen3_8b")
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     plan.add_argument("--gpu", help="plan for this GPU kind (default trainer.gpu): h100-sxm, h200, a100-sxm-80gb")
     plan.set_defaults(func=_plan)
