@@ -10,7 +10,7 @@ import pytest
 from engine_contract import Collected, ContractTarget, EngineContract, collect, make_state, poll_until, run_alone
 from fake_vllm import FAKES, UNSET
 
-from rlboost.errors import RolloutError
+from rlboost.errors import EngineStartFailed, RolloutError, WeightLoadFailed
 from rlboost.models import ModelConfig, build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.vllm.engine import VLLMApi, VLLMEngine, VLLMEngineConfig
 from rlboost.rollout.vllm.weights import shared_dir
@@ -131,3 +131,32 @@ def test_buckets_smaller_than_a_layer_still_reload_every_fused_layer_whole(tmp_p
         assert len(calls) > 2  # several buckets: each layer alone
         assert UNSET not in engine._engine.digests.values()
         assert engine.load().weight_version == VERSION + 1
+
+
+def test_a_start_vllm_cannot_make_is_refused_before_vllm_starts(tiny_ckpt):
+    fake = FAKES["0.27"]
+    cpu_build = VLLMApi(AsyncLLM=fake.AsyncLLM, AsyncEngineArgs=fake.AsyncEngineArgs,
+                        SamplingParams=fake.SamplingParams, RequestOutputKind=fake.RequestOutputKind,
+                        device_type="cpu", cpu_head_sizes=(32, 64, 128))
+    with pytest.raises(EngineStartFailed, match=r"runs on 'cpu', rollout.vllm.device is 'cuda'") as caught:
+        VLLMEngine(VLLMEngineConfig(model_path=str(tiny_ckpt)), api=cpu_build)
+    assert caught.value.engine == "vLLM" and "\n" not in str(caught.value)
+    with pytest.raises(EngineStartFailed, match=r"head_dim 16 is not one vLLM's CPU attention takes \(32, 64, 128\)"):
+        VLLMEngine(VLLMEngineConfig(model_path=str(tiny_ckpt), device="cpu"), api=cpu_build)
+
+
+def test_a_load_that_fails_in_the_workers_is_typed_and_fails_every_later_call(start, tiny_ckpt_other):
+    engine = start()
+
+    def broken(weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+        raise AssertionError("Attempted to load weight (torch.Size([63])) into parameter (torch.Size([64]))")
+
+    for worker in engine._engine.workers:
+        worker.model_runner.reload_weights = broken
+    with pytest.raises(WeightLoadFailed) as caught:
+        engine.load_weights(load_pretrained(tiny_ckpt_other).named_weights(), VERSION + 1)
+    assert str(caught.value) == (f"vLLM failed to load weight version {VERSION + 1}: AssertionError: Attempted to "
+                                 "load weight (torch.Size([63])) into parameter (torch.Size([64]))")
+    for call in (lambda: engine.poll(0.0), lambda: engine.submit([make_state(1, VERSION)]), engine.load):
+        with pytest.raises(WeightLoadFailed, match=f"weight version {VERSION + 1}"):
+            call()

@@ -44,19 +44,15 @@ class RlboostWorkerExtension:
                     want = getattr(torch, dtype)
                     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=want).element_size()
                     weights.append((name, flat[offset:offset + nbytes].view(want).view(tuple(shape))))
-                rlboost_load_into(self, weights)
+                load_into(self, weights)
                 count = len(weights)
                 del weights, flat  # no view of the map may outlive it
         finally:
             os.close(fd)
         return count
 
-    def rlboost_reload_kind(self) -> str:
-        """How this worker loads buckets: "reload" (in place) or "load_weights" (the model's own)."""
-        return "reload" if _in_place_reload(self) else "load_weights"
 
-
-def rlboost_load_into(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+def load_into(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Load (name, tensor) pairs into a vLLM worker's model, then repack tied heads."""
     model = worker.model_runner.get_model()
     reload = _in_place_reload(worker)
