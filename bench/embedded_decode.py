@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 
@@ -53,7 +54,10 @@ def engine_rate(ckpt, batch: int, tokens: int) -> float:
 
 def vllm_rates(ckpt, batches: tuple[int, ...], tokens: int, threads: int) -> dict[int, float | None]:
     """vLLM's decode rate through rlboost's adapter, one engine for every batch (None each
-    when vLLM is not installed)."""
+    when vLLM is not installed). vLLM's own log goes to stderr, warnings only, so that stdout
+    holds the table."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         from vllm.platforms import current_platform
 
