@@ -41,7 +41,7 @@ def smollm2_cpu() -> RunConfig:
         rollout=RolloutConfig(embedded=EmbeddedEngineConfig(num_blocks=64, block_size=16, max_batch_size=16,
                                                             max_prefill_tokens=512, stream_interval=4),
                               vllm=VLLMEngineConfig(device="cpu", dtype="float32", stream_interval=4,
-                                                    kv_cache_bytes=256 << 20),
+                                                    kv_cache_bytes=512 << 20),  # its 8,192-token context
                               capacity=16),
         cluster=ClusterConfig(reserved_instances=1, max_preemptible=1, initial_preemptible=1, trace="none",
                               inject=("notice@2",), notice_s=10.0),

@@ -1,5 +1,6 @@
-"""VLLMEngine: the RolloutEngine protocol over vLLM's `AsyncLLM`, so GPU instances roll out
-with vLLM and the controller drives them like the other engines.
+"""VLLMEngine: the RolloutEngine protocol over vLLM's `AsyncLLM`, so instances roll out with
+vLLM (on GPUs, or on CPU with a CPU build of vLLM) and the controller drives them like the
+other engines.
 
 One background thread (StreamedEngine's, as the SGLang adapter's) builds and owns the AsyncLLM:
 it runs the event loop where one task per vLLM request consumes its output stream, and runs
@@ -10,8 +11,10 @@ drains under a condition variable.
 Supported vLLM: 0.20 to 0.33 (the `vllm` extra pins that range; tests/rollout/fake_vllm.py
 plays each release line's rules, tests/rollout/test_vllm_conformance.py checks the adapter
 against the installed release). Weights go through vLLM's public extension points: a worker
-extension (worker.py) that vLLM mixes into its workers and `collective_rpc` (weights.py).
-A sample that loses its instance resumes elsewhere by re-prefill of prompt + output.
+extension (worker.py) that vLLM mixes into its workers and `collective_rpc` (weights.py), in
+buckets of whole decoder layers. A failed start or load raises EngineStartFailed /
+WeightLoadFailed in vLLM's own words (logs.py). A sample that loses its instance resumes
+elsewhere by re-prefill of prompt + output.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ __all__ = ["VLLMApi", "VLLMEngine", "VLLMEngineConfig"]
 
 
 class VLLMEngine(StreamedEngine):
-    """The vLLM rollout engine. Usage (on a GPU machine with vLLM installed):
+    """The vLLM rollout engine. Usage (where vLLM is installed; device="cpu" for its CPU build):
 
         engine = VLLMEngine(VLLMEngineConfig(model_path="ckpt/", stream_interval=8))
         engine.submit([RequestState(sample_id=1, prompt_ids=(1, 2, 3), seed=0, weight_version=0,
