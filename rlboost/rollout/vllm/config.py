@@ -85,6 +85,7 @@ class VLLMEngineConfig(ServerEngineFields):
             return {}
         env = {"TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                "OMP_NUM_THREADS": str(self.cpu_threads)}
-        if self.tp_size == 1:
+        if self.tp_size == 1:  # AsyncLLM's engine core stays a process of its own (vLLM's warning
+            # that its seed may then touch the launching process is about its in-process engine)
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         return env
