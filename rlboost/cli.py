@@ -19,8 +19,9 @@ from rlboost.run.outcome import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 _BAD_INPUT = (ValueError, OSError, ModuleNotFoundError)
 # Named here rather than imported (the recipes import torch; `rlboost notice` starts in well
 # under a second); tests/test_newcomer.py checks them against rlboost.recipes and the scenarios.
-RECIPES = ("tiny_cpu", "smollm2_cpu", "qwen3_gpu", "paper_qwen3_8b")
-RECIPE_HELP = ("tiny_cpu (default: a tiny model learns sums on a CPU), smollm2_cpu (a real 135M model), "
+RECIPES = ("tiny_cpu", "tiny_vllm_cpu", "smollm2_cpu", "qwen3_gpu", "paper_qwen3_8b")
+RECIPE_HELP = ("tiny_cpu (default: a tiny model learns sums on a CPU), tiny_vllm_cpu (the same on vLLM's CPU build), "
+               "smollm2_cpu (a real 135M model), "
                "qwen3_gpu (a GPU run with SGLang), paper_qwen3_8b (the RLBoost artifact's Qwen3-8B run, emulated)")
 SCENARIOS = ("paper", "paper-trace", "paper-trace-reference", "artifact", "saturation")
 

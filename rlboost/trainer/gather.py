@@ -16,6 +16,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from rlboost.models.buckets import buckets
+
 
 @dataclass
 class _Buffers:
@@ -50,20 +52,14 @@ def iter_full_parameters(model: nn.Module, *, bucket_bytes: int = 64 << 20,
     named = list(model.named_parameters())
     _check_into(named, dtype, into if rank == dst else None)
     buffers = _Buffers()
-    bucket: list[tuple[str, torch.Tensor]] = []
-    bucket_dtype: torch.dtype | None = None
-    size = 0
-    for name, param in named:
-        out_dtype = dtype or param.dtype
-        nbytes = param.numel() * out_dtype.itemsize
-        if bucket and (size + nbytes > bucket_bytes or bucket_dtype != out_dtype):
-            yield from _gather_bucket(bucket, bucket_dtype, dst, rank, into, buffers)
-            bucket, size = [], 0
-        bucket.append((name, param))
-        bucket_dtype = out_dtype
-        size += nbytes
-    if bucket:
-        yield from _gather_bucket(bucket, bucket_dtype, dst, rank, into, buffers)
+
+    def out_dtype(item: tuple[str, torch.Tensor]) -> torch.dtype:
+        return dtype or item[1].dtype
+
+    # one gather per bucket into one typed buffer: a new dtype starts a new bucket
+    for bucket in buckets(named, bucket_bytes=bucket_bytes, kind=out_dtype,
+                          nbytes=lambda item: item[1].numel() * out_dtype(item).itemsize):
+        yield from _gather_bucket(bucket, out_dtype(bucket[0]), dst, rank, into, buffers)
 
 
 def full_state_dict(model: nn.Module, *, dtype: torch.dtype | None = None,

@@ -18,6 +18,9 @@ and RULES["0.27"] (0.27.0 and 0.33.0's).
   reset_prefix_cache() answers False while any request holds blocks.
 - collective_rpc(method, timeout, args, kwargs) runs method on each of tensor_parallel_size
   workers, arguments pickled across (workers are other processes), and returns their answers.
+- A worker's model_runner.reload_weights(weights_iterator=...) reloads in place, processing
+  each module once all of its parts arrived in that call (model_loader/reload/layerwise.py):
+  a fused q/k/v or gate/up module given in part keeps the rest uninitialised.
 - SamplingParams checks its values as _verify_args does; from 0.27 a temperature above 2 is
   refused. Per-request seeds seed one generator per request (a re-prefilled request draws
   anew from its seed). Log-probs (processed_logprobs) are those of softmax(logits / T).
@@ -167,14 +170,53 @@ class _FakeModel:
             loaded.add(name)
         return loaded
 
+    def named_modules(self):
+        """nn.Module's: the stand-in has no layers in a kernel form to pack again."""
+        return iter(())
+
+
+# vLLM's fused layers: the checkpoint's q/k/v and gate/up load into one module each
+_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+          "up_proj": "gate_up_proj"}
+UNSET = b"uninitialised"  # the digest of a tensor vLLM left unset
+
+
+def _fused_module(name: str) -> str:
+    module, _, _ = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    return f"{parent}.{_FUSED.get(leaf, leaf)}"
+
+
+class _FakeModelRunner:
+    """The worker's model runner: get_model(), and reload_weights as vLLM's in-place reload
+    has it (model_loader/reload): within one call, each module is restored to its checkpoint
+    layout, loaded, and processed once every part of it has arrived; a module that got only
+    some of its parts is processed at the end with the rest left uninitialised."""
+
+    def __init__(self, engine: FakeAsyncLLMForTests):
+        self.engine = engine
+        self.model = _FakeModel(engine)
+
+    def get_model(self):
+        return self.model
+
+    def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True) -> None:
+        loaded = self.model.load_weights(list(weights_iterator))
+        parts: dict[str, set[str]] = {}
+        for name in self.engine.shapes:
+            parts.setdefault(_fused_module(name), set()).add(name)
+        for names in parts.values():
+            if names & loaded:
+                for name in names - loaded:
+                    self.engine.pending_digests[name] = UNSET
+
 
 class _FakeWorkerBase:
-    """A GPU worker as the extension sees it: self.model_runner.get_model()."""
+    """A worker as the extension sees it: self.model_runner (get_model, reload_weights)."""
 
     def __init__(self, engine: FakeAsyncLLMForTests, rank: int):
         self.rank = rank
-        model_ = _FakeModel(engine)
-        self.model_runner = SimpleNamespace(get_model=lambda: model_, model=model_)
+        self.model_runner = _FakeModelRunner(engine)
 
     def execute_model(self):  # a worker method an extension must not shadow
         raise NotImplementedError

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from rlboost.errors import RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.models import ModelConfig, load_pretrained
-from rlboost.rollout.loop_thread import LoopThread
+from rlboost.rollout.server.loop_thread import LoopThread
 from rlboost.rollout.sglang import weights as sglang_weights
 from rlboost.rollout.sglang.engine import SGLangEngine, SGLangEngineConfig
 from rlboost.rollout.sglang.requests import SGLangSample, cut_at_stop, finish_of, new_entries, request_id, sampling_seed

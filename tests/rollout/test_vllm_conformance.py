@@ -2,8 +2,8 @@
 the adapter makes, with its arguments, binds to the installed signature; the engine
 arguments make an AsyncEngineArgs; every request's sampling parameters make a SamplingParams
 (which checks its values); the outputs' fields the adapter reads exist; the worker extension
-fits the installed worker and the models' load_weights; and the stand-in plays the rules
-of the installed release.
+fits the installed worker, its in-place reload and the models' load_weights; and the
+stand-in plays the rules of the installed release.
 
 The calls are not listed by hand: the adapter runs a whole scenario against the stand-in of
 the installed release line through a recorder, and what it asked is checked. Skipped unless
@@ -153,6 +153,9 @@ def test_engine_kwargs_make_an_async_engine_args(asked):
     from vllm.config.model import LogprobsMode
 
     assert args.logprobs_mode in LogprobsMode.__args__
+    cpu = AsyncEngineArgs(**VLLMEngineConfig(model_path=kwargs["model"], device="cpu",
+                                             kv_cache_bytes=64 << 20).engine_kwargs())
+    assert cpu.kv_cache_memory_bytes == 64 << 20 and cpu.enforce_eager is True
 
 
 def test_every_requests_sampling_params_make_a_sampling_params(asked):
@@ -187,6 +190,22 @@ def test_the_worker_extension_fits_the_installed_worker():
     for module, cls in (("qwen3", "Qwen3ForCausalLM"), ("qwen2", "Qwen2ForCausalLM"), ("llama", "LlamaForCausalLM")):
         load = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), cls).load_weights
         inspect.signature(load).bind(None, weights=[])
+
+
+def test_the_installed_vllm_reloads_weights_in_place_from_an_iterator():
+    """The worker extension loads through reload_weights(weights_iterator=...) wherever the
+    release has it (every release of the supported range does), through the worker's method,
+    which runs it under the worker's vLLM config."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu_worker import Worker
+
+    runner = inspect.signature(GPUModelRunner.reload_weights).parameters
+    assert "weights_iterator" in runner and "is_checkpoint_format" in runner
+    worker = inspect.signature(Worker.reload_weights).parameters
+    assert "weights_iterator" in worker or any(p.kind is p.VAR_KEYWORD for p in worker.values())
+    assert "set_current_vllm_config" in _method_source("vllm.v1.worker.gpu_worker", "Worker.reload_weights")
+    # a layer is processed once all of its tensors arrived within one call: buckets hold whole layers
+    assert "load_numel_total" in _source("vllm.model_executor.model_loader.reload.layerwise")
 
 
 def test_the_outputs_hold_what_the_adapter_reads():

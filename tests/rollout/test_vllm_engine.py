@@ -8,10 +8,10 @@ import os
 
 import pytest
 from engine_contract import Collected, ContractTarget, EngineContract, collect, make_state, poll_until, run_alone
-from fake_vllm import FAKES
+from fake_vllm import FAKES, UNSET
 
-from rlboost.errors import RolloutError
-from rlboost.models import ModelConfig, load_pretrained
+from rlboost.errors import EngineStartFailed, RolloutError, WeightLoadFailed
+from rlboost.models import ModelConfig, build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.vllm.engine import VLLMApi, VLLMEngine, VLLMEngineConfig
 from rlboost.rollout.vllm.weights import shared_dir
 
@@ -118,3 +118,45 @@ def test_an_abort_vllm_did_on_its_own_fails_the_engine(start):
     engine.submit([make_state(1, VERSION, max_new=50)])
     with pytest.raises(RolloutError, match="finish_reason 'abort'"):
         collect(engine, [1])
+
+
+def test_buckets_smaller_than_a_layer_still_reload_every_fused_layer_whole(tmp_path, release):
+    shape = dict(arch="qwen3", hidden_size=256, intermediate_size=1024, num_heads=8, num_kv_heads=2, head_dim=32)
+    ckpt = build_tiny_checkpoint(tmp_path / "a", seed=0, **shape)  # a layer: about 3.7 MB in float32
+    other = build_tiny_checkpoint(tmp_path / "b", seed=1, **shape)
+    config = VLLMEngineConfig(model_path=str(ckpt), weight_version=VERSION, weight_bucket_bytes=1 << 20)
+    with VLLMEngine(config, api=api_of(release)) as engine:
+        engine.load_weights(load_pretrained(other).named_weights(), VERSION + 1)
+        calls = [e for e in engine._engine.events if e == ("collective_rpc", "rlboost_load_weights")]
+        assert len(calls) > 2  # several buckets: each layer alone
+        assert UNSET not in engine._engine.digests.values()
+        assert engine.load().weight_version == VERSION + 1
+
+
+def test_a_start_vllm_cannot_make_is_refused_before_vllm_starts(tiny_ckpt):
+    fake = FAKES["0.27"]
+    cpu_build = VLLMApi(AsyncLLM=fake.AsyncLLM, AsyncEngineArgs=fake.AsyncEngineArgs,
+                        SamplingParams=fake.SamplingParams, RequestOutputKind=fake.RequestOutputKind,
+                        device_type="cpu", cpu_head_sizes=(32, 64, 128))
+    with pytest.raises(EngineStartFailed, match=r"runs on 'cpu', rollout.vllm.device is 'cuda'") as caught:
+        VLLMEngine(VLLMEngineConfig(model_path=str(tiny_ckpt)), api=cpu_build)
+    assert caught.value.engine == "vLLM" and "\n" not in str(caught.value)
+    with pytest.raises(EngineStartFailed, match=r"head_dim 16 is not one vLLM's CPU attention takes \(32, 64, 128\)"):
+        VLLMEngine(VLLMEngineConfig(model_path=str(tiny_ckpt), device="cpu"), api=cpu_build)
+
+
+def test_a_load_that_fails_in_the_workers_is_typed_and_fails_every_later_call(start, tiny_ckpt_other):
+    engine = start()
+
+    def broken(weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+        raise AssertionError("Attempted to load weight (torch.Size([63])) into parameter (torch.Size([64]))")
+
+    for worker in engine._engine.workers:
+        worker.model_runner.reload_weights = broken
+    with pytest.raises(WeightLoadFailed) as caught:
+        engine.load_weights(load_pretrained(tiny_ckpt_other).named_weights(), VERSION + 1)
+    assert str(caught.value) == (f"vLLM failed to load weight version {VERSION + 1}: AssertionError: Attempted to "
+                                 "load weight (torch.Size([63])) into parameter (torch.Size([64]))")
+    for call in (lambda: engine.poll(0.0), lambda: engine.submit([make_state(1, VERSION)]), engine.load):
+        with pytest.raises(WeightLoadFailed, match=f"weight version {VERSION + 1}"):
+            call()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlboost.rollout.server_fields import SERVER_DTYPES, ServerEngineFields, check_server_fields
+from rlboost.rollout.server.fields import SERVER_DTYPES, ServerEngineFields, check_server_fields
 
 SGLANG_DTYPES = SERVER_DTYPES
 

@@ -24,11 +24,12 @@ from typing import Any, Callable, Mapping
 
 from rlboost.errors import RolloutError
 from rlboost.migration.state import RequestState
-from rlboost.rollout.checkpoint_facts import check_weights
+from rlboost.rollout.server.checkpoint_facts import check_weights
+from rlboost.rollout.server.engine import StreamedEngine
+from rlboost.rollout.server.failures import load_failure
 from rlboost.rollout.sglang.config import SGLangEngineConfig
 from rlboost.rollout.sglang.requests import SGLangSample, cut_at_stop, finish_of, new_entries, request_id
 from rlboost.rollout.sglang.weights import flush_when_idle, push_weights, weight_buckets
-from rlboost.rollout.streamed_engine import StreamedEngine
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig"]
 _INSTALL_HINT = "SGLangEngine needs SGLang on a GPU machine: pip install 'rlboost[sglang]'"
@@ -96,8 +97,9 @@ class SGLangEngine(StreamedEngine):
             flush_when_idle(self._engine, self._sleep, self.config.flush_timeout_s)
         except BaseException as e:
             # Some tensors may already be replaced: this engine's weights are unknown now.
-            self._fail(e)
-            raise RolloutError(f"SGLang failed to load weights version {version}: {e!r}") from e
+            failure = load_failure(self._engine_name, version, e, self._cause(e))
+            self._fail(failure)
+            raise failure from e
         self._loaded(version)
 
     def _set_memory(self, *, release: bool) -> None:

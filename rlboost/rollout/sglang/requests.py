@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlboost.errors import RolloutError
-from rlboost.rollout.streamed import Pairs, StreamedSample, cut_at_stop, sampling_seed
+from rlboost.rollout.server.sample import Pairs, StreamedSample, cut_at_stop, sampling_seed
 
 __all__ = ["SGLangSample", "cut_at_stop", "finish_of", "new_entries", "request_id", "sampling_seed"]
 

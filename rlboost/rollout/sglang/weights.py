@@ -1,4 +1,4 @@
-"""How a weight set (checked against the checkpoint: rlboost.rollout.checkpoint_facts) is cut
+"""How a weight set (checked against the checkpoint: rlboost.rollout.server.checkpoint_facts) is cut
 into buckets before SGLang sees any of it, and the calls that hand the buckets to SGLang as
 each release line wants them.
 
@@ -16,35 +16,30 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from rlboost.errors import RolloutError
+from rlboost.models.buckets import buckets, decoder_layer
 from rlboost.models.checkpoint import TORCH_DTYPES
-from rlboost.rollout.checkpoint_facts import CheckpointFacts, check_weights, read_checkpoint_facts
 
-__all__ = ["CheckpointFacts", "check_weights", "flush_when_idle", "push_weights", "read_checkpoint_facts",
-           "weight_buckets"]
+__all__ = ["flush_when_idle", "push_weights", "weight_buckets"]
+
 
 def weight_buckets(pairs: list[tuple[str, torch.Tensor]], bucket_bytes: int,
                    dtype: str = "auto") -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive buckets of about bucket_bytes (a larger tensor goes alone), each tensor
-    cast to `dtype` unless "auto". CPU tensors become fresh contiguous copies; GPU tensors go
-    by CUDA IPC, which leaves their memory where it is, so they are only made contiguous."""
+    """Consecutive buckets of about bucket_bytes, whole decoder layers each (a larger layer
+    goes alone: rlboost.models.buckets), each tensor cast to `dtype` unless "auto". CPU
+    tensors become fresh contiguous copies, one bucket at a time; GPU tensors go by CUDA IPC,
+    which leaves their memory where it is, so they are only made contiguous."""
     target = TORCH_DTYPES.get(dtype)
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in pairs:
-        t = t.detach()
-        want = target or t.dtype
-        if t.device.type == "cpu":
-            t = t.to(dtype=want, copy=True, memory_format=torch.contiguous_format)
-        else:
-            t = t.to(dtype=want).contiguous()
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += nbytes
-    if bucket:
-        yield bucket
+    for bucket in buckets(pairs, bucket_bytes=bucket_bytes, unit=lambda pair: decoder_layer(pair[0]),
+                          nbytes=lambda pair: pair[1].numel() * (target or pair[1].dtype).itemsize):
+        yield [(name, _owned(t, target)) for name, t in bucket]
+
+
+def _owned(t: torch.Tensor, target: torch.dtype | None) -> torch.Tensor:
+    t = t.detach()
+    want = target or t.dtype
+    if t.device.type == "cpu":
+        return t.to(dtype=want, copy=True, memory_format=torch.contiguous_format)
+    return t.to(dtype=want).contiguous()
 
 
 Bucket = list[tuple[str, torch.Tensor]]

@@ -1,5 +1,6 @@
-"""VLLMEngine: the RolloutEngine protocol over vLLM's `AsyncLLM`, so GPU instances roll out
-with vLLM and the controller drives them like the other engines.
+"""VLLMEngine: the RolloutEngine protocol over vLLM's `AsyncLLM`, so instances roll out with
+vLLM (on GPUs, or on CPU with a CPU build of vLLM) and the controller drives them like the
+other engines.
 
 One background thread (StreamedEngine's, as the SGLang adapter's) builds and owns the AsyncLLM:
 it runs the event loop where one task per vLLM request consumes its output stream, and runs
@@ -10,53 +11,35 @@ drains under a condition variable.
 Supported vLLM: 0.20 to 0.33 (the `vllm` extra pins that range; tests/rollout/fake_vllm.py
 plays each release line's rules, tests/rollout/test_vllm_conformance.py checks the adapter
 against the installed release). Weights go through vLLM's public extension points: a worker
-extension (worker.py) that vLLM mixes into its workers and `collective_rpc` (weights.py).
-A sample that loses its instance resumes elsewhere by re-prefill of prompt + output.
+extension (worker.py) that vLLM mixes into its workers and `collective_rpc` (weights.py), in
+buckets of whole decoder layers. A failed start or load raises EngineStartFailed /
+WeightLoadFailed in vLLM's own words (logs.py). A sample that loses its instance resumes
+elsewhere by re-prefill of prompt + output.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from rlboost.errors import RolloutError
 from rlboost.migration.state import RequestState
-from rlboost.rollout.checkpoint_facts import check_weights
-from rlboost.rollout.streamed import cut_at_stop
-from rlboost.rollout.streamed_engine import StreamedEngine
+from rlboost.models.buckets import buckets, decoder_layer
+from rlboost.rollout.server.checkpoint_facts import check_weights
+from rlboost.rollout.server.engine import StreamedEngine
+from rlboost.rollout.server.failures import describe, load_failure, points_elsewhere, run_failure
+from rlboost.rollout.server.sample import cut_at_stop
+from rlboost.rollout.vllm.api import VLLMApi, check_device, check_head_size, environment, installed_vllm
 from rlboost.rollout.vllm.config import VLLMEngineConfig
+from rlboost.rollout.vllm.logs import ErrorLog
 from rlboost.rollout.vllm.requests import VLLMSample, finish_of, new_pairs, request_id
 from rlboost.rollout.vllm.weights import LOAD_CALL, check_loaded, reset_when_idle, shared_bucket
 
 __all__ = ["VLLMApi", "VLLMEngine", "VLLMEngineConfig"]
-_INSTALL_HINT = "VLLMEngine needs vLLM on a GPU machine: pip install 'rlboost[vllm]'"
-
-
-@dataclass(frozen=True, slots=True)
-class VLLMApi:
-    """The vLLM classes the adapter uses (tests pass a stand-in's)."""
-
-    AsyncLLM: Any
-    AsyncEngineArgs: Any
-    SamplingParams: Any
-    RequestOutputKind: Any
-
-
-def installed_vllm() -> VLLMApi:
-    try:
-        vllm = importlib.import_module("vllm")
-        sampling = importlib.import_module("vllm.sampling_params")
-        async_llm = importlib.import_module("vllm.v1.engine.async_llm")
-    except ImportError as e:
-        raise ImportError(f"{_INSTALL_HINT} ({e})") from e
-    return VLLMApi(AsyncLLM=async_llm.AsyncLLM, AsyncEngineArgs=vllm.AsyncEngineArgs,
-                   SamplingParams=sampling.SamplingParams, RequestOutputKind=sampling.RequestOutputKind)
 
 
 class VLLMEngine(StreamedEngine):
-    """The vLLM rollout engine. Usage (on a GPU machine with vLLM installed):
+    """The vLLM rollout engine. Usage (where vLLM is installed; device="cpu" for its CPU build):
 
         engine = VLLMEngine(VLLMEngineConfig(model_path="ckpt/", stream_interval=8))
         engine.submit([RequestState(sample_id=1, prompt_ids=(1, 2, 3), seed=0, weight_version=0,
@@ -78,10 +61,39 @@ class VLLMEngine(StreamedEngine):
         if config.model_path is None:
             raise ValueError("VLLMEngineConfig.model_path must name the checkpoint vLLM loads")
         self.api = api or installed_vllm()
-        self._init_streams(config, self._build, "rlboost-vllm-engine")
+        self._log = ErrorLog(self.api.logging_config) if self.api.logging_config else None
+        try:
+            self._init_streams(config, self._build, "rlboost-vllm-engine")
+        except BaseException:
+            self._close_log()
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._close_log()
 
     def _build(self) -> Any:
-        return self.api.AsyncLLM.from_engine_args(self.api.AsyncEngineArgs(**self.config.engine_kwargs()))
+        check_device(self.api, self.config.device)
+        check_head_size(self.api, self.config.device, self._facts.head_dim)
+        env = {**self.config.engine_env(), **(self._log.env() if self._log else {})}
+        with environment(env):  # vLLM's processes start inside and read it
+            return self.api.AsyncLLM.from_engine_args(self.api.AsyncEngineArgs(**self.config.engine_kwargs()))
+
+    def _cause(self, e: BaseException) -> str:
+        """vLLM's account of e: the exception's message, or what its process logged when the
+        message only points there or is the logged one rewrapped (then the logged one names
+        its type: "AssertionError: ..." rather than "Exception: Call to ... failed: ...")."""
+        cause = describe(e)
+        logged = self._log.last_error() if self._log is not None else ""
+        if logged and (points_elsewhere(cause) or logged.partition(": ")[2] in cause):
+            return logged
+        return cause
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
 
     # ---- engine thread: calls between loop turns ----------------------------------------
 
@@ -105,7 +117,8 @@ class VLLMEngine(StreamedEngine):
         self._check_loadable(version)
         pairs = check_weights(self._facts, named)
         try:
-            for group in _groups(pairs, self.config.weight_bucket_bytes):
+            for group in buckets(pairs, bucket_bytes=self.config.weight_bucket_bytes,
+                                 unit=lambda pair: decoder_layer(pair[0]), nbytes=lambda pair: pair[1].nbytes):
                 with shared_bucket(group, self.config.dtype) as bucket:
                     answers = self._run(self._engine.collective_rpc(LOAD_CALL, args=(bucket.path, list(bucket.entries))))
                     check_loaded(answers, bucket, self.config.tp_size)
@@ -114,8 +127,9 @@ class VLLMEngine(StreamedEngine):
                             self.config.flush_timeout_s)
         except BaseException as e:
             # Some tensors may already be replaced: this engine's weights are unknown now.
-            self._fail(e)
-            raise RolloutError(f"vLLM failed to load weights version {version}: {e!r}") from e
+            failure = load_failure(self._engine_name, version, e, self._cause(e))
+            self._fail(failure)
+            raise failure from e
         self._loaded(version)
 
     # ---- engine thread: streams ---------------------------------------------------------
@@ -134,7 +148,7 @@ class VLLMEngine(StreamedEngine):
             raise
         except Exception as e:  # never swallowed: the caller sees it on its next call
             if self._wanted(sample, rid):
-                self._fail(e)
+                self._fail(run_failure(self._engine_name, e, self._cause(e)))
 
     def _absorb(self, sample: VLLMSample, output: Any) -> None:
         pairs, reason = new_pairs(sample, output)
@@ -148,17 +162,3 @@ class VLLMEngine(StreamedEngine):
 
     def _abort_request(self, rid: str) -> None:
         self._spawn(self._engine.abort(rid))  # runs at the loop's next turn
-
-
-def _groups(pairs: list[tuple[str, Any]], bucket_bytes: int):
-    """Consecutive groups of about bucket_bytes (a larger tensor goes alone)."""
-    group, size = [], 0
-    for name, t in pairs:
-        nbytes = t.numel() * t.element_size()
-        if group and size + nbytes > bucket_bytes:
-            yield group
-            group, size = [], 0
-        group.append((name, t))
-        size += nbytes
-    if group:
-        yield group

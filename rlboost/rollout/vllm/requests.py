@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlboost.errors import RolloutError
-from rlboost.rollout.streamed import Pairs, StreamedSample, sampling_seed
+from rlboost.rollout.server.sample import Pairs, StreamedSample, sampling_seed
 
 __all__ = ["VLLMSample", "finish_of", "new_pairs", "request_id"]
 

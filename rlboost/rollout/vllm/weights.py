@@ -1,7 +1,7 @@
 """Weights into vLLM: each bucket of (name, tensor) pairs is written once into a shared-memory
 file, whose layout goes to every vLLM worker by `collective_rpc`; the rlboost worker extension
-(worker.py) maps the file and hands the tensors to the model's own load_weights. After the
-last bucket the prefix cache (KV computed with the old weights) is dropped once vLLM lets it.
+(worker.py) maps the file and reloads the model from it in place. After the last bucket the
+prefix cache (KV computed with the old weights) is dropped once vLLM lets it.
 
 One copy on the way: from the pulled buffers into the shared file (vLLM's workers are other
 processes, and TP ranks all read the same file); no tensor is pickled.

@@ -22,14 +22,16 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 @dataclass(frozen=True, slots=True)
 class CheckpointFacts:
-    """vocab_size / max_position_embeddings from config.json (None when absent); shapes of
-    the tensors load_weights must replace (None when model_path holds no safetensors, then
-    only the tensors themselves are checked); tied: the lm_head is the embedding."""
+    """vocab_size / max_position_embeddings / head_dim from config.json (None when absent);
+    shapes of the tensors load_weights must replace (None when model_path holds no
+    safetensors, then only the tensors themselves are checked); tied: the lm_head is the
+    embedding."""
 
     vocab_size: int | None
     max_position_embeddings: int | None
     shapes: dict[str, tuple[int, ...]] | None
     tied: bool
+    head_dim: int | None = None
 
 
 def read_checkpoint_facts(model_path: str) -> CheckpointFacts:
@@ -41,6 +43,7 @@ def read_checkpoint_facts(model_path: str) -> CheckpointFacts:
     vocab = hf.get("vocab_size", text.get("vocab_size"))
     longest = hf.get("max_position_embeddings", text.get("max_position_embeddings"))
     tied = bool(hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    head_dim = _head_dim({**text, **hf})
     shapes = None
     if root.is_dir():
         try:
@@ -54,7 +57,15 @@ def read_checkpoint_facts(model_path: str) -> CheckpointFacts:
                     shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in names if _kept(n, tied)})
     return CheckpointFacts(vocab_size=None if vocab is None else int(vocab),
                            max_position_embeddings=None if longest is None else int(longest),
-                           shapes=shapes, tied=tied)
+                           shapes=shapes, tied=tied, head_dim=head_dim)
+
+
+def _head_dim(hf: dict) -> int | None:
+    if hf.get("head_dim"):
+        return int(hf["head_dim"])
+    if hf.get("hidden_size") and hf.get("num_attention_heads"):
+        return int(hf["hidden_size"]) // int(hf["num_attention_heads"])
+    return None
 
 
 def _kept(name: str, tied: bool) -> bool:

@@ -18,15 +18,16 @@ import uuid
 import weakref
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from rlboost.errors import RolloutError
+from rlboost.errors import EngineFailed, RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState
 from rlboost.rollout.admission import validate_states
-from rlboost.rollout.checkpoint_facts import CheckpointFacts, read_checkpoint_facts
 from rlboost.rollout.engine import EngineLoad
-from rlboost.rollout.loop_thread import LoopThread
-from rlboost.rollout.rate import DecodeRate, LoadCounts
-from rlboost.rollout.streamed import StreamedSample
+from rlboost.rollout.server.checkpoint_facts import CheckpointFacts, read_checkpoint_facts
+from rlboost.rollout.server.failures import again, describe, start_failure
+from rlboost.rollout.server.loop_thread import LoopThread
+from rlboost.rollout.server.rate import DecodeRate, LoadCounts
+from rlboost.rollout.server.sample import StreamedSample
 from rlboost.rollout.threaded import ThreadedEngineState
 
 T = TypeVar("T")
@@ -66,7 +67,7 @@ class StreamedEngine(ThreadedEngineState, metaclass=abc.ABCMeta):
         try:
             self._thread = LoopThread(build, name=thread_name)
         except Exception as e:
-            raise RolloutError(f"{self._engine_name} engine did not start: {e!r}") from e
+            raise start_failure(self._engine_name, e, self._cause(e)) from e
         self._engine, self._loop = self._thread.owned, self._thread.loop
         # A daemon thread still inside the engine when the interpreter finalizes may abort the
         # process, so an engine left open is closed at exit (the hook holds a weak ref).
@@ -117,6 +118,16 @@ class StreamedEngine(ThreadedEngineState, metaclass=abc.ABCMeta):
         if self._shutdown_error is not None:
             e = self._shutdown_error
             raise RolloutError(f"{self._engine_name} did not shut down cleanly: {e!r}") from e
+
+    def _check_usable(self) -> None:
+        if isinstance(self._failure, EngineFailed):  # the engine's own words, on every later call
+            raise again(self._failure) from self._failure
+        super()._check_usable()
+
+    def _cause(self, e: BaseException) -> str:
+        """The engine's own account of a failure, one line (subclasses read their engine's
+        log when the exception only points to it)."""
+        return describe(e)
 
     def _call(self, fn: Callable[[], T]) -> T:
         with self._cond:
