@@ -36,8 +36,8 @@ class TrainerTiming:
 
     >>> from rlboost.rollout.emulated.config import EmulatedEngineConfig
     >>> t = TrainerTiming(EmulatedEngineConfig(model="qwen3-8b", efficiency=1.0), gpus=8)
-    >>> round(t.microbatch_s([1000]), 3)  # 6 passes x 2 x 7.58e9 (no embedding) x 1000 / (8 x 989e12) + attention
-    0.012
+    >>> round(t.microbatch_s([1000]), 3)  # 6 passes x 2 x 7.57e9 (no embedding) x 1000 / (8 x 989e12 x 0.387) + attention
+    0.03
     """
 
     def __init__(self, emulated: EmulatedEngineConfig, gpus: int):
@@ -53,8 +53,8 @@ class TrainerTiming:
         return self.timing.train_s(len(real), float(sum(real)), float(sum(x * x for x in real))) / self.scale
 
     def step_end_s(self) -> float:
-        """The optimizer step and staging the new weights for pullers."""
-        return (self.timing.optimizer_s() + self.timing.publish_s()) / self.scale
+        """The step's overhead (the optimizer step among it) and staging the new weights for pullers."""
+        return (self.timing.step_overhead_s() + self.timing.publish_s()) / self.scale
 
     def payload_bytes(self, egress_bytes_per_s: int | None) -> int:
         """Bytes to publish so that a pull at the egress cap takes the run time the model's
@@ -124,7 +124,7 @@ class EmulatedTrainer:
     def finish_step(self, denominator: float) -> dict:
         if not denominator > 0:
             raise ValueError(f"denominator must be > 0, got {denominator}")
-        seconds = self.timing.timing.optimizer_s() / self.timing.scale
+        seconds = self.timing.timing.step_overhead_s() / self.timing.scale
         time.sleep(seconds)
         sums, self._sums = self._sums, {"tokens": 0, "microbatches": 0, "seconds": 0.0}
         return {"loss_sum": 0.0, "kl_sum": 0.0, "clipped_tokens": 0.0, "ratio_sum": float(sums["tokens"]),
