@@ -39,6 +39,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--trace-steps", type=int, default=20, help="steps of each run on the trace")
     p.add_argument("--skip", type=int, default=2, help="first steps not counted (>= 1)")
     p.add_argument("--segments", type=int, default=3, help="trace segments (seeds) of Figs. 10 and 16")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="overrides for every run (e.g. task.groups_per_step=16 for a quick look)")
     p.add_argument("--decode-speed", type=float, default=1.0,
                    help="what-if: every engine decodes at this times the timing model (a sensitivity, never a fit)")
     p.add_argument("--out", default=None, help="results markdown (default bench/results/paper_figures_<host>_<date>.md)")
@@ -63,7 +65,9 @@ class Runs:
         if key not in self.cache:
             changes = run.spec_changes() | ({"decode_speed": self.args.decode_speed}
                                             if self.args.decode_speed != 1.0 else {})
-            self.cache[key] = self._simulate(run.config(), changes, steps)
+            from rlboost.config.overrides import apply_overrides
+
+            self.cache[key] = self._simulate(apply_overrides(run.config(), self.args.set), changes, steps)
         return self.cache[key]
 
     def _simulate(self, config, changes: dict, steps: int) -> dict:

@@ -167,14 +167,17 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpu", help="plan for this GPU kind (default trainer.gpu): h100-sxm, h200, a100-sxm-80gb")
     plan.set_defaults(func=_plan)
     sim = sub.add_parser("simulate", parents=[common], help="a named scenario through the discrete-event simulator",
-                         description="Simulate a scenario (paper, paper-trace, paper-trace-reference, saturation) "
-                         "with the controller's own policies and the timing model; writes a run directory.")
-    sim.add_argument("--scenario", default="paper", help="paper (default), paper-trace, paper-trace-reference "
-                     "or saturation")
+                         description="Simulate a scenario (paper, paper-trace, paper-trace-reference, artifact, "
+                         "saturation; sweep, sweep-14b, sweep-32b: a spot plan of tokens/s and tokens per $ against "
+                         "the instance count and the spot discount) with the controller's own policies and the "
+                         "timing model; writes a run directory.")
+    sim.add_argument("--scenario", default="paper", help="paper (default), paper-trace, paper-trace-reference, "
+                     "artifact, saturation, sweep, sweep-14b or sweep-32b")
     sim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     sim.add_argument("--steps", type=int, default=None, help="steps to simulate (default: the scenario's)")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
-    sim.add_argument("--calibrate", action="store_true", help="print the timing model's calibrated efficiency")
+    sim.add_argument("--calibrate", action="store_true",
+                     help="check the timing model against verl's reserved-only baseline and print the gap")
     sim.set_defaults(func=_simulate)
     notice = sub.add_parser("notice", parents=[common], help="tell the run that this node goes away soon",
                             description="Run by a node's shutdown hook (Kubernetes preStop, systemd, cloud-init): the "
