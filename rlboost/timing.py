@@ -220,8 +220,10 @@ class GpuTiming:
     gpus: int
     scale: float = 1.0
     inputs: TimingInputs = INPUTS
-    # per batch size: a decode step's time with no cached token (engines ask at every event)
+    # per batch size: a decode step's time with no cached token; per token count: the all-reduces
+    # (engines ask at every event)
     _intercepts: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _comms: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -242,8 +244,12 @@ class GpuTiming:
     def comm_s(self, tokens: float) -> float:
         """Tensor-parallel communication of a forward over `tokens` tokens: two all-reduces of
         tokens x hidden bf16 values per layer (after attention and after the MLP)."""
-        m = self.model
-        return 2 * m.layers * allreduce_s(tokens * m.hidden * m.dtype_bytes, self.gpus, self.inputs)
+        s = self._comms.get(tokens)
+        if s is None:
+            m = self.model
+            s = self._comms[tokens] = 2 * m.layers * allreduce_s(tokens * m.hidden * m.dtype_bytes, self.gpus,
+                                                                 self.inputs)
+        return s
 
     def decode_intercept_s(self, batch: int) -> float:
         """A decode step of `batch` samples less its cached tokens' read: the weights' read, the
