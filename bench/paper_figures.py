@@ -43,6 +43,8 @@ def parse() -> argparse.Namespace:
                    help="overrides for every run (e.g. task.groups_per_step=16 for a quick look)")
     p.add_argument("--decode-speed", type=float, default=1.0,
                    help="what-if: every engine decodes at this times the timing model (a sensitivity, never a fit)")
+    p.add_argument("--train-speed", type=float, default=1.0,
+                   help="what-if: the trainer's passes at this times the timing model's speed (a sensitivity)")
     p.add_argument("--out", default=None, help="results markdown (default bench/results/paper_figures_<host>_<date>.md)")
     args = p.parse_args()
     args.figures = tuple(f.strip() for f in args.figures.split(",") if f.strip())
@@ -63,8 +65,8 @@ class Runs:
         steps = steps or (self.args.trace_steps if run.trace_seed is not None else self.args.steps)
         key = (run, steps)
         if key not in self.cache:
-            changes = run.spec_changes() | ({"decode_speed": self.args.decode_speed}
-                                            if self.args.decode_speed != 1.0 else {})
+            changes = run.spec_changes() | {k: getattr(self.args, k) for k in ("decode_speed", "train_speed")
+                                            if getattr(self.args, k) != 1.0}
             from rlboost.config.overrides import apply_overrides
 
             self.cache[key] = self._simulate(apply_overrides(run.config(), self.args.set), changes, steps)
@@ -261,9 +263,9 @@ def main() -> int:
             f"{len(rows) - len(misses)} of {len(rows)} reference-mode predictions within {MISS:.0%} of the "
             f"published figure. {len(runs.cache)} runs in {runs.seconds / 60:.1f} min ({wall / 60:.1f} min in all), "
             f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}.")
-    if args.decode_speed != 1.0:
-        head += (f" WHAT-IF, not the prediction: every engine decodes at {args.decode_speed:g} of the timing "
-                 "model's rate.")
+    if args.decode_speed != 1.0 or args.train_speed != 1.0 or args.set:
+        head += (f" WHAT-IF, not the prediction: engines at {args.decode_speed:g} and the trainer at "
+                 f"{args.train_speed:g} of the timing model's speed; overrides {args.set or 'none'}.")
     print(head)
     print(table)
     write_results(args, head, table)
@@ -277,7 +279,9 @@ def main() -> int:
 
 
 def write_results(args: argparse.Namespace, head: str, table: str) -> None:
-    theme = "paper_figures" if args.decode_speed == 1.0 else f"paper_figures_whatif_decode{args.decode_speed:g}"
+    theme = "paper_figures"
+    if args.decode_speed != 1.0 or args.train_speed != 1.0:
+        theme += f"_whatif_decode{args.decode_speed:g}_train{args.train_speed:g}"
     out = Path(args.out) if args.out else (Path(__file__).parent / "results" /
                                            f"{theme}_{platform.machine()}-{os.cpu_count()}c_{date.today()}.md")
     cmd = "python bench/paper_figures.py " + " ".join(sys.argv[1:])

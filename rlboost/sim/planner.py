@@ -85,14 +85,10 @@ class SpotPlan:
         return max(self.points, key=lambda p: (round(p.tokens_per_usd(price), 6), -p.instances))
 
     def stops_paying(self, price: float) -> int | None:
-        """The count past which every further count gives fewer tokens per $ than the one before
-        it (the last count that still raised them; 0: none ever did); None: the largest count
-        tried still does."""
-        last = 0
-        for a, b in zip(self.points, self.points[1:]):
-            if b.tokens_per_usd(price) > a.tokens_per_usd(price):
-                last = b.instances
-        return None if last == self.points[-1].instances else last
+        """The count past which adding instances stops paying: no larger count tried gives more
+        tokens per $ (the best count); None: the largest count tried is the best."""
+        best = self.best(price).instances
+        return None if best == self.points[-1].instances else best
 
     def break_even_discount(self, p: PlanPoint) -> float | None:
         """The discount from which this count gives at least reserved only's tokens per $ (None:
@@ -133,9 +129,10 @@ def plan_table(plan: SpotPlan, discounts=DISCOUNTS) -> list[str]:
 def headline(plan: SpotPlan) -> str:
     """One line: the best count at the asked prices, its gains, and where adding stops paying."""
     price, best = plan.instance_usd_h, plan.best(plan.instance_usd_h)
-    stop = plan.stops_paying(price)
-    stop_s = (f"adding instances stops paying past {stop}" if stop is not None else
-              f"adding instances pays up to the largest count tried ({plan.points[-1].instances})")
+    stop, top = plan.stops_paying(price), plan.points[-1]
+    stop_s = (f"adding instances stops paying past {stop} (more add throughput, up to "
+              f"{top.tokens_per_s / plan.base.tokens_per_s:.2f}x at {top.instances}, not tokens per $)"
+              if stop is not None else f"adding instances pays up to the largest count tried ({top.instances})")
     be = plan.break_even_discount(best)
     be_s = "" if be is None or best.instances == 0 else f"; {best.instances} instances beat reserved only " \
         f"from a {max(be, 0.0):.0%} discount"

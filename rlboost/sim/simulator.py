@@ -284,7 +284,7 @@ class Simulator:
             ctl.trained(batch)
             if ctl.max_staleness:  # a round now: the next step may start ahead once this one is taken
                 self._dirty = True
-            self.advance_to(self.clock.now() + self.trainer.microbatch_s(batch.lengths))
+            self.advance_to(self.clock.now() + self.trainer.microbatch_s(batch.lengths) / self.spec.train_speed)
             if batch.last:
                 st.meter.last_microbatch_tokens = batch.num_tokens
                 break

@@ -66,6 +66,8 @@ class SimSpec:
     decode_speed: float = 1.0
     """every engine's decode and prefill at this times the timing model's (a sensitivity what-if:
     which rollout speed would close a gap; the trainer keeps its time)"""
+    train_speed: float = 1.0
+    """the trainer's passes at this times the timing model's speed (a sensitivity what-if, as decode_speed)"""
     preempt: tuple[tuple[int, float, int, float | None], ...] = ()
     """(step, modelled seconds into it, instances, seconds until replaced or None): that many
     preemptible instances killed together without notice (the paper's Figs. 12 and 14)"""
@@ -81,6 +83,7 @@ class SimSpec:
         require(self.lookahead in LOOKAHEADS, "lookahead", f"one of {LOOKAHEADS}", self.lookahead)
         require(self.migration in MIGRATIONS, "migration", f"one of {MIGRATIONS}", self.migration)
         require(0 < self.decode_speed <= 100, "decode_speed", "in (0, 100]", self.decode_speed)
+        require(0 < self.train_speed <= 100, "train_speed", "in (0, 100]", self.train_speed)
         for item in self.preempt:
             require(len(item) == 4 and item[0] >= 1 and item[1] >= 0 and item[2] >= 1
                     and (item[3] is None or item[3] >= 0), "preempt",

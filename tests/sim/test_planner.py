@@ -28,9 +28,9 @@ def test_each_count_is_priced_at_any_discount():
 
 
 def test_best_count_and_where_adding_stops_paying():
-    plan = _plan([100.0, 99.0, 130.0, 140.0, 141.0])  # one instance alone does not pay; past 3 it stops
+    plan = _plan([100.0, 99.0, 130.0, 140.0, 141.0, 149.0])  # one alone does not pay; past 3 it stops
     assert plan.best(5.0).instances == 3
-    assert plan.stops_paying(5.0) == 3
+    assert plan.stops_paying(5.0) == 3  # 5 instances raise tokens per $ over 4, but not over 3
     assert plan.break_even_discount(plan.points[1]) is None  # not faster: no price makes it pay
     assert plan.best(20.0).instances == 0  # on demand, reserved only is cheapest per token
     assert _plan([100.0, 150.0, 200.0]).stops_paying(5.0) is None  # still paying at the largest count
