@@ -140,7 +140,7 @@ def simulated(config, skip: int, steps: int | None = None, lookahead: str = "aft
 
 # Workloads of the sensitivity section: the artifact's, lighter response-length tails, a shorter
 # cap. Inputs a user changes to ask "what about my run", never a fit: the timing model and its
-# one calibration stay as they are.
+# measured inputs stay as they are.
 WORKLOADS = (
     ("assumed (median 3,000, sample log-sd 0.75, cap 14,336)", []),
     ("lighter tail (sample log-sd 0.5)", ["rollout.emulated.lengths.sample_sigma=0.5"]),
@@ -183,7 +183,8 @@ def where_time_goes(fig: dict) -> str:
 def artifact_curve(args: argparse.Namespace) -> list[tuple[int, dict]]:
     """The published system at 0-4 workers as its artifact ran it (artifact_setup: its
     mechanisms, standalone workers at 0.6 of their memory), simulated: the timing model's
-    prediction of a curve it was not fitted to (only 0 workers, verl's 10.4k, was)."""
+    prediction of a curve it was not fitted to (nor is anything else: 0 workers sits beside
+    verl's 10.4k as a check)."""
     from rlboost.recipes.paper_qwen3_8b import artifact_setup
     from rlboost.run.simulate import with_instances
 
@@ -198,7 +199,7 @@ def render_artifact(curve: list[tuple[int, dict]]) -> str:
     from rlboost.recipes.paper_qwen3_8b import ARTIFACT_MEASURED_TOKENS_PER_S as MEASURED
 
     lines = ["the artifact's measured curve (PolyRL REPRODUCE.md) and the reference mode's prediction (simulated, "
-             "artifact_setup; 0 workers is the calibration)",
+             "artifact_setup; 0 workers: verl's baseline, a check)",
              f"{'workers':>8}{'measured':>10}{'predicted':>11}{'pred/meas':>10}{'generated':>11}{'window':>8}"
              f"{'idle':>6}{'step':>6}"]
     for n, fig in curve:

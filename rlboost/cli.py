@@ -19,11 +19,14 @@ from rlboost.run.outcome import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 _BAD_INPUT = (ValueError, OSError, ModuleNotFoundError)
 # Named here rather than imported (the recipes import torch; `rlboost notice` starts in well
 # under a second); tests/test_newcomer.py checks them against rlboost.recipes and the scenarios.
-RECIPES = ("tiny_cpu", "tiny_vllm_cpu", "smollm2_cpu", "qwen3_gpu", "paper_qwen3_8b")
+RECIPES = ("tiny_cpu", "tiny_vllm_cpu", "smollm2_cpu", "qwen3_gpu", "paper_qwen3_8b", "paper_qwen3_14b",
+           "paper_qwen3_32b")
 RECIPE_HELP = ("tiny_cpu (default: a tiny model learns sums on a CPU), tiny_vllm_cpu (the same on vLLM's CPU build), "
                "smollm2_cpu (a real 135M model), "
-               "qwen3_gpu (a GPU run with SGLang), paper_qwen3_8b (the RLBoost artifact's Qwen3-8B run, emulated)")
-SCENARIOS = ("paper", "paper-trace", "paper-trace-reference", "artifact", "saturation")
+               "qwen3_gpu (a GPU run with SGLang), paper_qwen3_8b (the RLBoost artifact's Qwen3-8B run, emulated), "
+               "paper_qwen3_14b and paper_qwen3_32b (the paper's larger models, same setup)")
+SCENARIOS = ("paper", "paper-trace", "paper-trace-reference", "artifact", "saturation", "sweep", "sweep-14b",
+             "sweep-32b")
 
 
 def _info(_args: argparse.Namespace) -> int:
@@ -183,13 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpu", help="plan for this GPU kind (default trainer.gpu): h100-sxm, h200, a100-sxm-80gb")
     plan.set_defaults(func=_plan)
     sim = sub.add_parser("simulate", parents=[common], help="a named scenario through the discrete-event simulator",
-                         description=f"Simulate a scenario ({', '.join(SCENARIOS)}) with the controller's own "
-                         "policies and the timing model; writes a run directory.")
+                         description=f"Simulate a scenario ({', '.join(SCENARIOS)}; the sweeps print a spot plan of "
+                         "tokens/s and tokens per $ against the instance count and the spot discount) with the "
+                         "controller's own policies and the timing model; writes a run directory.")
     sim.add_argument("--scenario", default="paper", help=f"{', '.join(SCENARIOS)} (default paper)")
     sim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     sim.add_argument("--steps", type=int, default=None, help="steps to simulate, at least 2 (default: the scenario's)")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
-    sim.add_argument("--calibrate", action="store_true", help="print the timing model's calibrated efficiency")
+    sim.add_argument("--calibrate", action="store_true",
+                     help="check the timing model against verl's reserved-only baseline and print the gap")
     sim.set_defaults(func=_simulate)
     notice = sub.add_parser("notice", parents=[common], help="tell the run that this node goes away soon",
                             description="Run by a node's shutdown hook (Kubernetes preStop, systemd, cloud-init): the "

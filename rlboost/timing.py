@@ -1,15 +1,29 @@
 """The timing model: how long a named model takes on named accelerators to decode, prefill,
-train and publish its weights, from rooflines run at one efficiency fitted once (EFFICIENCY).
+train and publish its weights, with inputs from independent measurements (timing_inputs.toml).
 
-Emulated engines, the emulated trainer and the simulator all take their durations from here,
-so an emulated run and a simulated one describe the same cluster. Every figure in the
-tables names its source; the only fitted number is EFFICIENCY (see its note).
+A decode step reads the weights (or, for a large batch, does its matmuls, whichever takes
+longer), reads every cached token's K and V, and all-reduces twice per layer under tensor
+parallelism; each term has its own efficiency, derived from a measured engine (TimingInputs).
+Training runs at the efficiency of a measured GRPO step, plus that step's measured overhead.
+Emulated engines, the emulated trainer and the simulator all take their durations from here.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+INPUTS_FILE = Path(__file__).with_name("timing_inputs.toml")
+_DATA = tomllib.loads(INPUTS_FILE.read_text())
+
+# Forward-pass equivalents per trained token in a GRPO step as verl runs it: old log-probs (1),
+# reference log-probs for the KL loss (1), the actor's forward (1) and backward (2), and the
+# forward again under activation checkpointing (1).
+TRAIN_FORWARD_PASSES = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,20 +40,44 @@ class Accelerator:
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    """A decoder's shape: what its rooflines need (bf16 weights and KV cache by default)."""
+    """A decoder's shape from its config.json (bf16 weights and KV cache); its parameters
+    follow from it (the matmuls and embeddings; norms, under 0.01%, are left out).
+
+    >>> round(model_shape("qwen3-8b").params / 1e9, 2)
+    8.19
+    """
 
     name: str
-    params: float
     layers: int
     hidden: int
+    intermediate: int
     q_heads: int
     kv_heads: int
     head_dim: int
+    vocab: int
+    tied: bool
     source: str
     dtype_bytes: int = 2
-    embedding_params: float = 0.0
-    """the input embedding's parameters when it is not tied to the LM head: a lookup of one
-    row per token, so neither FLOPs nor a read of the whole matrix per step"""
+
+    @property
+    def layer_params(self) -> float:
+        q, kv = self.q_heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.hidden * (2 * q + 2 * kv) + 3 * self.hidden * self.intermediate
+
+    @property
+    def embedding_params(self) -> float:
+        return float(self.vocab * self.hidden)
+
+    @property
+    def params(self) -> float:
+        """Every parameter (an untied LM head is a second vocab x hidden matrix)."""
+        return self.layers * self.layer_params + self.embedding_params * (1 if self.tied else 2)
+
+    @property
+    def matmul_params(self) -> float:
+        """Parameters every token multiplies through: all but an untied input embedding, which
+        is a lookup of one row per token (neither FLOPs nor a read of the whole matrix)."""
+        return self.params - (0.0 if self.tied else self.embedding_params)
 
     @property
     def weight_bytes(self) -> float:
@@ -47,13 +85,8 @@ class ModelShape:
         return self.params * self.dtype_bytes
 
     @property
-    def matmul_params(self) -> float:
-        """Parameters every token multiplies through (all but an untied input embedding)."""
-        return self.params - self.embedding_params
-
-    @property
     def step_weight_bytes(self) -> float:
-        """Bytes of weights one forward step reads (the embedding rows it looks up are negligible)."""
+        """Bytes of weights one forward step reads."""
         return self.matmul_params * self.dtype_bytes
 
     @property
@@ -67,57 +100,8 @@ class ModelShape:
         return 4.0 * self.layers * self.q_heads * self.head_dim
 
 
-ACCELERATORS = {
-    "h100-sxm": Accelerator("h100-sxm", 3.35e12, 989e12, 80e9, 64e9,
-                            "NVIDIA H100 Tensor Core GPU datasheet, SXM5: 3.35 TB/s HBM3, 989 TFLOP/s dense "
-                            "BF16, 80 GB; host link PCIe Gen5 x16, 64 GB/s per direction"),
-    "h200": Accelerator("h200", 4.8e12, 989e12, 141e9, 64e9,
-                        "NVIDIA H200 datasheet, SXM: 4.8 TB/s HBM3e, 989 TFLOP/s dense BF16, 141 GB; PCIe Gen5 x16"),
-    "a100-sxm-80gb": Accelerator("a100-sxm-80gb", 2.039e12, 312e12, 80e9, 32e9,
-                                 "NVIDIA A100 datasheet, SXM 80GB: 2,039 GB/s HBM2e, 312 TFLOP/s dense BF16; "
-                                 "PCIe Gen4 x16, 32 GB/s per direction"),
-}
-
-MODELS = {
-    "qwen3-8b": ModelShape("qwen3-8b", 8.2e9, 36, 4096, 32, 8, 128,
-                           "Qwen/Qwen3-8B config.json (36 layers, hidden 4096, 32 query / 8 KV heads, "
-                           "head_dim 128, vocabulary 151,936, tie_word_embeddings false) and model card "
-                           "(8.2B parameters): 16.4 GB in bf16, 147,456 KV bytes per token; the untied input "
-                           "embedding (151,936 x 4,096 = 0.62B) is a lookup",
-                           embedding_params=151_936 * 4_096),
-    "qwen3-1.7b": ModelShape("qwen3-1.7b", 1.7e9, 28, 2048, 16, 8, 128,
-                             "Qwen/Qwen3-1.7B config.json (28 layers, hidden 2048, 16 query / 8 KV heads, "
-                             "head_dim 128, tie_word_embeddings true: the one matrix is also the LM head's "
-                             "matmul) and model card (1.7B parameters)"),
-}
-
-# The one fitted number: the share of peak (HBM bandwidth, FLOP/s, host link) every roofline
-# below reaches. Fitted once so that the RLBoost artifact's baseline holds: verl's synchronous
-# colocated trainer, Qwen3-8B GRPO on one 8x H100 node, 128 prompts x 8 samples, about 1,300
-# tokens/s per GPU x 8 = 10,400 tokens/s of prompt + response (Terra-Flux/PolyRL REPRODUCE.md).
-# `rlboost simulate --calibrate` re-derives it by bisection on the simulator's reserved-only
-# run of the paper recipe; everything else is a prediction, the artifact's own 1-4 worker
-# curve included (it comes out at 0.63-0.85 of what the artifact measured: README, limitations).
-EFFICIENCY = 0.441
-
-# Forward-pass equivalents per trained token in a GRPO step as verl runs it: old log-probs (1),
-# reference log-probs for the KL loss (1), the actor's forward (1) and backward (2), and the
-# forward again under activation checkpointing (1).
-TRAIN_FORWARD_PASSES = 6
-
-# Seconds from a spot request to a VM able to run the engine (Bamboo's simulator uses 45 s of
-# instance creation, uclasystem/bamboo project_pactum/simulation), and an estimate of the
-# engine's own start (server, CUDA graph capture) before its first weight pull.
-INSTANCE_CREATE_S = 45.0
-ENGINE_WARMUP_S = 30.0
-
-# Network: the artifact asks for 200 Gbps of egress on the trainer host (REPRODUCE.md);
-# each preemptible instance is assumed to reach the same per flow.
-LINK_BYTES_PER_S = 25e9
-
-# Preemption notices: AWS gives 2 minutes, GCP spot VMs 30 s (anchors, section C).
-AWS_NOTICE_S = 120.0
-GCP_NOTICE_S = 30.0
+ACCELERATORS = {name: Accelerator(name, **row) for name, row in _DATA["accelerators"].items()}
+MODELS = {name: ModelShape(name, **row) for name, row in _DATA["models"].items()}
 
 
 def accelerator(name: str) -> Accelerator:
@@ -133,115 +117,194 @@ def model_shape(name: str) -> ModelShape:
 
 
 @dataclass(frozen=True, slots=True)
+class TimingInputs:
+    """The model's inputs, each derived from one measurement of timing_inputs.toml.
+
+    weights_read / kv_read: shares of peak HBM bandwidth a decode step reaches reading the
+    weights and the cached K and V, and per_sequence_s its cost per running sequence (the
+    measured engine's step time at no sequence, per sequence and per cached token);
+    forward / train: shares of peak FLOP/s of verl's forward-only passes (prefill runs at
+    it) and of all its GRPO passes; step_overhead_s: verl's seconds per step outside
+    rollout and the passes; allreduce: measured (bytes, seconds) per tensor-parallel size.
+    """
+
+    weights_read: float
+    kv_read: float
+    per_sequence_s: float
+    forward: float
+    train: float
+    step_overhead_s: float
+    host_copy_bytes_per_s: float
+    link_bytes_per_s: float
+    instance_create_s: float
+    engine_warmup_s: float
+    allreduce: tuple[tuple[int, tuple[tuple[float, float], ...]], ...]  # (gpus, ((bytes, seconds), ...))
+
+
+def mean_context(point) -> float:
+    """Cached tokens of a fixed-length decode run [concurrency, input, output, ...], averaged
+    over its steps."""
+    return point[0] * (point[1] + point[2] / 2.0)
+
+
+def decode_fit(data: dict = _DATA) -> tuple[float, float, float]:
+    """(seconds at no sequence, per sequence, per cached token) of the measured engine's decode
+    step: least squares through its points below the pool's limit (normal equations, 3 x 3)."""
+    rows = [((1.0, float(p[0]), mean_context(p)), p[3] * 1e-3) for p in data["decode"]["points"]]
+    m = [[sum(x[i] * x[j] for x, _ in rows) for j in range(3)] for i in range(3)]
+    v = [sum(x[i] * y for x, y in rows) for i in range(3)]
+
+    def det(a) -> float:
+        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+
+    d = det(m)  # Cramer's rule: each coefficient is det(m with column k replaced by v) / det(m)
+    t0, per_seq, per_token = (det([[v[i] if j == k else m[i][j] for j in range(3)] for i in range(3)]) / d
+                              for k in range(3))
+    return t0, per_seq, per_token
+
+
+def _flops_share(data: dict, names) -> float:
+    """Share of peak FLOP/s that verl's named passes reached over the measured step's tokens."""
+    tr = data["training"]
+    m, gpu = model_shape(tr["model"]), accelerator(tr["accelerator"])
+    passes = [p for p in tr["passes"] if p[0] in names]
+    flops = sum(p[1] for p in passes) * 2.0 * m.matmul_params * tr["tokens"]
+    return flops / (tr["gpus"] * gpu.bf16_flops * sum(p[2] for p in passes))
+
+
+def derive_inputs(data: dict = _DATA) -> TimingInputs:
+    d, tr = data["decode"], data["training"]
+    m, gpu = model_shape(d["model"]), accelerator(d["accelerator"])
+    empty, per_seq, per_token = decode_fit(data)
+    allreduce = tuple(sorted((int(key[2:]), tuple((float(b), float(s)) for b, s in rows))
+                             for key, rows in data["allreduce"].items() if key.startswith("tp")))
+    return TimingInputs(
+        weights_read=m.step_weight_bytes / (d["gpus"] * gpu.hbm_bytes_per_s * empty),
+        kv_read=m.kv_bytes_per_token / (d["gpus"] * gpu.hbm_bytes_per_s * per_token), per_sequence_s=per_seq,
+        forward=_flops_share(data, tr["forward_passes"]), train=_flops_share(data, [p[0] for p in tr["passes"]]),
+        step_overhead_s=float(tr["other_s"]), host_copy_bytes_per_s=float(data["host_copy"]["bytes_per_s"]),
+        link_bytes_per_s=float(data["network"]["bytes_per_s"]),
+        instance_create_s=float(data["startup"]["instance_create_s"]),
+        engine_warmup_s=float(data["startup"]["engine_warmup_s"]), allreduce=allreduce)
+
+
+INPUTS = derive_inputs()
+LINK_BYTES_PER_S = INPUTS.link_bytes_per_s
+
+
+def allreduce_s(nbytes: float, gpus: int, inputs: TimingInputs = INPUTS) -> float:
+    """One all-reduce of nbytes over gpus GPUs: the measured table for that size (or the next
+    larger one measured), interpolated, extended past its ends along its last segment."""
+    if gpus <= 1:
+        return 0.0
+    rows = next((rows for size, rows in inputs.allreduce if size >= gpus), inputs.allreduce[-1][1])
+    i = min(max(bisect.bisect_left([b for b, _ in rows], nbytes), 1), len(rows) - 1)
+    (b0, s0), (b1, s1) = rows[i - 1], rows[i]
+    return max(min(s for _, s in rows), s0 + (s1 - s0) * (nbytes - b0) / (b1 - b0))
+
+
+@dataclass(frozen=True, slots=True)
 class GpuTiming:
     """Durations of one engine (or trainer) of `gpus` accelerators running `model`.
 
-    >>> t = GpuTiming(model_shape("qwen3-8b"), accelerator("h100-sxm"), gpus=2, efficiency=1.0)
-    >>> round(t.decode_step_s(batch=1, context=0) * 1e3, 2)  # 15.2 GB (no embedding) over 2 x 3.35 TB/s
-    2.26
+    >>> t = gpu_timing("qwen3-8b", "h100-sxm", 1)
+    >>> round(t.decode_step_s(batch=64, context=64 * 3072) * 1e3, 2)  # measured: 17.05 ms
+    17.18
 
-    A decode step reads the weights (less the embedding it only looks up) and the whole KV
-    cache of the batch (memory roofline) and does 2 x matmul params FLOPs per sample plus
-    attention over the cached tokens (compute
-    roofline); it takes the longer of the two, at `efficiency` of peak. Tensor parallelism
-    splits both over the GPUs (its communication is in the efficiency).
+    `scale` multiplies every efficiency (1: as measured): a what-if, never a fit.
     """
 
     model: ModelShape
     accelerator: Accelerator
     gpus: int
-    efficiency: float = EFFICIENCY
-    # the decode lines' coefficients, computed once (engines ask for them at every event)
-    _lines: tuple = field(init=False, repr=False, compare=False)
+    scale: float = 1.0
+    inputs: TimingInputs = INPUTS
+    # per batch size: a decode step's time with no cached token; per token count: the all-reduces
+    # (engines ask at every event)
+    _intercepts: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _comms: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ValueError(f"gpus must be >= 1, got {self.gpus}")
-        if not 0.0 < self.efficiency <= 1.0:
-            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
-        m, bw, flops = self.model, self._bw, self._flops
-        object.__setattr__(self, "_lines", (m.step_weight_bytes / bw, m.kv_bytes_per_token / bw,
-                                            2.0 * m.matmul_params / flops, m.attention_flops_per_pair / flops))
+        if not 0.0 < self.scale <= 1.0:
+            raise ValueError(f"scale must be in (0, 1], got {self.scale}")
 
     @property
     def _bw(self) -> float:
-        return self.gpus * self.accelerator.hbm_bytes_per_s * self.efficiency
+        return self.gpus * self.accelerator.hbm_bytes_per_s * self.scale
 
     @property
     def _flops(self) -> float:
-        return self.gpus * self.accelerator.bf16_flops * self.efficiency
+        return self.gpus * self.accelerator.bf16_flops * self.scale
 
     # -- decode --------------------------------------------------------------------------
 
-    def decode_lines(self, batch: int) -> tuple[tuple[float, float], tuple[float, float]]:
-        """(intercept, slope) of the step time against the batch's cached tokens, for the
-        memory and the compute roofline."""
-        mem_a, mem_b, cmp_a, cmp_b = self._lines
-        return (mem_a, mem_b), (cmp_a * batch, cmp_b)
+    def comm_s(self, tokens: float) -> float:
+        """Tensor-parallel communication of a forward over `tokens` tokens: two all-reduces of
+        tokens x hidden bf16 values per layer (after attention and after the MLP)."""
+        s = self._comms.get(tokens)
+        if s is None:
+            m = self.model
+            s = self._comms[tokens] = 2 * m.layers * allreduce_s(tokens * m.hidden * m.dtype_bytes, self.gpus,
+                                                                 self.inputs)
+        return s
+
+    def decode_intercept_s(self, batch: int) -> float:
+        """A decode step of `batch` samples less its cached tokens' read: the weights' read, the
+        per-sequence cost, and the all-reduces. The measured engine's steps up to 256
+        sequences show no compute bound, so the model has none for decode: far larger batches
+        would be underestimated."""
+        a = self._intercepts.get(batch)
+        if a is None:
+            a = self._intercepts[batch] = (self.weights_read_s() + self.inputs.per_sequence_s * batch
+                                           + self.comm_s(batch))
+        return a
+
+    def kv_read_s(self) -> float:
+        """Seconds a decode step spends per cached token (K and V of every layer)."""
+        return self.model.kv_bytes_per_token / (self._bw * self.inputs.kv_read)
 
     def decode_step_s(self, batch: int, context: float) -> float:
         """One decode step of `batch` samples holding `context` cached tokens in all."""
-        (a1, b1), (a2, b2) = self.decode_lines(batch)
-        return max(a1 + b1 * context, a2 + b2 * context)
+        return self.decode_intercept_s(batch) + self.kv_read_s() * context
 
     def decode_time_s(self, batch: int, context: float, steps: float) -> float:
         """Seconds for `steps` decode steps starting at `context` cached tokens; each step
         adds `batch` tokens to the cache (steps may be fractional)."""
         if steps <= 0 or batch <= 0:
             return 0.0
-        total, x = 0.0, 0.0
-        for a, b, end in self._pieces(batch, context, steps):
-            total += a * (end - x) + b * (end * end - x * x) / 2.0
-            x = end
-        return total
+        a, b = self.decode_intercept_s(batch), self.kv_read_s()
+        return a * steps + b * (context * steps + batch * steps * steps / 2.0)
 
     def decode_steps_in(self, batch: int, context: float, seconds: float) -> float:
         """How many decode steps fit in `seconds` from `context` (the inverse of decode_time_s)."""
         if seconds <= 0 or batch <= 0:
             return 0.0
-        left, x = seconds, 0.0
-        for a, b, end in self._pieces(batch, context, math.inf):
-            span = a * (end - x) + b * (end * end - x * x) / 2.0 if end < math.inf else math.inf
-            if span >= left:  # solve a (n - x) + b (n^2 - x^2) / 2 = left for n
-                c = left + a * x + b * x * x / 2.0
-                return (-a + math.sqrt(a * a + 2.0 * b * c)) / b if b > 0 else x + left / a
-            left -= span
-            x = end
-        return x
+        a, b = self.decode_intercept_s(batch) + self.kv_read_s() * context, self.kv_read_s() * batch / 2.0
+        return 2.0 * seconds / (a + math.sqrt(a * a + 4.0 * b * seconds))  # the positive root, stably
 
-    def _pieces(self, batch: int, context: float, steps: float) -> tuple:
-        """The step time as (a, b, end): t(x) = a + b x for x (steps done) up to end, where
-        the binding roofline switches at most once (both lines grow with the cache)."""
-        a1, b1, a2, b2 = self._lines
-        a2 *= batch
-        # in steps x: t = a + b (context + batch x)
-        ma, mb = a1 + b1 * context, b1 * batch
-        ca, cb = a2 + b2 * context, b2 * batch
-        if ma >= ca:
-            if cb > mb and (cross := (ma - ca) / (cb - mb)) < steps:
-                return ((ma, mb, cross), (ca, cb, steps))
-            return ((ma, mb, steps),)
-        if mb > cb and (cross := (ca - ma) / (mb - cb)) < steps:
-            return ((ca, cb, cross), (ma, mb, steps))
-        return ((ca, cb, steps),)
+    # -- prefill, training, publishing --------------------------------------------------------
 
-    # -- prefill and training ----------------------------------------------------------------
+    def weights_read_s(self) -> float:
+        """One pass over the weights at the measured read efficiency (a step's floor)."""
+        return self.model.step_weight_bytes / (self._bw * self.inputs.weights_read)
 
     def prefill_s(self, tokens: float, past: float = 0.0) -> float:
-        """Prefill `tokens` after `past` cached ones (a resumed sample) on its own: compute-bound
-        at 2 x matmul params per token plus causal attention, or the weights' read, whichever is longer."""
+        """Prefill `tokens` after `past` cached ones (a resumed sample) on its own: its compute,
+        or the weights' read, whichever is longer."""
         if tokens <= 0:
             return 0.0
         return max(self.prefill_compute_s(tokens, past), self.weights_read_s())
 
     def prefill_compute_s(self, tokens: float, past: float = 0.0) -> float:
-        """The compute part of a prefill (a batch of prompts adds these, and reads the weights once)."""
+        """The compute part of a prefill (a batch of prompts adds these, and reads the weights
+        once): 2 x matmul params per token and causal attention at the efficiency of a measured
+        forward pass (verl's; an inference engine's prefill may run faster), and the all-reduces."""
         m = self.model
-        return (2.0 * m.matmul_params * tokens + m.attention_flops_per_pair * tokens * (past + tokens / 2.0)) / self._flops
-
-    def weights_read_s(self) -> float:
-        """One pass over the weights at the memory roofline (a step's floor)."""
-        return self.model.step_weight_bytes / self._bw
+        flops = 2.0 * m.matmul_params * tokens + m.attention_flops_per_pair * tokens * (past + tokens / 2.0)
+        return flops / (self._flops * self.inputs.forward) + self.comm_s(tokens)
 
     def train_s(self, sequences: float, tokens: float, squared_tokens: float) -> float:
         """One GRPO pass over `sequences` of `tokens` in all (prompt + response) whose squared
@@ -251,25 +314,26 @@ class GpuTiming:
             return 0.0
         m = self.model
         forward = 2.0 * m.matmul_params * tokens + m.attention_flops_per_pair * squared_tokens / 2.0
-        return TRAIN_FORWARD_PASSES * forward / self._flops
+        return TRAIN_FORWARD_PASSES * forward / (self._flops * self.inputs.train)
 
-    def optimizer_s(self) -> float:
-        """An Adam step: fp32 master weights, gradients and two moments read and written."""
-        return 2.0 * 16.0 * self.model.params / self._bw
+    def step_overhead_s(self) -> float:
+        """A step's seconds outside rollout and the passes (optimizer step, bookkeeping), as
+        measured at 7B on 8 GPUs and taken as is for every model and cluster."""
+        return self.inputs.step_overhead_s
 
     def publish_s(self) -> float:
-        """Gather the full bf16 weights and stage them in host memory for pullers (one host link)."""
-        return self.model.weight_bytes / (self.accelerator.host_bytes_per_s * self.efficiency)
+        """Copy the full bf16 weights to host memory for pullers (one GPU's host link)."""
+        return self.model.weight_bytes / self.inputs.host_copy_bytes_per_s
 
 
-def gpu_timing(model: str, accelerator_name: str, gpus: int, efficiency: float = EFFICIENCY) -> GpuTiming:
+def gpu_timing(model: str, accelerator_name: str, gpus: int, scale: float = 1.0) -> GpuTiming:
     """The timing of `gpus` accelerators named accelerator_name running the named model."""
-    return GpuTiming(model_shape(model), accelerator(accelerator_name), gpus, efficiency)
+    return GpuTiming(model_shape(model), accelerator(accelerator_name), gpus, scale)
 
 
 def startup_s() -> float:
     """Seconds from a preemptible instance's placement to its engine asking for weights."""
-    return INSTANCE_CREATE_S + ENGINE_WARMUP_S
+    return INPUTS.instance_create_s + INPUTS.engine_warmup_s
 
 
 def transfer_s(nbytes: float, bytes_per_s: float = LINK_BYTES_PER_S) -> float:

@@ -1,4 +1,5 @@
-"""paper_qwen3_8b: the RLBoost artifact's setup at its real proportions, emulated.
+"""paper_qwen3_8b: the RLBoost artifact's setup at its real proportions, emulated (and the
+paper's setup for any of its models, PaperModel, which paper_qwen3_14b_32b uses).
 
 Qwen3-8B GRPO, 128 prompts x 8 samples with responses up to 14,336 tokens (a long-tailed
 log-normal), on one reserved 8x H100 node (the trainer's 8 GPUs, rolling out as four TP-2
@@ -13,6 +14,7 @@ scaled payload), so a run's minute is TIME_SCALE minutes of the modelled cluster
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from rlboost.cluster.config import ClusterConfig
 from rlboost.cluster.cost import CostConfig
@@ -61,6 +63,26 @@ CONTROLLER_ROUND_S = 0.2
 REFERENCE_8B_OPTIMA = ((1, 190.0), (2, 160.0), (3, 105.0), (4, 70.0))
 
 
+@dataclass(frozen=True, slots=True)
+class PaperModel:
+    """One of the paper's models in its setup: the timing model's name, the reserved cluster's
+    8x H100 on-demand nodes (the trainer on all their GPUs, rolling out in the local window as
+    engines of reserved_engine_gpus each), and the published rule's per-count windows."""
+
+    recipe: str
+    model: str
+    trainer_nodes: int = 1
+    reserved_engine_gpus: int = ENGINE_GPUS
+    seeded_optima: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def trainer_gpus(self) -> int:
+        return self.trainer_nodes * NODE_GPUS
+
+
+QWEN3_8B = PaperModel("paper_qwen3_8b", "qwen3-8b", seeded_optima=REFERENCE_8B_OPTIMA)
+
+
 def _run_s(cluster_s: float) -> float:
     """A duration of the modelled cluster in the run's seconds."""
     return cluster_s / TIME_SCALE
@@ -71,48 +93,61 @@ def _rate(real_tokens_per_s: float) -> float:
     return real_tokens_per_s * TIME_SCALE / TOKEN_BLOCK
 
 
-def paper_engine() -> EmulatedEngineConfig:
-    resident = COLOCATED_TRAINER_BYTES_PER_PARAM * model_shape("qwen3-8b").params / NODE_GPUS
-    return EmulatedEngineConfig(model="qwen3-8b", accelerator="h100-sxm", gpus=ENGINE_GPUS, max_running=CAPACITY,
+def paper_engine(pm: PaperModel = QWEN3_8B) -> EmulatedEngineConfig:
+    resident = COLOCATED_TRAINER_BYTES_PER_PARAM * model_shape(pm.model).params / pm.trainer_gpus
+    return EmulatedEngineConfig(model=pm.model, accelerator="h100-sxm", gpus=ENGINE_GPUS,
+                                reserved_gpus=pm.reserved_engine_gpus, max_running=CAPACITY,
                                 token_block=TOKEN_BLOCK, time_scale=TIME_SCALE, startup_s=startup_s(),
                                 memory_fraction=SGLANG_MEMORY_FRACTION,
                                 reserved_memory_fraction=COLOCATED_MEMORY_FRACTION, reserved_resident_bytes=resident,
                                 lengths=LengthConfig(kind="lognormal"))
 
 
-def paper_controller() -> ControllerConfig:
+def _full_batch_rate(model: str, gpus: int) -> float:
+    """Tokens/s of an engine decoding a full batch mid-step (2,000 cached tokens a sample)."""
+    return CAPACITY / gpu_timing(model, "h100-sxm", gpus).decode_step_s(CAPACITY, CAPACITY * 2_000.0)
+
+
+def paper_controller(pm: PaperModel = QWEN3_8B) -> ControllerConfig:
     """The controller at the modelled cluster's time constants, and rate priors from the timing model."""
-    engine = gpu_timing("qwen3-8b", "h100-sxm", ENGINE_GPUS)
-    full = CAPACITY / engine.decode_step_s(CAPACITY, CAPACITY * 2_000.0)  # a full batch mid-step
+    engine = gpu_timing(pm.model, "h100-sxm", ENGINE_GPUS)
     alone = 1.0 / engine.decode_step_s(1, 2_000.0)
     prefill = 4_096 / engine.prefill_s(4_096)
     return ControllerConfig(
         poll_interval_s=0.05, idle_timeout_s=120.0, call_timeout_s=30.0,
-        reserved_tokens_per_s=_rate(full), preemptible_tokens_per_s=_rate(full), sample_tokens_per_s=_rate(alone),
+        reserved_tokens_per_s=_rate(_full_batch_rate(pm.model, pm.reserved_engine_gpus)),
+        preemptible_tokens_per_s=_rate(_full_batch_rate(pm.model, ENGINE_GPUS)), sample_tokens_per_s=_rate(alone),
         registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=6, drain_margin_s=_run_s(10.0)),
         router=RouterConfig(min_steal_gain_s=_run_s(10.0), prefill_tokens_per_s=_rate(prefill)),
         window=WindowConfig(
             policy="adaptive",
             adaptive=AdaptiveWindowConfig(initial_window_s=_run_s(150.0), idle_target_s=_run_s(2.0)),
             reference=ReferenceWindowConfig(initial_window_s=_run_s(150.0), floor_s=_run_s(5.0),
-                                            unit_s=_run_s(1.0), seeded_optima=REFERENCE_8B_OPTIMA)))
+                                            unit_s=_run_s(1.0), seeded_optima=pm.seeded_optima)))
 
 
-def paper_qwen3_8b() -> RunConfig:
+def paper_recipe(pm: PaperModel) -> RunConfig:
+    """The paper's setup for the model: 128 prompts x 8 samples, responses up to 14,336 tokens,
+    the trainer on the reserved nodes, four preemptible TP-2 instances (a quarter of an 8x H100
+    spot node each)."""
     return RunConfig(
         model=ModelSource(source="tiny", warmup_steps=0),
         task=TaskConfig(name="arithmetic", groups_per_step=128, group_size=8,
                         max_new_tokens=MAX_RESPONSE // TOKEN_BLOCK),
-        trainer=TrainerConfig(world_size=NODE_GPUS, microbatch_groups=2),
-        controller=paper_controller(),
-        rollout=RolloutConfig(backend="emulated", capacity=CAPACITY, emulated=paper_engine()),
+        trainer=TrainerConfig(world_size=pm.trainer_gpus, microbatch_groups=2),
+        controller=paper_controller(pm),
+        rollout=RolloutConfig(backend="emulated", capacity=CAPACITY, emulated=paper_engine(pm)),
         transfer=TransferConfig(publisher=ServerConfig(egress_bytes_per_s=EGRESS_BYTES_PER_S)),
-        cluster=ClusterConfig(reserved_instances=NODE_GPUS // ENGINE_GPUS, max_preemptible=4, initial_preemptible=4,
-                              trace="none", sudden_fraction=0.0),
-        cost=CostConfig(reserved_usd_per_hour=ON_DEMAND_NODE_USD_H,
+        cluster=ClusterConfig(reserved_instances=pm.trainer_gpus // pm.reserved_engine_gpus, max_preemptible=4,
+                              initial_preemptible=4, trace="none", sudden_fraction=0.0),
+        cost=CostConfig(reserved_usd_per_hour=ON_DEMAND_NODE_USD_H * pm.trainer_nodes,
                         preemptible_usd_per_hour=SPOT_NODE_USD_H * ENGINE_GPUS / NODE_GPUS, time_scale=TIME_SCALE),
-        run=RunOptions(name="paper_qwen3_8b", steps=10, checkpoint_every=1000, microbatch_timeout_s=600.0),
+        run=RunOptions(name=pm.recipe, steps=10, checkpoint_every=1000, microbatch_timeout_s=600.0),
     )
+
+
+def paper_qwen3_8b() -> RunConfig:
+    return paper_recipe(QWEN3_8B)
 
 
 def with_reference_mechanisms(config: RunConfig) -> RunConfig:

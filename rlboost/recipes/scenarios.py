@@ -1,8 +1,9 @@
 """Named simulations (`rlboost simulate --scenario NAME`): a recipe's config, how many steps to
 simulate, and which instance counts the saturation sweep beside it covers.
 
-Every scenario is the paper recipe (rlboost.recipes.paper_qwen3_8b) or a variant of it, so a
-simulated figure can be set beside the emulated run of the same config.
+Every scenario is a paper recipe (rlboost.recipes.paper_qwen3_8b, paper_qwen3_14b_32b) or a
+variant of it, so a simulated figure can be set beside the emulated run of the same config. The
+sweep scenarios plan spot capacity (rlboost.sim.planner): one short run per instance count.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from rlboost.recipes.paper_qwen3_8b import (
     paper_qwen3_8b,
     with_reference_mechanisms,
 )
+from rlboost.recipes.paper_qwen3_14b_32b import paper_qwen3_14b, paper_qwen3_32b
 
 SATURATION_COUNTS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 200)
+PLAN_COUNTS = (0, 1, 2, 3, 4, 5, 6, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +38,12 @@ class Scenario:
     round_s: float | None = None
     sweep: tuple[int, ...] = ()
     sweep_steps: int = 12
+    planner: bool = False  # a spot plan over the sweep's counts (no main run)
 
 
-def _static(n: int) -> Callable[[], RunConfig]:
+def _static(n: int, recipe: Callable[[], RunConfig] = paper_qwen3_8b) -> Callable[[], RunConfig]:
     def config() -> RunConfig:
-        c = paper_qwen3_8b()
+        c = recipe()
         return dataclasses.replace(c, cluster=dataclasses.replace(c.cluster, max_preemptible=n,
                                                                   initial_preemptible=n, trace="none"))
     return config
@@ -60,6 +64,10 @@ SCENARIOS = {s.name: s for s in (
     Scenario("saturation", "200 preemptible instances for 400 steps, and where adding instances stops "
              "paying (the trainer bounds the step)", _static(200), steps=400, round_s=CONTROLLER_ROUND_S,
              sweep=SATURATION_COUNTS),
+    *(Scenario(name, f"spot plan for {recipe.__name__}: tokens/s and tokens per $ against 0-8 preemptible instances "
+               "and the spot discount, at the recipe's prices (--set cost.preemptible_usd_per_hour=... to ask about "
+               "another)", _static(0, recipe), steps=8, sweep=PLAN_COUNTS, sweep_steps=8, planner=True)
+      for name, recipe in (("sweep", paper_qwen3_8b), ("sweep-14b", paper_qwen3_14b), ("sweep-32b", paper_qwen3_32b))),
 )}
 
 

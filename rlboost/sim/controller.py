@@ -32,6 +32,7 @@ from rlboost.controller.records import InstanceInfo
 from rlboost.controller.registry import GONE, Registry
 from rlboost.controller.router import Router
 from rlboost.controller.step import StepState
+from rlboost.sim.ablations import without_memory
 from rlboost.sim.collector import SimCollector
 from rlboost.sim.lanes import Lanes, count_lags
 from rlboost.sim.nodes import SimNode, SimTable
@@ -67,9 +68,10 @@ class SimController:
         self.router = Router(cfg.router)
         self.lengths = LengthModel()
         self.policy = make_policy(cfg.window.policy, cfg.window.selected)
+        if not spec.window_memory:
+            self.policy = without_memory(self.policy)
         self.decisions = _CachedViews(cfg, clock, table=table, registry=self.registry, router=self.router,
                                       lengths=self.lengths, policy=self.policy)
-        self.pace = None  # set by the simulator: the engines' pace, for re-prefill times
         self.st: StepState | None = None
         self.failure: BaseException | None = None
         self._lost = False  # an instance was lost since the last check of the step
@@ -118,12 +120,13 @@ class SimController:
         if rec is None or rec.state == GONE:
             return
         sids = self.router.samples_on(instance_id)
+        restart = self.spec.migration == "recompute"
         if self.st is not None and sids:  # what was collected by the last round survives
-            self._take_off(self.st, instance_id, sids, advance=False)
+            self._take_off(self.st, instance_id, sids, advance=False, restart=restart)
         ahead = [(lane, lane.router.samples_on(instance_id)) for lane in self.ahead]
         for lane, lost in ahead:
             if lost:
-                self._take_off(lane.st, instance_id, lost, advance=False, router=lane.router)
+                self._take_off(lane.st, instance_id, lost, advance=False, router=lane.router, restart=restart)
         self.registry.mark_gone(instance_id, reason)
         self.decisions.stamp += 1
         self._lost = True
@@ -172,12 +175,13 @@ class SimController:
             self._collect_node(node, now)
         if st is not None and self.table.next_due() < math.inf:  # some engine is decoding
             st.last_progress = now
+        restart = self.spec.migration == "recompute"
         for rec in self.registry.drains_due():
             iid = rec.instance_id
             if st is not None:
-                self._take_off(st, iid, self.router.samples_on(iid))
+                self._take_off(st, iid, self.router.samples_on(iid), restart=restart)
             for lane in self.ahead:
-                self._take_off(lane.st, iid, lane.router.samples_on(iid), router=lane.router)
+                self._take_off(lane.st, iid, lane.router.samples_on(iid), router=lane.router, restart=restart)
             self.registry.mark_gone(iid, "drained after a preemption notice")
             self.decisions.stamp += 1
             self.table.remove(iid)
@@ -229,7 +233,7 @@ class SimController:
             st.close_window(self.clock.now(), action.num_preemptible)
             st.handed_over = True  # the trainer waits for it: it takes the reserved instances at once
             for iid in action.evacuate:
-                self._take_off(st, iid, self.router.samples_on(iid))
+                self._take_off(st, iid, self.router.samples_on(iid), restart=not self.spec.seeding)
                 for lane in self.ahead:
                     self._take_off(lane.st, iid, lane.router.samples_on(iid), router=lane.router)
         elif isinstance(action, ReopenWindow):
@@ -255,10 +259,11 @@ class SimController:
     # -- moving samples ------------------------------------------------------------------------
 
     def _take_off(self, st: StepState, iid: str, sids, *, requeue: bool = True, advance: bool = True,
-                  router: Router | None = None) -> list[int]:
+                  router: Router | None = None, restart: bool = False) -> list[int]:
         """Take samples off an instance with their progress (trimmed as the continuation says);
         finished ones are collected first; returns the unfinished ones (queued again unless
-        told otherwise). Without advance, what the engine made since the last round is lost."""
+        told otherwise). Without advance, what the engine made since the last round is lost;
+        with restart (the paper's ablations, SimSpec), all of it."""
         router = router or self.router
         node = self.table.nodes.get(iid)
         if node is None or not sids:
@@ -277,6 +282,9 @@ class SimController:
         for sid, n in moved.items():
             st.meter.moved(n, 0)
             router.unassign(sid)
+            if restart and n:
+                st.meter.trimmed_tokens += n
+                col.lift(sid, 0)
         if requeue:
             router.requeue(list(moved), failed=False)
         return list(moved)
@@ -306,7 +314,7 @@ class SimController:
             router.assign(sid, iid)
             progress = col.progress(sid)
             position = col.prompt_len(sid) + progress
-            prefill = self.pace.prefill_time(float(max(1, position)), 0.0, 1.0)
+            prefill = sched.pace.prefill_time(float(max(1, position)), 0.0, 1.0)
             sched.admit(sid, prompt_len=col.prompt_len(sid), base=progress, length=col.length(sid), prefill_s=prefill)
             col.place(sid, sched, node.version)
             node.bases[sid] = progress

@@ -135,15 +135,15 @@ class SimNodes:
     def __init__(self, spec: SimSpec, table: SimTable, ledger: CostLedger):
         self.spec, self.table, self.ledger = spec, table, ledger
         emu = spec.rollout.emulated
-        self.pace = RooflinePace(emu)
+        self.paces = {kind: RooflinePace(emu, kind=kind) for kind in ("reserved", "preemptible")}
         self.startup_s = emu.startup_s / emu.time_scale
-        self.preemptible_speed = emu.preemptible_speed
+        self.speed = {"reserved": spec.decode_speed, "preemptible": spec.decode_speed * emu.preemptible_speed}
 
     def place(self, instance_id: str, kind: str, now: float) -> SimNode:
         """A new instance starts billing now; it registers once started (starts_at)."""
-        speed = self.preemptible_speed if kind == "preemptible" else 1.0
+        speed = self.speed[kind]
         emu = self.spec.rollout.emulated
-        schedule = BatchSchedule(self.pace, emu.max_running, now=now, speed=speed, rate_window_s=emu.rate_window_s,
+        schedule = BatchSchedule(self.paces[kind], emu.max_running, now=now, speed=speed, rate_window_s=emu.rate_window_s,
                                  kv_capacity=emu.kv_capacity(kind))
         node = SimNode(instance_id=instance_id, kind=kind, schedule=schedule, placed_at=now)
         self.table.nodes[instance_id] = node

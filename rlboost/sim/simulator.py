@@ -23,6 +23,7 @@ from rlboost.cluster.traces.replay import named_trace, notice_seconds, replay_sp
 from rlboost.controller.clock import ManualClock
 from rlboost.controller.metrics import StepMetrics
 from rlboost.errors import StepFailed
+from rlboost.sim.ablations import victims
 from rlboost.sim.collector import SimCollector
 from rlboost.sim.controller import SimController
 from rlboost.sim.nodes import SimNode, SimNodes, SimTable, WeightLink
@@ -72,7 +73,6 @@ class Simulator:
         self.table = SimTable(spec.controller)
         self.nodes = SimNodes(spec, self.table, self.ledger)
         self.ctl = SimController(spec, self.clock, self.table)
-        self.ctl.pace = self.nodes.pace
         self.ctl.make_collector = self._collector
         self.trainer = TrainerTiming(spec.rollout.emulated, spec.trainer_gpus)
         self.link = WeightLink(spec, self.trainer.payload_bytes(spec.transfer.publisher.egress_bytes_per_s))
@@ -109,6 +109,11 @@ class Simulator:
         elif kind == "end":  # a noticed instance's deadline
             self.ctl.lose(args[0], "reclaimed at its deadline")
             self.nodes.end(args[0], now)
+        elif kind == "preempt":  # spec.preempt: instances killed together, replaced later or not
+            self._preempt(*args)
+        elif kind == "replace":
+            node = self.nodes.place(f"{args[0]}-r", "preemptible", now)
+            self.at(self.nodes.starts_at(node), "started", node.instance_id)
 
     def _trace(self, ev, now: float) -> None:
         iid = ev.instance_id
@@ -123,6 +128,15 @@ class Simulator:
             self.ctl.lose(iid, "killed without notice")
             self.nodes.end(iid, now)
             self.result.preemptions["sudden"] += 1
+
+    def _preempt(self, count: int, replace_after: float | None) -> None:
+        now = self.clock.now()
+        for iid in victims(self.table.nodes.values(), count):
+            self.ctl.lose(iid, "killed without notice")
+            self.nodes.end(iid, now)
+            self.result.preemptions["sudden"] += 1
+            if replace_after is not None:
+                self.at(now + replace_after / self.spec.time_scale, "replace", iid)
 
     def _pull(self, node: SimNode) -> None:
         if node.pulling != self.version:
@@ -187,6 +201,9 @@ class Simulator:
         self.publish(1)
         for step in range(1, spec.steps + 1):
             started = self.clock.now()
+            for at_step, offset, count, replace_after in spec.preempt:
+                if at_step == step:
+                    self.at(started + offset / spec.time_scale, "preempt", count, replace_after)
             self.wait_until(lambda: all(n.version >= step for n in self.table.nodes.values()
                                         if n.kind == "reserved"), "the reserved engines' weights")
             metrics = self.train_step(step)
@@ -239,7 +256,7 @@ class Simulator:
     def train_step(self, step: int) -> StepMetrics:
         """Roll out with the reserved engines until the window closes, then train on complete
         groups as they arrive (lending the reserved engines back when only they can finish),
-        then step the optimizer."""
+        then spend the step's overhead (the optimizer step among it)."""
         ctl = self.ctl
         col = ctl.lane_collector(step) or self._collector(step)  # already in rollout with max_staleness
         self._sequence_tokens = col.sequence_tokens
@@ -267,11 +284,11 @@ class Simulator:
             ctl.trained(batch)
             if ctl.max_staleness:  # a round now: the next step may start ahead once this one is taken
                 self._dirty = True
-            self.advance_to(self.clock.now() + self.trainer.microbatch_s(batch.lengths))
+            self.advance_to(self.clock.now() + self.trainer.microbatch_s(batch.lengths) / self.spec.train_speed)
             if batch.last:
                 st.meter.last_microbatch_tokens = batch.num_tokens
                 break
-        self.advance_to(self.clock.now() + self.trainer.timing.optimizer_s() / self.trainer.scale)
+        self.advance_to(self.clock.now() + self.trainer.timing.step_overhead_s() / self.trainer.scale)
         return ctl.end_step()
 
     def _collector(self, step: int) -> SimCollector:

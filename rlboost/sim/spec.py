@@ -18,6 +18,7 @@ from rlboost.transfer.config import TransferConfig
 from rlboost.validate import require
 
 LOOKAHEADS = ("after_rollout", "free_slots")
+MIGRATIONS = ("continue", "recompute")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,6 +53,24 @@ class SimSpec:
     round_s: float | None = None
     """seconds between the simulated controller's rounds (None: controller.poll_interval_s, as
     the real loop); a coarser grid trades reaction time for speed at hundreds of instances"""
+    # what-ifs of the RLBoost paper's ablations (sim.ablations)
+    seeding: bool = True
+    """False: samples taken off the reserved engines when their window closes restart from their
+    prompt (no partial response seeds a preemptible instance: the paper's Fig. 12)"""
+    migration: str = "continue"
+    """continue (a lost or drained instance's samples resume as controller.continuation says) or
+    recompute (from their prompt: the paper's Fig. 14 baseline)"""
+    window_memory: bool = True
+    """False: the published window rule without its memory of the best window per instance
+    count (the paper's Fig. 12; window.policy=reference)"""
+    decode_speed: float = 1.0
+    """every engine's decode and prefill at this times the timing model's (a sensitivity what-if:
+    which rollout speed would close a gap; the trainer keeps its time)"""
+    train_speed: float = 1.0
+    """the trainer's passes at this times the timing model's speed (a sensitivity what-if, as decode_speed)"""
+    preempt: tuple[tuple[int, float, int, float | None], ...] = ()
+    """(step, modelled seconds into it, instances, seconds until replaced or None): that many
+    preemptible instances killed together without notice (the paper's Figs. 12 and 14)"""
 
     def __post_init__(self) -> None:
         emu = self.rollout.emulated
@@ -62,6 +81,13 @@ class SimSpec:
         require(self.trainer_gpus >= 1, "trainer.world_size", ">= 1", self.trainer_gpus)
         require(self.round_s is None or self.round_s > 0, "round_s", "None or > 0", self.round_s)
         require(self.lookahead in LOOKAHEADS, "lookahead", f"one of {LOOKAHEADS}", self.lookahead)
+        require(self.migration in MIGRATIONS, "migration", f"one of {MIGRATIONS}", self.migration)
+        require(0 < self.decode_speed <= 100, "decode_speed", "in (0, 100]", self.decode_speed)
+        require(0 < self.train_speed <= 100, "train_speed", "in (0, 100]", self.train_speed)
+        for item in self.preempt:
+            require(len(item) == 4 and item[0] >= 1 and item[1] >= 0 and item[2] >= 1
+                    and (item[3] is None or item[3] >= 0), "preempt",
+                    "(step >= 1, seconds >= 0, instances >= 1, seconds >= 0 or None) entries", item)
         TrainerTiming.check_scale(emu, self.cost)
 
     @classmethod

@@ -36,8 +36,8 @@ class TrainerTiming:
 
     >>> from rlboost.rollout.emulated.config import EmulatedEngineConfig
     >>> t = TrainerTiming(EmulatedEngineConfig(model="qwen3-8b", efficiency=1.0), gpus=8)
-    >>> round(t.microbatch_s([1000]), 3)  # 6 passes x 2 x 7.58e9 (no embedding) x 1000 / (8 x 989e12) + attention
-    0.012
+    >>> round(t.microbatch_s([1000]), 3)  # 6 passes x 2 x 7.57e9 (no embedding) x 1000 / (8 x 989e12 x 0.387) + attention
+    0.03
     """
 
     def __init__(self, emulated: EmulatedEngineConfig, gpus: int):
@@ -120,7 +120,7 @@ class EmulatedTrainer:
     def finish_step(self, denominator: float) -> dict:
         if not denominator > 0:
             raise ValueError(f"denominator must be > 0, got {denominator}")
-        seconds = self.timing.timing.optimizer_s() / self.timing.scale
+        seconds = self.timing.timing.step_overhead_s() / self.timing.scale
         time.sleep(seconds)
         sums, self._sums = self._sums, {"tokens": 0, "microbatches": 0, "seconds": 0.0}
         return {"loss_sum": 0.0, "kl_sum": 0.0, "clipped_tokens": 0.0, "ratio_sum": float(sums["tokens"]),

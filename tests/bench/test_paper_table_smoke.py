@@ -20,7 +20,8 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_simulated_table_with_breakdown_sensitivity_and_json_line(tmp_path):
     out = tmp_path / "paper.md"
-    proc = _run(tmp_path, "--fidelity", "simulated", "--steps", "4", "--skip", "1", "--seeds", "2",
+    # steps 3..5 counted: rlboost's window policy makes its first adjustment in step 2
+    proc = _run(tmp_path, "--fidelity", "simulated", "--steps", "5", "--skip", "2", "--seeds", "2",
                 "--trace-steps", "4", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

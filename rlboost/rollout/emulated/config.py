@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from rlboost.rollout.emulated.lengths import LengthConfig
-from rlboost.timing import ACCELERATORS, EFFICIENCY, MODELS, accelerator, model_shape
+from rlboost.timing import ACCELERATORS, MODELS, accelerator, model_shape
 
 
 @dataclass(kw_only=True, slots=True)
@@ -29,8 +29,8 @@ class EmulatedEngineConfig:
     model when an instance is built (see fitted_to).
 
     With `model` set (a name in rlboost.timing.MODELS) the fixed rates give way to the
-    timing model: a decode step of the engine's batch takes the roofline time of `gpus`
-    `accelerator`s at `efficiency` (it grows with the batch's cached tokens), prefill too.
+    timing model: a decode step of the engine's batch takes the time the timing model gives
+    `gpus` `accelerator`s (it grows with the batch's cached tokens), prefill too.
     Each emulated token then stands for token_block real ones (the controller, the
     trainer and the transfer see 1/token_block of the tokens, at the same timings), and
     every duration is divided by time_scale, so a run's minute is time_scale minutes of
@@ -67,8 +67,11 @@ class EmulatedEngineConfig:
     """the GPU type of rlboost.timing each engine stands for (with model)"""
     gpus: int = 1
     """GPUs one engine spans, tensor parallel (with model)"""
-    efficiency: float = EFFICIENCY
-    """share of peak bandwidth and FLOP/s the roofline reaches (the timing model's calibrated value)"""
+    reserved_gpus: int | None = None
+    """GPUs one reserved engine spans (None: gpus), when the trainer's GPUs roll out at another
+    tensor-parallel size than the preemptible instances"""
+    efficiency: float = 1.0
+    """every efficiency of the timing model times this (1: as measured; a what-if, never a fit)"""
     token_block: int = 1
     """real tokens each emulated token stands for (with model; lengths and limits are in emulated tokens)"""
     time_scale: float = 1.0
@@ -109,6 +112,8 @@ class EmulatedEngineConfig:
             raise ValueError(f"accelerator must be one of {sorted(ACCELERATORS)}, got {self.accelerator!r}")
         if not 1 <= self.gpus <= 64:
             raise ValueError(f"gpus must be in [1, 64], got {self.gpus}")
+        if self.reserved_gpus is not None and not 1 <= self.reserved_gpus <= 64:
+            raise ValueError(f"reserved_gpus must be None or in [1, 64], got {self.reserved_gpus}")
         if not 0.0 < self.efficiency <= 1.0:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
         if not 1 <= self.token_block <= 4096:
@@ -126,7 +131,7 @@ class EmulatedEngineConfig:
         for kind in ("reserved", "preemptible"):
             if self.kv_capacity(kind) <= 0:
                 raise ValueError(f"{kind} engines' memory share cannot hold the {self.model} weights on "
-                                 f"{self.gpus} {self.accelerator}: raise memory_fraction")
+                                 f"{self.gpus_of(kind)} {self.accelerator}: raise memory_fraction")
 
     @property
     def per_sample_tokens_per_s(self) -> float:
@@ -135,6 +140,10 @@ class EmulatedEngineConfig:
         if self.sample_tokens_per_s is not None:
             return self.sample_tokens_per_s
         return self.decode_tokens_per_s / self.max_running
+
+    def gpus_of(self, kind: str) -> int:
+        """GPUs an engine of this kind spans."""
+        return self.reserved_gpus or self.gpus if kind == "reserved" else self.gpus
 
     def kv_capacity(self, kind: str = "preemptible") -> float:
         """Emulated tokens of KV cache an engine of this kind holds (inf: no limit), as SGLang sizes
@@ -150,7 +159,7 @@ class EmulatedEngineConfig:
         if not self.model or fraction <= 0:
             return math.inf
         shape, gpu = model_shape(self.model), accelerator(self.accelerator)
-        free = self.gpus * (gpu.memory_bytes * fraction - resident) - shape.weight_bytes
+        free = self.gpus_of(kind) * (gpu.memory_bytes * fraction - resident) - shape.weight_bytes
         return free / shape.kv_bytes_per_token / self.token_block
 
     def scaled(self, factor: float) -> EmulatedEngineConfig:

@@ -140,7 +140,7 @@ picks the KV capacity (reserved engines may hold less, sharing their GPUs with t
         self.clock = clock if clock is not None else _RealClock()
         if not speed > 0:
             raise ValueError(f"speed must be > 0, got {speed}")
-        self._pace = pace_of(self.config)
+        self._pace = pace_of(self.config, kind)
         self._schedule = BatchSchedule(self._pace, self.config.max_running, now=self.clock.now(), speed=speed,
                                        rate_window_s=self.config.rate_window_s,
                                        kv_capacity=self.config.kv_capacity(kind))

@@ -65,8 +65,8 @@ class RooflinePace:
     as its batch's contexts grow, and rises as the batch thins out at the tail of a step.
     """
 
-    def __init__(self, config: EmulatedEngineConfig, timing: GpuTiming | None = None):
-        self.timing = timing or gpu_timing(config.model, config.accelerator, config.gpus, config.efficiency)
+    def __init__(self, config: EmulatedEngineConfig, timing: GpuTiming | None = None, kind: str = "preemptible"):
+        self.timing = timing or gpu_timing(config.model, config.accelerator, config.gpus_of(kind), config.efficiency)
         self.block = float(config.token_block)
         self.scale = config.time_scale
 
@@ -87,6 +87,6 @@ class RooflinePace:
         return max(sum(samples), self.timing.weights_read_s() / self.scale) / speed
 
 
-def pace_of(config: EmulatedEngineConfig) -> Pace:
-    """The roofline when the config names a model, else its fixed rates."""
-    return RooflinePace(config) if config.model else FixedPace(config)
+def pace_of(config: EmulatedEngineConfig, kind: str = "preemptible") -> Pace:
+    """The timing model for an engine of this kind when the config names a model, else its fixed rates."""
+    return RooflinePace(config, kind=kind) if config.model else FixedPace(config)
