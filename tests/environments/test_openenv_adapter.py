@@ -43,14 +43,15 @@ def dipg(tmp_path):
 
 
 def test_episodes_of_a_real_openenv_environment_run_through_the_host(dipg):
-    host = EnvironmentHost(EnvironmentConfig(
-        name="rlboost.environments.adapters.openenv:OpenEnvEnvironment", options=dipg))
+    host = EnvironmentHost(EnvironmentConfig(  # making one loads its dataset: slow on a busy machine
+        name="rlboost.environments.adapters.openenv:OpenEnvEnvironment", options=dipg, step_timeout_s=600))
 
     async def episodes():
         out = []
         for sample, answer in enumerate([FORMATTED, "It is 40 years, trust me.", FORMATTED]):
             opening = await host.reset(sample, Problem(problem_id=sample, prompt="(posed by the environment)",
                                                        answer=""))
+            assert not opening.failed, opening.error
             reply = await host.step(ToolCall(sample_id=sample, turn=0, call_id=call_id(sample, 0),
                                              model_turn=ModelTurn(text=answer, token_ids=(1,))))
             await host.close(sample)
