@@ -131,3 +131,21 @@ class RunInterrupted(RunHalted):
 class RewardsFailed(RlboostError):
     """Every reward of a step failed (the reward function raised, hung past its timeout or
     returned something other than a number for every sample): the run stops there."""
+
+
+class EpisodeError(RlboostError):
+    """The environment host cannot serve a request of an episode: a sample it never reset or
+    has closed, a turn out of order or past the episode's end, or more live environments
+    than it may hold. The host stays up and every other episode goes on."""
+
+
+class ToolCallConflict(EpisodeError):
+    """A tool call came again under a key already recorded (sample, turn, call id) with other
+    content, or an executed turn came under another call id: the trajectory differs from the
+    one whose call was executed, so its recorded result cannot stand for it."""
+
+
+class SandboxUnavailable(ConfigError):
+    """The Python sandbox cannot confine code on this machine as configured (a kernel without
+    Landlock or namespaces, or its packages missing): it runs nothing rather than run code
+    unconfined."""

@@ -22,7 +22,7 @@ LAYERS = [
     ["rlboost.rollout"],
     ["rlboost.migration"],
     ["rlboost.transfer"],
-    ["rlboost.models", "rlboost.tasks"],
+    ["rlboost.models", "rlboost.tasks", "rlboost.environments"],
     ["rlboost.errors", "rlboost.env", "rlboost.validate", "rlboost.inputs", "rlboost.timing", "rlboost._C", "rlboost"],
 ]
 

@@ -62,6 +62,11 @@ class HFTokenizer:
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(i) for i in ids]
 
+    def render_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
+        """The chat template's text of a conversation ([{"role": ..., "content": ...}, ...])."""
+        return self._tok.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                             tokenize=False)
+
     def save(self, directory: str | Path) -> None:
         self._tok.save_pretrained(str(directory))
 
