@@ -196,12 +196,20 @@ def test_a_check_across_sections_names_the_set_that_broke_it(capsys):
     assert "--set trainer.device: rollout.embedded.device must be a CUDA device" in err and "--set :" not in err
 
 
-def test_calibrate_says_which_efficiency_the_code_keeps(monkeypatch):
+def test_calibrate_reports_the_gap_to_verl_and_applies_nothing(monkeypatch):
+    """`rlboost simulate --calibrate` checks the timing model against verl's reserved-only
+    figure: it prints the prediction and its gap, and a factor that would close it as a
+    what-if only (the model keeps its measured inputs)."""
     import rlboost.run.simulate as simulate
-    from rlboost.timing import EFFICIENCY
+    from rlboost.timing import INPUTS
 
+    before = repr(INPUTS)
     said = []
-    monkeypatch.setattr(simulate, "calibrate", lambda spec, groups: 0.444)  # the bisection itself: 40 steps a try
+    # the simulations themselves: 40 steps a try
+    monkeypatch.setattr(simulate, "baseline_tokens_per_s", lambda spec, groups: 1.25 * simulate.VERL_BASELINE_TOKENS_PER_S)
+    monkeypatch.setattr(simulate, "scale_to_meet", lambda spec, groups: 0.71)
     monkeypatch.setattr(simulate, "task_groups", lambda config: None)
-    simulate.calibrate_paper(echo=said.append, steps=3)
-    assert "0.444" in said[0] and f"EFFICIENCY = {EFFICIENCY}" in said[0]
+    assert simulate.calibrate_paper(echo=said.append, steps=3) == 0.71
+    assert "+25.0%" in said[0] and "verl measured" in said[0]
+    assert "not applied" in said[1] and "0.71" in said[1]
+    assert repr(INPUTS) == before

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from rlboost.run.directory import RunDirectory  # noqa: E402
+from rlboost.run.partial_files import writing  # noqa: E402
 from rlboost.run.timeline import StepClock, Timeline, read_timeline  # noqa: E402
 
 NOTICE, SUDDEN = "tab:orange", "tab:red"
@@ -253,9 +254,10 @@ def _save(fig: Any, out: Path, caption: str) -> Path:
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as f:
-            fig.savefig(f, format="png", dpi=110, bbox_inches="tight")  # tight: the caption and outer legend included
-        os.replace(tmp, out)
+        with writing(tmp):
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as f:
+                fig.savefig(f, format="png", dpi=110, bbox_inches="tight")  # tight: the caption and outer legend
+            os.replace(tmp, out)
     except BaseException:  # a Ctrl-C mid-save leaves the old plot and no half of a new one
         tmp.unlink(missing_ok=True)
         raise

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
 
+from rlboost.run.partial_files import remove_unfinished
+
 
 def say(line: str) -> None:
     """A line for the user on stderr (stdout carries only what scripts read: the run path)."""
@@ -135,6 +137,7 @@ class StopSignal:
         except Exception:  # the last words are best effort; the exit is not
             lines = ["rlboost train: interrupted"]
         self._write(("\n".join(lines) + "\n").encode(errors="replace"))
+        remove_unfinished()  # os._exit runs no finally: half-written files go first
         os._exit(130)
 
     def _write(self, data: bytes) -> None:

@@ -25,6 +25,7 @@ RUNS = {  # script -> the smallest arguments that still run its whole path
     "embedded_decode.py": ["--tokens", "8"],
     "logprob_memory.py": ["--batch", "1", "--length", "64", "--vocab", "512", "--check-batch", "1"],
     "trainer_memory.py": ["--scale", "256", "--samples", "4"],
+    "transfer_long_polls.py": ["--size", "4M", "--pollers", "2", "--repeats", "1"],
 }
 IMPORTED = ("cost_efficiency.py", "delta_weights.py", "live_capacity.py", "gpu_transfer.py")
 # script -> (its JSON line's metric, peers it must report), where a reader relies on them

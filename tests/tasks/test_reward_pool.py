@@ -6,6 +6,7 @@ one line before anything runs."""
 from __future__ import annotations
 
 import os
+import pickle
 import textwrap
 import threading
 
@@ -84,7 +85,8 @@ def started_gate(tmp_path, monkeypatch):
 
     def running(task):
         out = real(task)
-        if any(row.get("kind") == "exit" for _, _, row, _ in task.payload.args[-1]):
+        # each item travels pickled by the driver: (prompt, completion, row, metadata)
+        if any(pickle.loads(item)[2].get("kind") == "exit" for item in task.payload.args[-1]):
             threading.Thread(target=lambda: fifo.write_text("x"), daemon=True).start()  # blocks until read
         return out
     monkeypatch.setattr(Task, "set_running_or_notify_cancel", running)

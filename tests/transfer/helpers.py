@@ -104,4 +104,4 @@ def wait_until(condition, timeout: float = 30.0) -> bool:
 
 def corrupt_served_byte(pub, version: int, offset: int) -> None:
     """Flips one byte of a version `pub` serves, in place (the test-only native hook)."""
-    _C_testing.corrupt_byte(pub._store, version, offset)
+    _C_testing.corrupt_byte(pub._versions.store, version, offset)
