@@ -195,7 +195,10 @@ class TokenGatedWindowForTests:
         return 0.0
 
     def should_close(self, ctx) -> bool:
-        return ctx.remote_tokens_per_s > 0 and ctx.generated_tokens >= self.tokens
+        # both kinds measured (the reserved instance has prefilled and decoded, so its samples
+        # hold KV pages to move; on a loaded machine the preemptible one alone could reach the
+        # token count first, and the reserved samples would move without pages)
+        return ctx.local_tokens_per_s > 0 and ctx.remote_tokens_per_s > 0 and ctx.generated_tokens >= self.tokens
 
     def observe(self, obs) -> None:
         pass
