@@ -167,12 +167,8 @@ class StepLifecycle:
         """The trainer lends the reserved instances back for rollout (it is waiting for
         micro-batches and has moved its state off them). The window reopens
         (StepMetrics.reopened counts it); call wait_window_closed() before training on them."""
-        st = self._require_step()
-        if st.window_open:
-            return
-        st.reopen_window()
-        st.handed_over = st.reserved_needed = st.need_announced = False
-        self.signal.wake()
+        if self._require_step().lend_reserved():
+            self.signal.wake()
 
     async def next_microbatch(self, timeout_s: float) -> GroupBatch | None:
         """Complete groups for the trainer, or None if none are ready within timeout_s (or at
@@ -226,14 +222,19 @@ class StepLifecycle:
         return metrics
 
     def _learn(self, st: StepState) -> StepMetrics:
-        col, meter = st.collector, st.meter
-        metrics = meter.freeze(now=self.clock.now(), samples=len(col.sample_ids), total_tokens=col.tokens,
-                               duplicates=col.duplicates, gaps=col.gaps)
-        if st.failure is None and col.all_done:
-            self.policy.observe(StepObservation.measured(metrics, meter))
-        return metrics
+        return learn(st, self.policy, self.clock.now())
 
     def _require_step(self) -> StepState:
         if self.current is None:
             raise RolloutError("no step is running: call start_step() first")
         return self.current
+
+
+def learn(st: StepState, policy: WindowPolicy, now: float) -> StepMetrics:
+    """The ended step's metrics; the offload policy learns from a step that completed."""
+    col, meter = st.collector, st.meter
+    metrics = meter.freeze(now=now, samples=len(col.sample_ids), total_tokens=col.tokens,
+                           duplicates=col.duplicates, gaps=col.gaps)
+    if st.failure is None and col.all_done:
+        policy.observe(StepObservation.measured(metrics, meter))
+    return metrics

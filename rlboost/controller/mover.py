@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.continuation import resume_points
+from rlboost.controller.continuation import trim_resumed
 from rlboost.controller.engines import CallTimeout, EngineTable
 from rlboost.controller.intake import Intake
 from rlboost.controller.registry import ACTIVE, InstanceRecord, Registry
@@ -205,12 +205,7 @@ class SampleMover:
     def _trim(self, st: StepState, sids: Sequence[int]) -> None:
         """Cut resumed samples back to where the continuation resumes them (trim_group: their
         group's shortest member, finished ones included), before they are resubmitted."""
-        col = st.collector
-        held = {s: col.progress(s) for s in sids if col.progress(s) > 0}
-        if not held:
-            return
-        keep = resume_points(held, col.group_id, self.config.continuation, col.finished_shortest(held))
-        st.meter.trimmed_tokens += sum(col.trim(s, n) for s, n in keep.items() if n < held[s])
+        st.meter.trimmed_tokens += trim_resumed(st.collector, sids, self.config.continuation)
 
     async def _refused(self, st: StepState, iid: str, sids: list[int], why: RolloutError, out: Outcome) -> None:
         """The engine refused a batch (which admits none of it). If the registry's view of it
