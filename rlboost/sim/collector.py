@@ -126,6 +126,9 @@ class SimCollector:
     def all_done(self) -> bool:
         return not self._missing
 
+    duplicates = 0  # counted samples never arrive twice, nor with gaps
+    gaps = 0
+
     # -- what the simulator does ---------------------------------------------------------------
 
     def length(self, sid: int) -> int:
@@ -146,6 +149,20 @@ class SimCollector:
         """The sample's version change points and the tokens they cover (controller.staleness)."""
         s = self._samples[sid]
         return s.changes, s.marked
+
+    def group_id(self, sid: int) -> int:
+        return self._samples[sid].group.group_id
+
+    def trim(self, sid: int, keep: int) -> int:
+        """Drop an unfinished sample's tokens past the first `keep` (controller.continuation);
+        returns how many were dropped."""
+        s = self._samples[sid]
+        if s.done:
+            raise ValueError(f"sample {sid} is finished; only unfinished samples are trimmed")
+        drop = max(0, self.progress(sid) - max(0, keep))
+        if drop:
+            self.lift(sid, self.progress(sid) - drop)
+        return drop
 
     def group_samples(self, group_id: int) -> tuple[int, ...]:
         return self._groups[group_id].sample_ids

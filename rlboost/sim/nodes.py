@@ -53,6 +53,12 @@ class SimTable:
         node = self.nodes.get(instance_id)
         return node is not None and node.rates is not None
 
+    @staticmethod
+    def holds(sample_id: int) -> bool:
+        """Whether the sample's KV pages wait on an engine for its next placement: never here
+        (a simulated move re-prefills the tokens the sample holds)."""
+        return False
+
     def rates(self, instance_id: str) -> RateModel:
         return self.nodes[instance_id].rates
 
