@@ -83,10 +83,15 @@ class SimMover:
     # -- collection ------------------------------------------------------------------------------
 
     def collect(self, node: SimNode, now: float, *, advance: bool = True) -> None:
-        """Advance the node's engine to now; collect what finished; measure its rate."""
+        """Advance the node's engine to now; collect what finished (in the order a live engine
+        reports it: its samples' admission order); measure its rate."""
         ctl, sched = self.ctl, node.schedule
         running = sched.running
-        for sid in (sched.advance(now) if advance else ()):
+        done = sched.advance(now) if advance else ()
+        if len(done) > 1:  # in the order the engine admitted them, as a live engine reports them
+            order = {sid: i for i, sid in enumerate(node.bases)}
+            done = sorted(done, key=lambda sid: order.get(sid, -1))
+        for sid in done:
             lane = ctl.lane_of(sid)
             if lane is None:
                 sched.drop(sid)

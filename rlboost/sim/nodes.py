@@ -95,7 +95,8 @@ class SimTable:
             heapq.heappush(self._due, (at, node.stamp, node.instance_id))
 
     def due(self, now: float) -> list[SimNode]:
-        """Live nodes whose schedule has an event by now (each once)."""
+        """Live nodes whose schedule has an event by now (each once), in id order: the order
+        in which a live controller's round takes its engines' answers (EngineTable.answered)."""
         out, seen = [], set()
         while self._due and self._due[0][0] <= now:
             _, stamp, iid = heapq.heappop(self._due)
@@ -103,7 +104,7 @@ class SimTable:
             if node is not None and node.stamp == stamp and node.rates is not None and iid not in seen:
                 seen.add(iid)
                 out.append(node)
-        return out
+        return sorted(out, key=lambda n: n.instance_id)
 
     def next_due(self) -> float:
         while self._due:

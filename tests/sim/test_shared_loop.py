@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pytest
+
 from rlboost.controller.adapters import InProcessEngine
 from rlboost.controller.clock import ManualClock, run_virtual
 from rlboost.controller.records import InstanceInfo
@@ -22,7 +24,7 @@ from rlboost.sim.nodes import SimNode, SimTable
 from rlboost.sim.spec import SimSpec
 from rlboost.sim.workload import as_sim_groups, make_groups
 
-GROUPS, GROUP_SIZE, PROMPT, MAX_NEW = 6, 4, 64, 384
+GROUP_SIZE, PROMPT = 4, 64
 INSTANCES = (("reserved-0", "reserved"), ("spot-0", "preemptible"), ("spot-1", "preemptible"),
              ("spot-2", "preemptible"))
 WINDOW_S = 1.003  # the local window closes at the first round after this (the test's fixed policy)
@@ -71,20 +73,23 @@ class RecordingMoverForTests:
         return await self.inner.retire(st, iid)
 
 
-def _config():
+def _config(groups: int, max_new: int, published: bool):
+    """The paper recipe's engines and controller at a small step; published: the published
+    scheduler (groups round robin, no steals, no routing to a draining instance)."""
     c = paper_qwen3_8b()
-    ctl = c.controller
-    ctl = dataclasses.replace(
-        ctl, microbatch_min_samples=GROUP_SIZE,
-        router=dataclasses.replace(ctl.router, dispatch="group_round_robin", max_moves_per_tick=0),
-        registry=dataclasses.replace(ctl.registry, route_to_draining=False))
-    task = dataclasses.replace(c.task, groups_per_step=GROUPS, group_size=GROUP_SIZE, max_new_tokens=MAX_NEW)
+    ctl = dataclasses.replace(c.controller, microbatch_min_samples=GROUP_SIZE)
+    if published:
+        ctl = dataclasses.replace(
+            ctl, router=dataclasses.replace(ctl.router, dispatch="group_round_robin", max_moves_per_tick=0),
+            registry=dataclasses.replace(ctl.registry, route_to_draining=False))
+    task = dataclasses.replace(c.task, groups_per_step=groups, group_size=GROUP_SIZE, max_new_tokens=max_new)
     return dataclasses.replace(c, controller=ctl, task=task)
 
 
 def _groups(config):
-    return make_groups(1, num_groups=GROUPS, group_size=GROUP_SIZE, prompt_len=PROMPT, max_new_tokens=MAX_NEW,
-                       seed=config.run.seed)
+    t = config.task
+    return make_groups(1, num_groups=t.groups_per_step, group_size=t.group_size, prompt_len=PROMPT,
+                       max_new_tokens=t.max_new_tokens, seed=config.run.seed)
 
 
 def _speed(config, kind: str) -> float:
@@ -169,8 +174,9 @@ def _simulated(config):
     return moves, releases, ctl.end_step()
 
 
-def test_the_simulator_and_the_live_controller_decide_the_same():
-    config = _config()
+@pytest.mark.parametrize("groups,max_new,published", [(6, 384, True), (16, 1024, False), (24, 1024, False)])
+def test_the_simulator_and_the_live_controller_decide_the_same(groups, max_new, published):
+    config = _config(groups, max_new, published)
     live_moves, live_releases, live = _live(config)
     sim_moves, sim_releases, sim = _simulated(config)
     kinds = {what for _, what, _, _ in live_moves}
