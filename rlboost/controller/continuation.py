@@ -13,6 +13,19 @@ from __future__ import annotations
 from typing import Callable, Mapping, Protocol, Sequence
 
 CONTINUATIONS = ("token", "trim_group")
+MIGRATIONS = ("continue", "recompute")
+
+
+def from_prompt(kind: str, *, seeding: bool, migration: str) -> bool:
+    """Whether samples evacuated from an instance of `kind` restart from their prompt: the
+    reserved ones' at the window's close without seeding, a drained preemptible one's with
+    migration="recompute" (ControllerConfig.seeding and .migration).
+
+    >>> from_prompt("reserved", seeding=False, migration="continue"), from_prompt("preemptible", seeding=False,
+    ...                                                                            migration="continue")
+    (True, False)
+    """
+    return not seeding if kind == "reserved" else migration == "recompute"
 
 
 def resume_points(progress: Mapping[int, int], group_of: Callable[[int], int], mode: str,

@@ -57,14 +57,19 @@ class StepLifecycle:
 
     def note(self, out: Outcome) -> Outcome:
         """Learn from a move: finished samples' lengths; each lost instance counts as a death
-        (its samples as resumes) and wakes the trainer's waiting calls."""
+        (its samples as resumes, from their prompt with config.migration="recompute") and
+        wakes the trainer's waiting calls."""
         st = self.current
         for sid in out.finished:
             self.lengths.observe(st.collector.progress(sid))
         if out.lost and st is not None:
+            col, recompute = st.collector, self.config.migration == "recompute"
             for loss in out.lost:
                 st.meter.deaths += 1
                 st.meter.resumes += len(loss.samples)
+                if recompute:  # they restart from their prompt
+                    st.meter.trimmed_tokens += sum(col.trim(s, 0) for s in loss.samples
+                                                   if col.knows(s) and not col.finished(s))
             self.signal.wake()
         return out
 

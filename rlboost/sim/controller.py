@@ -19,6 +19,7 @@ it from the latest lane's samples.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from typing import Callable
@@ -72,7 +73,10 @@ class SimController:
 
     def __init__(self, spec: SimSpec, clock: Clock, table: SimTable, *, policy: WindowPolicy | None = None):
         """policy: the window policy (default: controller.window's, as the live controller builds it)."""
-        cfg = spec.controller
+        # the ablations' what-ifs (SimSpec.seeding, .migration) are the controller's modes
+        self.config = cfg = dataclasses.replace(
+            spec.controller, seeding=spec.controller.seeding and spec.seeding,
+            migration="recompute" if "recompute" in (spec.migration, spec.controller.migration) else "continue")
         self.spec, self.clock, self.table = spec, clock, table
         self.max_staleness = cfg.max_staleness
         self.registry = Registry(cfg.registry, clock, max_staleness=self.max_staleness)
@@ -143,7 +147,7 @@ class SimController:
         if node is not None and node.schedule.t < polled:
             self.mover.collect(node, polled)
         sids = self.router.samples_on(instance_id)
-        restart = self.spec.migration == "recompute"
+        restart = self.config.migration == "recompute"
         if self.st is not None and sids:
             self.mover.take_off(self.st, instance_id, sids, requeue=False, advance=False, restart=restart, lost=True)
         ahead = [(lane, lane.router.samples_on(instance_id)) for lane in self.ahead]
@@ -204,7 +208,7 @@ class SimController:
             run_now(self.round.run(st, check=False))
             # the check can fail a step only on losses, refusals, or silence (idle_timeout_s); its
             # other answer, rollout done, only once everything is collected
-            quiet = now - self._checked_at >= self.spec.controller.idle_timeout_s / 4
+            quiet = now - self._checked_at >= self.config.idle_timeout_s / 4
             if st.collector.all_done or self.router.queued or self._lost or quiet:
                 self._lost, self._checked_at = False, now
                 self.round.check(st)

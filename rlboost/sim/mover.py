@@ -6,9 +6,10 @@ this only carries the moves out on the simulated schedules: a sample leaves an e
 the tokens it made (counted, never materialized) and starts on another after re-prefilling
 them. Its methods are coroutines that never wait, run by controller.round.run_now.
 
-The paper's ablations are modes of the moves (SimSpec): without seeding, samples taken off
-the reserved instances at the window's close restart from their prompt; with
-migration="recompute", so do samples taken off a preempted instance.
+The paper's ablations are the controller's modes (ControllerConfig.seeding and .migration,
+which SimSpec's what-ifs set): without seeding, samples taken off the reserved instances at
+the window's close restart from their prompt; with migration="recompute", so do samples
+taken off a preempted instance, as the live SampleMover does.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from rlboost.controller.clock import Clock
-from rlboost.controller.continuation import trim_resumed
+from rlboost.controller.config import ControllerConfig
+from rlboost.controller.continuation import from_prompt, trim_resumed
 from rlboost.controller.decisions import StepDecisions
 from rlboost.controller.estimates import LengthModel
 from rlboost.controller.registry import GONE, Registry
@@ -32,6 +34,7 @@ class SimParts(Protocol):
     router, the steps ahead, and which step in rollout holds a sample."""
 
     spec: SimSpec
+    config: ControllerConfig  # spec.controller with the ablations' modes
     clock: Clock
     table: SimTable
     registry: Registry
@@ -48,16 +51,16 @@ class SimMover:
 
     def __init__(self, ctl: SimParts):
         self.ctl = ctl
-        self.recompute = ctl.spec.migration == "recompute"
+        self.recompute = ctl.config.migration == "recompute"
 
     # -- the Mover protocol (controller.round) --------------------------------------------------
 
     async def evacuate(self, st: StepState, iid: str) -> Outcome:
         """Every sample of the running step off the instance (queued again), then those of the
         steps ahead."""
-        node = self.ctl.table.nodes.get(iid)
+        node, cfg = self.ctl.table.nodes.get(iid), self.ctl.config
         preemptible = node is not None and node.kind == "preemptible"
-        restart = self.recompute if preemptible else not self.ctl.spec.seeding
+        restart = node is not None and from_prompt(node.kind, seeding=cfg.seeding, migration=cfg.migration)
         moved = self.take_off(st, iid, self.ctl.router.samples_on(iid), restart=restart)
         for lane in self.ctl.ahead:
             self.take_off(lane.st, iid, lane.router.samples_on(iid), router=lane.router,
@@ -156,7 +159,7 @@ class SimMover:
             self.collect(node, ctl.clock.now())
         if ctl.ahead:
             self.make_room(iid, len(sched) + len(sids) - rec.info.capacity, st.meter.step)
-        st.meter.trimmed_tokens += trim_resumed(col, sids, ctl.spec.controller.continuation)
+        st.meter.trimmed_tokens += trim_resumed(col, sids, ctl.config.continuation)
         for sid in sids:
             router.assign(sid, iid)
             progress = col.progress(sid)

@@ -73,11 +73,12 @@ class RecordingMoverForTests:
         return await self.inner.retire(st, iid)
 
 
-def _config(groups: int, max_new: int, published: bool):
+def _config(groups: int, max_new: int, published: bool, **modes):
     """The paper recipe's engines and controller at a small step; published: the published
-    scheduler (groups round robin, no steals, no routing to a draining instance)."""
+    scheduler (groups round robin, no steals, no routing to a draining instance); modes:
+    the controller's seeding and migration."""
     c = paper_qwen3_8b()
-    ctl = dataclasses.replace(c.controller, microbatch_min_samples=GROUP_SIZE)
+    ctl = dataclasses.replace(c.controller, microbatch_min_samples=GROUP_SIZE, **modes)
     if published:
         ctl = dataclasses.replace(
             ctl, router=dataclasses.replace(ctl.router, dispatch="group_round_robin", max_moves_per_tick=0),
@@ -174,9 +175,11 @@ def _simulated(config):
     return moves, releases, ctl.end_step()
 
 
-@pytest.mark.parametrize("groups,max_new,published", [(6, 384, True), (16, 1024, False), (24, 1024, False)])
-def test_the_simulator_and_the_live_controller_decide_the_same(groups, max_new, published):
-    config = _config(groups, max_new, published)
+@pytest.mark.parametrize("groups,max_new,published,modes", [
+    (6, 384, True, {}), (16, 1024, False, {}), (24, 1024, False, {}),
+    (16, 1024, False, {"seeding": False, "migration": "recompute"})])
+def test_the_simulator_and_the_live_controller_decide_the_same(groups, max_new, published, modes):
+    config = _config(groups, max_new, published, **modes)
     live_moves, live_releases, live = _live(config)
     sim_moves, sim_releases, sim = _simulated(config)
     kinds = {what for _, what, _, _ in live_moves}
@@ -190,5 +193,6 @@ def test_the_simulator_and_the_live_controller_decide_the_same(groups, max_new, 
         assert m.resumes > 0
     assert sim.total_tokens == live.total_tokens
     fields = ("window_s", "rollout_time_s", "resumes", "migrations", "migrated_tokens", "reprefill_tokens",
-              "tokens_per_instance", "num_preemptible")
+              "trimmed_tokens", "tokens_per_instance", "num_preemptible")
     assert [getattr(sim, f) for f in fields] == [getattr(live, f) for f in fields]
+    assert (live.trimmed_tokens > 0) == bool(modes)  # without seeding and with recompute, moves restart
