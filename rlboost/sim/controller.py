@@ -60,7 +60,9 @@ class _CachedViews(StepDecisions):
         self._cache = None if any(v.time_left_s is not None for v in views) else (key, views)
         return views
 
-    busy_ahead: Callable[[str], bool] = staticmethod(lambda iid: False)
+    def busy_ahead(self, iid: str) -> bool:
+        """Whether the instance holds samples of steps ahead (the SimController tells)."""
+        return False
 
     def steal(self, st: StepState) -> list[Move]:
         """StepDecisions' steals, but none onto an instance that holds later steps' samples:
