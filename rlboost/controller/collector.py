@@ -8,7 +8,7 @@ least a configured size (a multiple of the group size, so a group is never split
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rlboost.controller.records import CompletedGroup, CompletedSample, GroupBatch, PromptGroup
 from rlboost.controller.staleness import accepted_versions, extend_changes, truncate_changes
@@ -206,21 +206,46 @@ class Collector:
 
     def take(self) -> GroupBatch | None:
         """The next micro-batch, when enough complete groups are ready (or the step's rest is)."""
-        if not self._ready:
-            return None
-        ready = self.ready_samples()
-        if ready < self.min_samples and not self.all_done:
-            return None
-        out, n = [], 0
-        while self._ready:
-            g = self._groups[self._ready[0]]
-            if self.max_samples is not None and out and n + g.num_samples > self.max_samples:
-                break
-            gid = self._ready.popleft()
+        out = []
+        for gid in release(self._ready, lambda g: self._groups[g].num_samples, min_samples=self.min_samples,
+                           max_samples=self.max_samples, all_done=self.all_done):
             if gid in self._emitted:
                 raise AssertionError(f"group {gid} would be emitted twice")
             self._emitted.add(gid)
             out.append(self._group(gid))
-            n += g.num_samples
+        if not out:
+            return None
         last = len(self._emitted) == len(self._groups)
         return GroupBatch(step=self.step, groups=tuple(out), last=last)
+
+
+def release(ready: deque[int], size: Callable[[int], int], *, min_samples: int, max_samples: int | None,
+            all_done: bool) -> list[int]:
+    """The groups of the next micro-batch, popped off the front of `ready` (complete groups in
+    the order they completed; size(group) its samples): none until at least min_samples
+    samples are ready or the step is complete, then groups in order up to max_samples samples
+    (a first group larger than that goes alone).
+
+    >>> ready = deque([1, 2, 3])
+    >>> release(ready, lambda g: 4, min_samples=8, max_samples=8, all_done=False), ready
+    ([1, 2], deque([3]))
+    >>> release(ready, lambda g: 4, min_samples=8, max_samples=8, all_done=False)
+    []
+    >>> release(ready, lambda g: 4, min_samples=8, max_samples=8, all_done=True)
+    [3]
+    """
+    if not releasable(ready, size, min_samples=min_samples, all_done=all_done):
+        return []
+    out, n = [], 0
+    while ready:
+        k = size(ready[0])
+        if max_samples is not None and out and n + k > max_samples:
+            break
+        out.append(ready.popleft())
+        n += k
+    return out
+
+
+def releasable(ready: deque[int], size: Callable[[int], int], *, min_samples: int, all_done: bool) -> bool:
+    """Whether release() would give a micro-batch now."""
+    return bool(ready) and (all_done or sum(size(g) for g in ready) >= min_samples)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlboost.controller.continuation import CONTINUATIONS
+from rlboost.controller.continuation import CONTINUATIONS, MIGRATIONS
 from rlboost.controller.estimates import RateModel
 from rlboost.controller.offload import POLICIES, AdaptiveWindowConfig, ReferenceWindowConfig
 from rlboost.controller.registry import RegistryConfig
@@ -60,6 +60,12 @@ class ControllerConfig:
     """move samples with their KV pages engine to engine where both sides can"""
     continuation: str = "token"
     """where a moved sample resumes: token (its last token) or trim_group (the published reference)"""
+    seeding: bool = True
+    """samples taken off the reserved instances when the window closes continue elsewhere from
+    their tokens (False: from their prompt, the paper's ablation without seeding)"""
+    migration: str = "continue"
+    """a drained or lost instance's samples: continue (from their tokens, as continuation says)
+    or recompute (from their prompt, the paper's baseline for migration)"""
     reserved_tokens_per_s: float = 4000.0
     """prior decode rate of a reserved engine until it is measured"""
     preemptible_tokens_per_s: float = 1000.0
@@ -85,6 +91,7 @@ class ControllerConfig:
         require(isinstance(self.max_staleness, int) and not isinstance(self.max_staleness, bool)
                 and 0 <= self.max_staleness <= 8, "max_staleness", "an integer from 0 to 8", self.max_staleness)
         require(self.continuation in CONTINUATIONS, "continuation", f"one of {CONTINUATIONS}", self.continuation)
+        require(self.migration in MIGRATIONS, "migration", f"one of {MIGRATIONS}", self.migration)
         for name in ("microbatch_min_samples", "microbatch_max_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -10,9 +10,22 @@ member of its group resumes from.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol, Sequence
 
 CONTINUATIONS = ("token", "trim_group")
+MIGRATIONS = ("continue", "recompute")
+
+
+def from_prompt(kind: str, *, seeding: bool, migration: str) -> bool:
+    """Whether samples evacuated from an instance of `kind` restart from their prompt: the
+    reserved ones' at the window's close without seeding, a drained preemptible one's with
+    migration="recompute" (ControllerConfig.seeding and .migration).
+
+    >>> from_prompt("reserved", seeding=False, migration="continue"), from_prompt("preemptible", seeding=False,
+    ...                                                                            migration="continue")
+    (True, False)
+    """
+    return not seeding if kind == "reserved" else migration == "recompute"
 
 
 def resume_points(progress: Mapping[int, int], group_of: Callable[[int], int], mode: str,
@@ -38,3 +51,28 @@ def resume_points(progress: Mapping[int, int], group_of: Callable[[int], int], m
         g = group_of(sid)
         shortest[g] = min(n, shortest.get(g, n), (finished or {}).get(g, n))
     return {sid: shortest[group_of(sid)] for sid in progress}
+
+
+class Trimmable(Protocol):
+    """A step's samples as trim_resumed reads and cuts them (controller.collector.Collector,
+    and the simulator's counted one)."""
+
+    def progress(self, sid: int) -> int: ...
+
+    def group_id(self, sid: int) -> int: ...
+
+    def finished_shortest(self, sids) -> dict[int, int]: ...
+
+    def trim(self, sid: int, keep: int) -> int: ...
+
+
+def trim_resumed(col: Trimmable, sids: Sequence[int], mode: str) -> int:
+    """Cut resumed samples back to where the continuation resumes them, before they start
+    again; returns the tokens dropped (none in token mode)."""
+    if mode == "token":
+        return 0
+    held = {s: col.progress(s) for s in sids if col.progress(s) > 0}
+    if not held:
+        return 0
+    keep = resume_points(held, col.group_id, mode, col.finished_shortest(held))
+    return sum(col.trim(s, n) for s, n in keep.items() if n < held[s])

@@ -57,14 +57,19 @@ class StepLifecycle:
 
     def note(self, out: Outcome) -> Outcome:
         """Learn from a move: finished samples' lengths; each lost instance counts as a death
-        (its samples as resumes) and wakes the trainer's waiting calls."""
+        (its samples as resumes, from their prompt with config.migration="recompute") and
+        wakes the trainer's waiting calls."""
         st = self.current
         for sid in out.finished:
             self.lengths.observe(st.collector.progress(sid))
         if out.lost and st is not None:
+            col, recompute = st.collector, self.config.migration == "recompute"
             for loss in out.lost:
                 st.meter.deaths += 1
                 st.meter.resumes += len(loss.samples)
+                if recompute:  # they restart from their prompt
+                    st.meter.trimmed_tokens += sum(col.trim(s, 0) for s in loss.samples
+                                                   if col.knows(s) and not col.finished(s))
             self.signal.wake()
         return out
 
@@ -167,12 +172,8 @@ class StepLifecycle:
         """The trainer lends the reserved instances back for rollout (it is waiting for
         micro-batches and has moved its state off them). The window reopens
         (StepMetrics.reopened counts it); call wait_window_closed() before training on them."""
-        st = self._require_step()
-        if st.window_open:
-            return
-        st.reopen_window()
-        st.handed_over = st.reserved_needed = st.need_announced = False
-        self.signal.wake()
+        if self._require_step().lend_reserved():
+            self.signal.wake()
 
     async def next_microbatch(self, timeout_s: float) -> GroupBatch | None:
         """Complete groups for the trainer, or None if none are ready within timeout_s (or at
@@ -226,14 +227,19 @@ class StepLifecycle:
         return metrics
 
     def _learn(self, st: StepState) -> StepMetrics:
-        col, meter = st.collector, st.meter
-        metrics = meter.freeze(now=self.clock.now(), samples=len(col.sample_ids), total_tokens=col.tokens,
-                               duplicates=col.duplicates, gaps=col.gaps)
-        if st.failure is None and col.all_done:
-            self.policy.observe(StepObservation.measured(metrics, meter))
-        return metrics
+        return learn(st, self.policy, self.clock.now())
 
     def _require_step(self) -> StepState:
         if self.current is None:
             raise RolloutError("no step is running: call start_step() first")
         return self.current
+
+
+def learn(st: StepState, policy: WindowPolicy, now: float) -> StepMetrics:
+    """The ended step's metrics; the offload policy learns from a step that completed."""
+    col, meter = st.collector, st.meter
+    metrics = meter.freeze(now=now, samples=len(col.sample_ids), total_tokens=col.tokens,
+                           duplicates=col.duplicates, gaps=col.gaps)
+    if st.failure is None and col.all_done:
+        policy.observe(StepObservation.measured(metrics, meter))
+    return metrics

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.continuation import resume_points
+from rlboost.controller.continuation import from_prompt, trim_resumed
 from rlboost.controller.engines import CallTimeout, EngineTable
 from rlboost.controller.intake import Intake
 from rlboost.controller.registry import ACTIVE, InstanceRecord, Registry
@@ -36,14 +36,20 @@ class SampleMover:
     # -- taking samples back -----------------------------------------------------------------
 
     async def evacuate(self, st: StepState, iid: str) -> Outcome:
-        """Take every sample off a live instance and queue the unfinished ones again."""
-        out = await self.take_back(st, iid, self.router.samples_on(iid))
+        """Take every sample off a live instance and queue the unfinished ones again (from
+        their prompt where config.seeding or config.migration says so: continuation.from_prompt)."""
+        slot, cfg = self.table.get(iid), self.config
+        restart = slot is not None and from_prompt(slot.kind, seeding=cfg.seeding, migration=cfg.migration)
+        out = await self.take_back(st, iid, self.router.samples_on(iid), with_kv=not restart)
+        if restart:
+            st.meter.trimmed_tokens += sum(st.collector.trim(s, 0) for s in out.moved)
         self.router.requeue(out.moved, failed=False)
         return out
 
-    async def take_back(self, st: StepState, iid: str, sids: Sequence[int]) -> Outcome:
+    async def take_back(self, st: StepState, iid: str, sids: Sequence[int], *, with_kv: bool = True) -> Outcome:
         """Export samples from a live instance into the collector; Outcome.moved holds the
-        unfinished ones, now unassigned (the caller decides where they go)."""
+        unfinished ones, now unassigned (the caller decides where they go). with_kv=False:
+        their KV pages stay behind (they restart by re-prefill)."""
         out = Outcome()
         if not sids:
             return out
@@ -53,7 +59,7 @@ class SampleMover:
             return out  # it was lost meanwhile; its samples are queued again
         ticket = None
         try:
-            if self.config.migrate_with_kv and rec.info.kv_layout is not None:
+            if with_kv and self.config.migrate_with_kv and rec.info.kv_layout is not None:
                 try:
                     ticket, states = await self.table.guard(slot.adapter.handoff_send(list(sids), "kv"))
                 except RolloutError:
@@ -205,12 +211,7 @@ class SampleMover:
     def _trim(self, st: StepState, sids: Sequence[int]) -> None:
         """Cut resumed samples back to where the continuation resumes them (trim_group: their
         group's shortest member, finished ones included), before they are resubmitted."""
-        col = st.collector
-        held = {s: col.progress(s) for s in sids if col.progress(s) > 0}
-        if not held:
-            return
-        keep = resume_points(held, col.group_id, self.config.continuation, col.finished_shortest(held))
-        st.meter.trimmed_tokens += sum(col.trim(s, n) for s, n in keep.items() if n < held[s])
+        st.meter.trimmed_tokens += trim_resumed(st.collector, sids, self.config.continuation)
 
     async def _refused(self, st: StepState, iid: str, sids: list[int], why: RolloutError, out: Outcome) -> None:
         """The engine refused a batch (which admits none of it). If the registry's view of it

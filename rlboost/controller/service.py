@@ -1,6 +1,7 @@
 """RolloutService: the controller's loop over rollout instances, and its API. Each tick it
-gathers the instances' answers (Intake) and carries out what StepDecisions return (close
-the window, place and steal samples, fail a stuck step) through the SampleMover. Engines
+gathers the instances' answers (Intake) and runs a StepRound: what StepDecisions return
+(close the window, place and steal samples, fail a stuck step), carried out through the
+SampleMover. Engines
 are EngineAdapters: one loop drives in-process engines (tests, the simulator) and Ray
 actors. The trainer's calls are StepLifecycle's; each instance's lifecycle is the
 registry's, which the driver follows through next_events() and moves with place(),
@@ -16,7 +17,7 @@ from typing import Any, Callable
 from rlboost.controller.adapters import EngineAdapter
 from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
-from rlboost.controller.decisions import AskForReserved, CloseWindow, FailStep, ReopenWindow, RolloutDone, StepDecisions
+from rlboost.controller.decisions import StepDecisions
 from rlboost.controller.engines import EngineTable
 from rlboost.controller.estimates import LengthModel
 from rlboost.controller.events import InstanceEvent
@@ -27,8 +28,9 @@ from rlboost.controller.mover import SampleMover
 from rlboost.controller.offload import AdaptiveWindow, WindowPolicy
 from rlboost.controller.records import GroupBatch, InstanceInfo, InstanceStatus, Lease, PromptGroup
 from rlboost.controller.registry import Registry
+from rlboost.controller.round import StepRound
 from rlboost.controller.router import Router
-from rlboost.controller.step import Outcome, StepState
+from rlboost.controller.step import Outcome
 from rlboost.controller.wakeup import ChangeSignal
 from rlboost.errors import RolloutError
 
@@ -61,6 +63,9 @@ class RolloutService:
         self.steps = StepLifecycle(cfg, clock, registry=self.registry, router=self.router, table=self.table,
                                    mover=self.mover, decisions=self.decisions, lengths=self.lengths,
                                    policy=self.policy, signal=self.signal)
+        self.round = StepRound(clock, decisions=self.decisions, registry=self.registry, router=self.router,
+                               table=self.table, mover=self.mover, note=self.steps.note, fail=self.steps.fail,
+                               wake=self.signal.wake)
         self._task: asyncio.Task | None = None
         self._renew: dict[str, Callable[[Lease], Any]] = {}  # instance -> how its new leases reach it
         self._pushed = self.registry.current_version  # the version the instances were last told of
@@ -106,60 +111,12 @@ class RolloutService:
             await asyncio.sleep(0)  # in-process engines answer within this turn of the loop
             for iid in self.table.answered():
                 self.steps.note(await self.intake.settle(self.steps.current, iid))
-            await self._drain_due()
-            st = self.steps.current
-            if st is not None and st.failure is None and not st.ending:
-                await self._window(st)
-                await self._place(st)
-                self._check(st)
+            await self.round.drain_due(self.steps.current)
+            if (st := self.steps.current) is not None:
+                await self.round.run(st)
             self._first_samples()
         self._push_leases()
         self.signal.wake()
-
-    async def _drain_due(self) -> None:
-        """Instances whose preemption deadline is near: move their samples out, then let them go.
-        Samples whose KV pages wait on the draining engine are placed before it closes."""
-        for rec in self.registry.drains_due():
-            iid, st = rec.instance_id, self.steps.current
-            if st is not None and iid in self.table:
-                out = self.steps.note(await self.mover.evacuate(st, iid))
-                if any(self.table.holds(s) for s in out.moved) and st.failure is None and not st.ending:
-                    await self._place(st)
-            if not rec.ended:
-                self.steps.note(await self.mover.retire(self.steps.current, iid))
-
-    async def _window(self, st: StepState) -> None:
-        action = self.decisions.window(st)
-        if isinstance(action, CloseWindow):
-            st.close_window(self.clock.now(), action.num_preemptible)
-            for iid in action.evacuate:
-                if iid in self.table:
-                    self.steps.note(await self.mover.evacuate(st, iid))
-            self.signal.wake()
-        elif isinstance(action, ReopenWindow):
-            st.reopen_window()
-        elif isinstance(action, AskForReserved):
-            st.reserved_needed = True
-            self.signal.wake()
-
-    async def _place(self, st: StepState) -> None:
-        for a in self.decisions.dispatch(st):
-            self.steps.note(await self.mover.send(st, a.instance_id, a.sample_ids))
-        if self.router.queued:
-            return
-        for m in self.decisions.steal(st):
-            if not self.registry.takes_work(self.registry.get(m.target)):
-                continue  # lost (or past its drain time) while earlier moves ran
-            out = self.steps.note(await self.mover.take_back(st, m.source, m.sample_ids))
-            if out.moved:
-                self.steps.note(await self.mover.send(st, m.target, out.moved))
-
-    def _check(self, st: StepState) -> None:
-        action = self.decisions.check(st)
-        if isinstance(action, RolloutDone):
-            st.rollout_done(self.clock.now(), action.num_preemptible)
-        elif isinstance(action, FailStep):
-            self.steps.fail(action.error)
 
     def _first_samples(self) -> None:
         """The first samples the controller holds on each preemptible instance: an event."""

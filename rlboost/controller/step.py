@@ -77,6 +77,15 @@ class StepState:
         self.window_open = True
         self.meter.reopened += 1
 
+    def lend_reserved(self) -> bool:
+        """The trainer lends the reserved instances back: the window reopens and they are no
+        longer the trainer's. False (nothing changes) while the window is open."""
+        if self.window_open:
+            return False
+        self.reopen_window()
+        self.handed_over = self.reserved_needed = self.need_announced = False
+        return True
+
     def rollout_done(self, now: float, num_preemptible: int) -> None:
         self.meter.rollout_done_at = now
         if self.meter.window_closed_at is None:

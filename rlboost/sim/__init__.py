@@ -1,6 +1,7 @@
 """The simulator: a discrete-event simulation of whole runs (Simulator, from a SimSpec) that
-drives the controller's own parts with the emulated engines' timing core, and the emulated
-fleet and trainer around a real RolloutService on virtual time (EmulatedFleet).
+runs the controller's own round (controller.round.StepRound) over simulated engines with the
+emulated engines' timing core (sim.mover), and the emulated fleet and trainer around a real
+RolloutService on virtual time (EmulatedFleet).
 
 It sits beside cluster/ and reuses the controller's policy code unchanged, so what is
 simulated is the policy that runs. Nothing in controller/ or rollout/ imports it.

@@ -1,31 +1,26 @@
 """What-ifs of the RLBoost paper's ablations on a simulated run (SimSpec's seeding, migration,
-window_memory and preempt): the published window rule without its per-count memory, and
-instances killed together at a moment of a step (and replaced later, or not).
+window_memory and preempt): the published window rule without its per-count memory (the
+controller's window.reference.memory), and instances killed together at a moment of a step
+(and replaced later, or not). Seeding and migration are modes of the simulator's moves
+(sim.mover).
 
-The live controller has none of these switches; they exist to set the paper's ablation
-figures (Figs. 12 and 14) beside what the same model predicts.
+They exist to set the paper's ablation figures (Figs. 12 and 14) beside what the same model
+predicts.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from rlboost.controller.offload import ReferenceWindowRule
 
 
-class ReferenceRuleWithoutMemory(ReferenceWindowRule):
-    """The published window rule (gap rule, floor, whole seconds) that remembers no window per
-    instance count: nothing is folded in, and a changed count starts from the current window."""
-
-    def __init__(self, rule: ReferenceWindowRule):
-        super().__init__(rule.config)
-        self.optima = {}
-
-    def _fold(self, count: int, weight: float) -> None:
-        return None
-
-
 def without_memory(policy):
-    """The policy with the reference rule's memory off (other policies have none to turn off)."""
-    return ReferenceRuleWithoutMemory(policy) if isinstance(policy, ReferenceWindowRule) else policy
+    """The policy with the reference rule's memory off (ReferenceWindowConfig.memory; other
+    policies have none to turn off)."""
+    if isinstance(policy, ReferenceWindowRule):
+        return ReferenceWindowRule(dataclasses.replace(policy.config, memory=False))
+    return policy
 
 
 def victims(nodes, count: int) -> list[str]:

@@ -2,8 +2,8 @@
 
 It answers the queries the controller's StepDecisions asks of a step's collector (missing,
 progress, position, max_new, max_length, tokens, all_done), so the simulator runs the
-controller's own decisions, and releases complete groups in micro-batches by the same
-rule as controller.collector.Collector (at least min_samples, the rest at the end).
+controller's own decisions, and releases complete groups in micro-batches by the live
+collector's own rule (controller.collector.release).
 A sample on an engine reports what that engine has produced by now. Every sample keeps the
 weight versions of its tokens as controller.staleness change points: its tokens come from
 the version of the engine that produced them, and an engine that takes a new version
@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+from rlboost.controller.collector import releasable, release
 from rlboost.controller.staleness import VersionChanges, extend_changes
 from rlboost.rollout.emulated.schedule import BatchSchedule
 
@@ -126,6 +127,9 @@ class SimCollector:
     def all_done(self) -> bool:
         return not self._missing
 
+    duplicates = 0  # counted samples never arrive twice, nor with gaps
+    gaps = 0
+
     # -- what the simulator does ---------------------------------------------------------------
 
     def length(self, sid: int) -> int:
@@ -146,6 +150,20 @@ class SimCollector:
         """The sample's version change points and the tokens they cover (controller.staleness)."""
         s = self._samples[sid]
         return s.changes, s.marked
+
+    def group_id(self, sid: int) -> int:
+        return self._samples[sid].group.group_id
+
+    def trim(self, sid: int, keep: int) -> int:
+        """Drop an unfinished sample's tokens past the first `keep` (controller.continuation);
+        returns how many were dropped."""
+        s = self._samples[sid]
+        if s.done:
+            raise ValueError(f"sample {sid} is finished; only unfinished samples are trimmed")
+        drop = max(0, self.progress(sid) - max(0, keep))
+        if drop:
+            self.lift(sid, self.progress(sid) - drop)
+        return drop
 
     def group_samples(self, group_id: int) -> tuple[int, ...]:
         return self._groups[group_id].sample_ids
@@ -212,19 +230,21 @@ class SimCollector:
 
     def take_ready(self) -> bool:
         """Whether take() would return a micro-batch now."""
-        return bool(self._ready) and (self.all_done or self.ready_samples() >= self.min_samples)
+        return releasable(self._ready, self._size, min_samples=self.min_samples, all_done=self.all_done)
+
+    def _size(self, group_id: int) -> int:
+        return len(self._groups[group_id].sample_ids)
 
     def take(self) -> SimBatch | None:
-        """The next micro-batch, when enough complete groups are ready (or the step's rest is)."""
-        if not self.take_ready():
+        """The next micro-batch, by the live collector's rule (controller.collector.release)."""
+        gids = release(self._ready, self._size, min_samples=self.min_samples,
+                       max_samples=self.max_samples, all_done=self.all_done)
+        if not gids:
             return None
         groups, lengths = [], []
-        while self._ready:
-            g = self._groups[self._ready[0]]
-            if self.max_samples is not None and lengths and len(lengths) + len(g.sample_ids) > self.max_samples:
-                break
-            self._ready.popleft()
-            groups.append((g.group_id, sum(g.lengths)))
+        for gid in gids:
+            g = self._groups[gid]
+            groups.append((gid, sum(g.lengths)))
             lengths += [g.prompt_len + n for n in g.lengths]
-            self._emitted += 1
+        self._emitted += len(gids)
         return SimBatch(tuple(groups), tuple(lengths), last=self._emitted == len(self._groups))

@@ -1,9 +1,10 @@
 """SimController: the rollout controller's round, simulated, over the controller's own parts.
 
-The Registry, the Router, StepDecisions (window, dispatch, steal, check), the window policy,
-the LengthModel and the RateModels are the ones the real RolloutService runs, unchanged;
-only engine calls are replaced by moves on simulated schedules (a sample's tokens are
-counted, never materialized), in the order RolloutService.tick makes them.
+Each round is the controller's StepRound (controller.round: drains, the window, placement,
+steals, the check, over StepDecisions, the Registry, the Router, the window policy, the
+LengthModel and the RateModels), exactly as RolloutService.tick runs it; only its Mover is
+the simulator's (sim.mover: moves on simulated schedules, a sample's tokens counted, never
+materialized), and the trainer's side ends and learns from a step as StepLifecycle does.
 
 With controller.max_staleness N >= 1 steps ahead of the running one are in rollout too (a
 lane each: its own collector and router), on whatever version an instance holds, if the
@@ -18,23 +19,26 @@ it from the latest lane's samples.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from typing import Callable
 
 from rlboost.controller.clock import Clock
-from rlboost.controller.continuation import resume_points
-from rlboost.controller.decisions import AskForReserved, CloseWindow, FailStep, ReopenWindow, RolloutDone, StepDecisions
+from rlboost.controller.decisions import Move, StepDecisions
 from rlboost.controller.estimates import LengthModel
+from rlboost.controller.lifecycle import learn
 from rlboost.controller.metrics import StepMeter, StepMetrics
-from rlboost.controller.offload import StepObservation, make_policy
+from rlboost.controller.offload import WindowPolicy, make_policy
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.registry import GONE, Registry
+from rlboost.controller.round import StepRound, run_now
 from rlboost.controller.router import Router
 from rlboost.controller.step import StepState
 from rlboost.sim.ablations import without_memory
 from rlboost.sim.collector import SimCollector
 from rlboost.sim.lanes import Lanes, count_lags
+from rlboost.sim.mover import SimMover
 from rlboost.sim.nodes import SimNode, SimTable
 from rlboost.sim.spec import SimSpec
 
@@ -56,18 +60,31 @@ class _CachedViews(StepDecisions):
         self._cache = None if any(v.time_left_s is not None for v in views) else (key, views)
         return views
 
+    def busy_ahead(self, iid: str) -> bool:
+        """Whether the instance holds samples of steps ahead (the SimController tells)."""
+        return False
+
+    def steal(self, st: StepState) -> list[Move]:
+        """StepDecisions' steals, but none onto an instance that holds later steps' samples:
+        its rate there is shared with samples the running step's router does not count."""
+        return [m for m in super().steal(st) if not self.busy_ahead(m.target)]
+
 
 class SimController:
     """Instances, the running step (and the lanes ahead of it), one controller round per tick()."""
 
-    def __init__(self, spec: SimSpec, clock: Clock, table: SimTable):
-        cfg = spec.controller
+    def __init__(self, spec: SimSpec, clock: Clock, table: SimTable, *, policy: WindowPolicy | None = None):
+        """policy: the window policy (default: controller.window's, as the live controller builds it)."""
+        # the ablations' what-ifs (SimSpec.seeding, .migration) are the controller's modes
+        self.config = cfg = dataclasses.replace(
+            spec.controller, seeding=spec.controller.seeding and spec.seeding,
+            migration="recompute" if "recompute" in (spec.migration, spec.controller.migration) else "continue")
         self.spec, self.clock, self.table = spec, clock, table
         self.max_staleness = cfg.max_staleness
         self.registry = Registry(cfg.registry, clock, max_staleness=self.max_staleness)
         self.router = Router(cfg.router)
         self.lengths = LengthModel()
-        self.policy = make_policy(cfg.window.policy, cfg.window.selected)
+        self.policy = policy if policy is not None else make_policy(cfg.window.policy, cfg.window.selected)
         if not spec.window_memory:
             self.policy = without_memory(self.policy)
         self.decisions = _CachedViews(cfg, clock, table=table, registry=self.registry, router=self.router,
@@ -76,8 +93,15 @@ class SimController:
         self.failure: BaseException | None = None
         self._lost = False  # an instance was lost since the last check of the step
         self._checked_at = 0.0
+        self._round_at = 0.0  # when the last round ran (what it collected survives a loss)
+        self.poll_s = spec.round_s or cfg.poll_interval_s
         self.step_no = 0  # the step the trainer is on (its rollout may be over)
         self.ahead = Lanes(self.max_staleness, spec.steps, self.registry, table, cfg.router, cfg.poll_interval_s)
+        self.decisions.busy_ahead = lambda iid: any(lane.router.samples_on(iid) for lane in self.ahead)
+        self.mover = SimMover(self)
+        self.round = StepRound(clock, decisions=self.decisions, registry=self.registry, router=self.router,
+                               table=table, mover=self.mover, note=lambda out: out, fail=self._fail,
+                               wake=self._wake)
         self.make_collector: Callable[[int], SimCollector] | None = None  # set by the simulator
         self.lags: dict[int, Counter] = {}  # step -> trained output tokens by lag (step - version)
 
@@ -97,9 +121,9 @@ class SimController:
         rec = self.registry.get(node.instance_id)
         if rec is not None and rec.state != GONE:
             if self.max_staleness and len(node.schedule):  # in-flight samples go on with the new weights
-                self._collect_node(node, self.clock.now())
+                self.mover.collect(node, self.clock.now())
                 for sid in node.schedule.ids():
-                    lane = self._lane_of(sid)
+                    lane = self.lane_of(sid)
                     if lane is not None:
                         lane[0].collector.version_changed(sid, version)
             self.registry.heartbeat(node.instance_id, version)
@@ -115,25 +139,29 @@ class SimController:
             self.st.meter.preemptions += 1
 
     def lose(self, instance_id: str, reason: str) -> None:
-        """The instance died: its samples resume elsewhere from their last collected tokens."""
+        """The instance died: its samples resume elsewhere from the tokens the last round
+        collected (a live controller polls every engine each round; what came after is lost)."""
         rec = self.registry.get(instance_id)
         if rec is None or rec.state == GONE:
             return
+        node, now = self.table.nodes.get(instance_id), self.clock.now()
+        polled = self._round_at if now - self._round_at < self.poll_s else math.floor(now / self.poll_s) * self.poll_s
+        if node is not None and node.schedule.t < polled:
+            self.mover.collect(node, polled)
         sids = self.router.samples_on(instance_id)
-        restart = self.spec.migration == "recompute"
-        if self.st is not None and sids:  # what was collected by the last round survives
-            self._take_off(self.st, instance_id, sids, advance=False, restart=restart)
+        restart = self.config.migration == "recompute"
+        if self.st is not None and sids:
+            self.mover.take_off(self.st, instance_id, sids, requeue=False, advance=False, restart=restart, lost=True)
         ahead = [(lane, lane.router.samples_on(instance_id)) for lane in self.ahead]
         for lane, lost in ahead:
             if lost:
-                self._take_off(lane.st, instance_id, lost, advance=False, router=lane.router, restart=restart)
+                self.mover.take_off(lane.st, instance_id, lost, requeue=False, advance=False, router=lane.router,
+                                    restart=restart, lost=True)
         self.registry.mark_gone(instance_id, reason)
         self.decisions.stamp += 1
         self._lost = True
-        self.router.release(instance_id, failed=True)
         self.router.requeue(sids, failed=True)
         for lane, lost in ahead:
-            lane.router.release(instance_id, failed=True)
             lane.router.requeue(lost, failed=True)
             lane.st.meter.resumes += len(lost)
         self.table.remove(instance_id)
@@ -151,7 +179,7 @@ class SimController:
         if lane is not None:
             if lane.st.collector is not collector:
                 raise ValueError(f"step {step} is already in rollout with another collector")
-            self.router = self.decisions.router = lane.router
+            self.router = self.decisions.router = self.round.router = lane.router
             self.decisions.stamp += 1
             self.st, meter = lane.st, lane.st.meter
             self.st.join_reserved(self.clock.now())
@@ -169,162 +197,38 @@ class SimController:
         return lane.st.collector if lane is not None else None
 
     def tick(self) -> None:
-        """One round: finished samples, drains, the window, placement, the watchdog."""
+        """One round: finished samples, then the controller's StepRound (drains, the window,
+        placement, the check), then the steps ahead."""
         st, now = self.st, self.clock.now()
+        self._round_at = now
         for node in self.table.due(now):
-            self._collect_node(node, now)
+            self.mover.collect(node, now)
         if st is not None and self.table.next_due() < math.inf:  # some engine is decoding
             st.last_progress = now
-        restart = self.spec.migration == "recompute"
-        for rec in self.registry.drains_due():
-            iid = rec.instance_id
-            if st is not None:
-                self._take_off(st, iid, self.router.samples_on(iid), restart=restart)
-            for lane in self.ahead:
-                self._take_off(lane.st, iid, lane.router.samples_on(iid), router=lane.router, restart=restart)
-            self.registry.mark_gone(iid, "drained after a preemption notice")
-            self.decisions.stamp += 1
-            self.table.remove(iid)
+        run_now(self.round.drain_due(st))
         if st is not None and st.failure is None and not st.ending:
-            self._round(st, now)
+            run_now(self.round.run(st, check=False))
+            # the check can fail a step only on losses, refusals, or silence (idle_timeout_s); its
+            # other answer, rollout done, only once everything is collected
+            quiet = now - self._checked_at >= self.config.idle_timeout_s / 4
+            if st.collector.all_done or self.router.queued or self._lost or quiet:
+                self._lost, self._checked_at = False, now
+                self.round.check(st)
         if self.max_staleness:
             self._ahead_round()
 
-    def _round(self, st: StepState, now: float) -> None:
-        """The running step's round: the window, placement, the check."""
-        if st.window_open or self.router.queued:  # closed, with nothing queued, it can only say no
-            self._window(st)
-        self._place(st)
-        # the check can fail a step only on losses, refusals, or silence (idle_timeout_s); its
-        # other answer, rollout done, only once everything is collected
-        quiet = now - self._checked_at >= self.spec.controller.idle_timeout_s / 4
-        if not (st.collector.all_done or self.router.queued or self._lost or quiet):
-            return
-        self._lost, self._checked_at = False, now
-        action = self.decisions.check(st)
-        if isinstance(action, RolloutDone):
-            st.rollout_done(now, action.num_preemptible)
-        elif isinstance(action, FailStep):
-            st.failure = self.failure = action.error
+    def _fail(self, exc: BaseException) -> None:
+        if self.st is not None and self.st.failure is None:
+            self.st.failure = self.failure = exc
 
-    def _collect_node(self, node: SimNode, now: float, *, advance: bool = True) -> None:
-        """Advance the node's engine to now; collect what finished; measure its rate."""
-        sched = node.schedule
-        running = sched.running
-        for sid in (sched.advance(now) if advance else ()):
-            lane = self._lane_of(sid)
-            if lane is None:
-                sched.drop(sid)
-                continue
-            st, router = lane
-            col = st.collector
-            col.finish(sid, now)
-            sched.drop(sid)
-            router.finish(sid)
-            self.lengths.observe(col.length(sid))
-            st.meter.add_tokens(node.instance_id, node.kind, col.length(sid) - node.bases.pop(sid, 0))
-        if advance:
-            self.table.observe(node, now, running)
-        self.table.touch(node)
-
-    def _window(self, st: StepState) -> None:
-        action = self.decisions.window(st)
-        if isinstance(action, CloseWindow):
-            st.close_window(self.clock.now(), action.num_preemptible)
-            st.handed_over = True  # the trainer waits for it: it takes the reserved instances at once
-            for iid in action.evacuate:
-                self._take_off(st, iid, self.router.samples_on(iid), restart=not self.spec.seeding)
-                for lane in self.ahead:
-                    self._take_off(lane.st, iid, lane.router.samples_on(iid), router=lane.router)
-        elif isinstance(action, ReopenWindow):
-            st.reopen_window()
-        elif isinstance(action, AskForReserved):
-            st.reserved_needed = True
-
-    def _place(self, st: StepState) -> None:
-        for a in self.decisions.dispatch(st):
-            self._send(st, a.instance_id, a.sample_ids)
-        if self.router.queued:
-            return
-        for m in self.decisions.steal(st):
-            rec = self.registry.get(m.target)
-            if rec is None or not self.registry.takes_work(rec):
-                continue
-            if any(lane.router.samples_on(m.target) for lane in self.ahead):
-                continue  # its rate there is shared with later steps' samples the router does not count
-            moved = self._take_off(st, m.source, m.sample_ids, requeue=False)
-            if moved:
-                self._send(st, m.target, moved)
-
-    # -- moving samples ------------------------------------------------------------------------
-
-    def _take_off(self, st: StepState, iid: str, sids, *, requeue: bool = True, advance: bool = True,
-                  router: Router | None = None, restart: bool = False) -> list[int]:
-        """Take samples off an instance with their progress (trimmed as the continuation says);
-        finished ones are collected first; returns the unfinished ones (queued again unless
-        told otherwise). Without advance, what the engine made since the last round is lost;
-        with restart (the paper's ablations, SimSpec), all of it."""
-        router = router or self.router
-        node = self.table.nodes.get(iid)
-        if node is None or not sids:
-            return []
-        col = st.collector
-        if node.schedule.t < self.clock.now() or not advance:
-            self._collect_node(node, self.clock.now(), advance=advance)
-        moved: dict[int, int] = {}
-        for sid in sids:
-            if col.finished(sid) or sid not in node.schedule:
-                continue
-            moved[sid] = col.lift(sid)
-            node.schedule.drop(sid)
-            st.meter.add_tokens(iid, node.kind, moved[sid] - node.bases.pop(sid, 0))
-        self.table.touch(node)
-        for sid, n in moved.items():
-            st.meter.moved(n, 0)
-            router.unassign(sid)
-            if restart and n:
-                st.meter.trimmed_tokens += n
-                col.lift(sid, 0)
-        if requeue:
-            router.requeue(list(moved), failed=False)
-        return list(moved)
-
-    def _send(self, st: StepState, iid: str, sids, router: Router | None = None) -> None:
-        router = router or self.router
-        node = self.table.nodes.get(iid)
-        rec = self.registry.get(iid)
-        if node is None or not node.alive or rec is None or rec.state == GONE:
-            router.requeue(sids, failed=False)
-            return
-        col, sched = st.collector, node.schedule
-        if sched.t < self.clock.now():
-            self._collect_node(node, self.clock.now())
-        if self.ahead:
-            self._make_room(iid, len(sched) + len(sids) - rec.info.capacity, st.meter.step)
-        mode = self.spec.controller.continuation
-        if mode != "token":  # resumed samples restart where the continuation says (SampleMover._trim)
-            held = {sid: col.progress(sid) for sid in sids if col.progress(sid) > 0}
-            if held:
-                keep = resume_points(held, lambda s: col.group_of(s).group_id, mode, col.finished_shortest(held))
-                for sid, n in keep.items():
-                    if n < held[sid]:
-                        st.meter.trimmed_tokens += held[sid] - n
-                        col.lift(sid, n)
-        for sid in sids:
-            router.assign(sid, iid)
-            progress = col.progress(sid)
-            position = col.prompt_len(sid) + progress
-            prefill = sched.pace.prefill_time(float(max(1, position)), 0.0, 1.0)
-            sched.admit(sid, prompt_len=col.prompt_len(sid), base=progress, length=col.length(sid), prefill_s=prefill)
-            col.place(sid, sched, node.version)
-            node.bases[sid] = progress
-            if progress:
-                st.meter.reprefill_tokens += position
-        self.table.touch(node)
+    def _wake(self) -> None:
+        """The trainer waits on the window: once it closes, the reserved instances are its own."""
+        if self.st is not None and not self.st.window_open:
+            self.st.handed_over = True
 
     # -- steps ahead (max_staleness >= 1) -----------------------------------------------------
 
-    def _lane_of(self, sid: int) -> tuple[StepState, Router] | None:
+    def lane_of(self, sid: int) -> tuple[StepState, Router] | None:
         """The step state and router a sample belongs to (None: no step in rollout holds it)."""
         if self.st is not None and sid in self.st.collector:
             return self.st, self.router
@@ -351,22 +255,11 @@ class SimController:
                 budget = (lambda c: lambda sid: c.max_new(sid) - c.progress(sid))(col)
                 views = self.ahead.views(lane, held, reserved)
                 for a in lane.router.dispatch(views, remaining, col.max_length, budget, col.position):
-                    self._send(lane.st, a.instance_id, a.sample_ids, router=lane.router)
+                    self.mover.put_on(lane.st, a.instance_id, a.sample_ids, router=lane.router)
                 if lane.router.queued:
                     return  # later steps wait until this one's prompts have all started
             for iid in self.table.nodes:
                 held[iid] += len(lane.router.samples_on(iid))
-
-    def _make_room(self, iid: str, excess: int, step: int) -> None:
-        """Free `excess` slots on the instance for samples of `step`, taking the latest later
-        step's samples with the fewest tokens off it (they wait at the front of their queue)."""
-        for lane in reversed(self.ahead.items):
-            if excess <= 0 or lane.step <= step:
-                return
-            col = lane.st.collector
-            mine = sorted(lane.router.samples_on(iid), key=lambda sid: (col.progress(sid), sid))[:excess]
-            if mine:
-                excess -= len(self._take_off(lane.st, iid, mine, router=lane.router))
 
     def trained(self, batch) -> None:
         """The trainer takes a micro-batch of the running step: every token's version must be
@@ -377,20 +270,14 @@ class SimController:
     # -- the trainer's side --------------------------------------------------------------------
 
     def lend_reserved(self) -> None:
-        st = self.st
-        if st is None or st.window_open:
-            return
-        st.reopen_window()
-        st.handed_over = st.reserved_needed = st.need_announced = False
+        if self.st is not None:
+            self.st.lend_reserved()
 
     def end_step(self) -> StepMetrics:
         """Finish the step (everything is collected by then) and let the policy learn from it."""
-        st, now = self.st, self.clock.now()
+        st = self.st
         st.ending = True
-        col, meter = st.collector, st.meter
-        metrics = meter.freeze(now=now, samples=len(col.sample_ids), total_tokens=col.tokens, duplicates=0, gaps=0)
-        if st.failure is None and col.all_done:
-            self.policy.observe(StepObservation.measured(metrics, meter))
+        metrics = learn(st, self.policy, self.clock.now())
         self.router.begin_step(())
         self.st = None
         return metrics

@@ -53,6 +53,12 @@ class SimTable:
         node = self.nodes.get(instance_id)
         return node is not None and node.rates is not None
 
+    @staticmethod
+    def holds(sample_id: int) -> bool:
+        """Whether the sample's KV pages wait on an engine for its next placement: never here
+        (a simulated move re-prefills the tokens the sample holds)."""
+        return False
+
     def rates(self, instance_id: str) -> RateModel:
         return self.nodes[instance_id].rates
 
@@ -89,7 +95,8 @@ class SimTable:
             heapq.heappush(self._due, (at, node.stamp, node.instance_id))
 
     def due(self, now: float) -> list[SimNode]:
-        """Live nodes whose schedule has an event by now (each once)."""
+        """Live nodes whose schedule has an event by now (each once), in id order: the order
+        in which a live controller's round takes its engines' answers (EngineTable.answered)."""
         out, seen = [], set()
         while self._due and self._due[0][0] <= now:
             _, stamp, iid = heapq.heappop(self._due)
@@ -97,7 +104,7 @@ class SimTable:
             if node is not None and node.stamp == stamp and node.rates is not None and iid not in seen:
                 seen.add(iid)
                 out.append(node)
-        return out
+        return sorted(out, key=lambda n: n.instance_id)
 
     def next_due(self) -> float:
         while self._due:

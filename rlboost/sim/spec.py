@@ -12,13 +12,13 @@ from typing import Any
 from rlboost.cluster.config import ClusterConfig
 from rlboost.cluster.cost import CostConfig
 from rlboost.controller.config import ControllerConfig
+from rlboost.controller.continuation import MIGRATIONS
 from rlboost.rollout.config import RolloutConfig
 from rlboost.trainer.emulated import TrainerTiming
 from rlboost.transfer.config import TransferConfig
 from rlboost.validate import require
 
 LOOKAHEADS = ("after_rollout", "free_slots")
-MIGRATIONS = ("continue", "recompute")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -7,7 +7,8 @@ import pytest
 
 MODULES = ["rlboost.controller.clock", "rlboost.controller.records", "rlboost.controller.estimates",
            "rlboost.controller.offload.window", "rlboost.controller.offload.adaptive",
-           "rlboost.controller.offload.reference", "rlboost.controller.metrics", "rlboost.sim.workload",
+           "rlboost.controller.offload.reference", "rlboost.controller.metrics", "rlboost.controller.collector",
+           "rlboost.sim.workload",
            "rlboost.rollout.emulated.engine", "rlboost.rollout.emulated.tokens", "rlboost.rollout.engine",
            "rlboost.rollout.embedded.forward"]
 

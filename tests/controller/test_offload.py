@@ -125,6 +125,16 @@ def test_reference_rule_moves_by_a_third_of_the_gap_in_whole_seconds_with_a_floo
     assert r.window == 5.0
 
 
+@pytest.mark.parametrize("memory", [True, False])
+def test_reference_rule_starts_a_remembered_count_from_its_optimum_unless_memory_is_off(memory):
+    r = ReferenceWindowRule(ReferenceWindowConfig(initial_window_s=100.0, seeded_optima=((4, 70.0),), memory=memory))
+    r.observe(obs(trainer_idle=4.0, rollout_idle=1.0, n=2))  # count 2, not remembered: the gap rule, +1
+    assert r.window == 101.0
+    r.observe(obs(n=4))  # count 4: its seeded optimum, if the rule remembers
+    assert r.window == (70.0 if memory else 101.0)
+    assert bool(r.optima) == memory
+
+
 def test_ideal_step_time_and_policy_factory():
     assert ideal_step_time(1000.0, 30.0, 100.0, 100.0) == 30.0  # remote alone covers it during training
     assert ideal_step_time(1000.0, 0.0, 100.0, 0.0) == 10.0

@@ -40,3 +40,5 @@ def test_trimmed_groups_resume_from_their_shortest_member():
     assert resume_points(moved, lambda s: s // 100, "token", finished={1: 12}) == moved
     with pytest.raises(ValueError, match="continuation"):
         ControllerConfig(continuation="restart")
+    with pytest.raises(ValueError, match="migration"):
+        ControllerConfig(migration="restart")

@@ -1,7 +1,9 @@
 """max_staleness = 0 changes nothing: short simulated runs (one at 4 instances, one on a trace
 with notices and sudden deaths) give, figure for figure, what the simulator gave before the
 bounded-staleness mode existed (tests/sim/data/onpolicy_main.json, recorded from it, and
-recorded again, with the simulator unchanged, when the timing model's inputs changed)."""
+recorded again, with the simulator unchanged, when the timing model's inputs changed; a
+lost instance's samples count as resumes only, not as migrations, as the live controller
+counts them)."""
 
 from __future__ import annotations
 

@@ -25,6 +25,9 @@ class ReferenceWindowConfig:
     """the rule's second in the run's seconds (1/time_scale when a run emulates a cluster time_scale times slower)"""
     seeded_optima: tuple[tuple[int, float], ...] = ()
     """(instance count, window seconds) pairs the rule's per-count memory starts from"""
+    memory: bool = True
+    """keep the per-count memory (False: a changed count starts from the current window, as
+    in the paper's ablation without the scheduler's memory; seeded_optima are then unused)"""
 
     def __post_init__(self) -> None:
         if self.floor_s < 0 or self.initial_window_s < self.floor_s:
@@ -64,7 +67,8 @@ class ReferenceWindowRule:
         self.config = config or ReferenceWindowConfig()
         self.window = float(self.config.initial_window_s)
         unit = self.config.unit_s
-        self.optima: dict[int, float] = {n: s * unit for n, s in self.config.seeded_optima}
+        self.optima: dict[int, float] = ({n: s * unit for n, s in self.config.seeded_optima}
+                                         if self.config.memory else {})
         self._peak = self.window
         self._last_rate = 0.0
         self._last_count = 0
@@ -76,6 +80,8 @@ class ReferenceWindowRule:
         return ctx.remote_tokens_per_s > 0 and ctx.elapsed_s >= self.window
 
     def _fold(self, count: int, weight: float) -> None:
+        if not self.config.memory:
+            return
         old = self.optima.get(count)
         self.optima[count] = self._peak if old is None else (1 - weight) * old + weight * self._peak
 
