@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+from pathlib import Path
 
 import pytest
 from engine_contract import Collected, collect, make_state
@@ -26,7 +27,9 @@ from rlboost.rollout.vllm.config import WORKER_EXTENSION
 from rlboost.rollout.vllm.engine import VLLMApi, VLLMEngine, VLLMEngineConfig
 
 vllm = pytest.importorskip("vllm")
-pytestmark = pytest.mark.vllm
+# importing vLLM's engine imports torch._inductor, whose torch.utils.mkldnn uses torch's own
+# deprecated torch.jit.script_method: torch's warning, not ours
+pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")]
 
 VERSION = 3
 ASYNC_LLM = "vllm.v1.engine.async_llm"
@@ -42,7 +45,7 @@ def _line() -> str:
 
 
 def _source(module: str) -> str:
-    return open(importlib.util.find_spec(module).origin).read()
+    return Path(importlib.util.find_spec(module).origin).read_text()
 
 
 def _method_source(module: str, qualname: str) -> str:

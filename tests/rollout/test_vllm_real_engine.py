@@ -25,7 +25,9 @@ from rlboost.rollout.vllm import engine as vllm_engine
 from rlboost.rollout.vllm.engine import VLLMEngine, VLLMEngineConfig
 
 vllm = pytest.importorskip("vllm")
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
+# importing vLLM's engine imports torch._inductor, whose torch.utils.mkldnn uses torch's own
+# deprecated torch.jit.script_method: torch's warning, not ours
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200), pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")]
 
 VERSION = 3
 SHAPE = dict(arch="qwen3", head_dim=32)  # Qwen3: q/k norms and a tied head; heads vLLM's CPU attention takes
