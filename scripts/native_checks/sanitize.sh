@@ -33,7 +33,9 @@ else
 fi
 
 echo "== C++ unit tests under $kind"
-(cd "$build" && ctest --output-on-failure -j2)
+# The C++ tests own their whole process, so a leak there is the core's: LeakSanitizer on.
+cpp_asan=${ASAN_OPTIONS:-}
+(cd "$build" && ASAN_OPTIONS=${cpp_asan/detect_leaks=0/detect_leaks=1} ctest --output-on-failure -j2)
 
 echo "== Python transfer and migration tests under $kind"
 # The instrumented modules stand in for the built ones in a copy of the package and its
