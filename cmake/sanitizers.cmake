@@ -3,7 +3,7 @@
 #   address: AddressSanitizer + UndefinedBehaviorSanitizer (any undefined behaviour aborts)
 #   thread:  ThreadSanitizer
 # A Python process loads an instrumented module only with the sanitizer's runtime
-# preloaded: scripts/sanitizers/run.sh does that.
+# preloaded: scripts/native_checks/sanitize.sh does that.
 if(RLBOOST_SANITIZE STREQUAL "address")
   set(_rlboost_sanitize_flags -fsanitize=address,undefined -fno-sanitize-recover=undefined
       -fno-omit-frame-pointer -g -O1)

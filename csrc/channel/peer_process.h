@@ -8,7 +8,8 @@
 namespace rlboost {
 
 // True when process `pid` (in this pid namespace) holds the socket at the other end of
-// the connected TCP socket `fd`, found through /proc/net/tcp{,6} and /proc/<pid>/fd.
+// the connected TCP socket `fd`, found through a sock_diag lookup (or /proc/net/tcp{,6})
+// and /proc/<pid>/fd.
 // False when it does not, or when that cannot be read (then the caller seals).
 bool PeerSocketHeldBy(int fd, uint32_t pid);
 

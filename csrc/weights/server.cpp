@@ -35,7 +35,6 @@ Status WeightServer::Start(const ServerOptions& opts, std::shared_ptr<VersionSto
       [raw](Socket sock, uint64_t id, const std::string& host, const std::string& welcome,
             std::shared_ptr<FrameSeal> seal) { raw->OnLogin(std::move(sock), id, host, welcome, std::move(seal)); },
       &s->stage_));
-  s->owner_pid_ = getpid();
   s->accept_thread_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   *out = std::move(s);
   return Status::Ok();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -103,7 +104,7 @@ class WeightServer {
   PeerIdentity self_;
   Socket listener_;
   int port_ = 0;
-  pid_t owner_pid_ = 0;  // the process whose threads serve
+  pid_t owner_pid_ = getpid();  // the process that made this server (a Start that fails closes in it too)
   std::unique_ptr<LoginStage> stage_;  // made by Start (its failures are Start's), run by accept_thread_
   std::thread accept_thread_;
   std::atomic<bool> closing_{false};

@@ -29,20 +29,38 @@ if [ "$kind" = address ]; then
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 else
   runtime=$(g++ -print-file-name=libtsan.so)
-  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0}
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:suppressions=$root/scripts/native_checks/tsan.supp}
+  export OMP_NUM_THREADS=1  # torch's libgomp threads: see tsan.supp
 fi
 
 echo "== C++ unit tests under $kind"
-(cd "$build" && ctest --output-on-failure -j2)
+# The C++ tests own their whole process, so a leak there is the core's: LeakSanitizer on.
+cpp_asan=${ASAN_OPTIONS:-}
+(cd "$build" && ASAN_OPTIONS=${cpp_asan/detect_leaks=0/detect_leaks=1} ctest --output-on-failure -j2)
 
 echo "== Python transfer and migration tests under $kind"
+# Python loads libstdc++ only with the first extension, after the sanitizer's start-up, which
+# then cannot find the real __cxa_throw (its first C++ exception aborts): preload it as well.
+runtime="$runtime $(g++ -print-file-name=libstdc++.so.6)"
+# Reports go to files (pytest captures stderr, and an abort loses what it captured).
+reports=$(mktemp -d)
+export ASAN_OPTIONS="${ASAN_OPTIONS:-}:log_path=$reports/report" UBSAN_OPTIONS="${UBSAN_OPTIONS:-}:log_path=$reports/report"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-}:log_path=$reports/report"
 # The instrumented modules stand in for the built ones in a copy of the package and its
 # tests, run from that copy (so its rlboost is the one imported).
 shadow=$(mktemp -d)
-trap 'rm -rf "$shadow"' EXIT
+trap 'rm -rf "$shadow" "$reports"' EXIT
 cp -r "$root/rlboost" "$root/tests" "$root/pyproject.toml" "$shadow/"
 rm -f "$shadow"/rlboost/_C*.so
 cp "$build"/_C*.so "$shadow/rlboost/"
 # shellcheck disable=SC2086
+status=0
 (cd "$shadow" && LD_PRELOAD="$runtime" PYTHONPATH="$shadow" "$python" -m pytest -p no:cacheprovider -n 0 -q \
-  -m 'not gpu and not slow and not netns' ${PYTEST_ARGS:-tests/transfer tests/migration})
+  -m 'not gpu and not slow and not netns' ${PYTEST_ARGS:-tests/transfer tests/migration}) || status=$?
+if compgen -G "$reports/report*" >/dev/null; then
+  cat "$reports"/report* >&2
+  echo "$kind: $(ls "$reports" | wc -l) report(s)" >&2
+  exit 1
+fi
+echo "$kind: 0 reports"
+exit "$status"
