@@ -9,6 +9,7 @@ in-process engines (tests, the simulator) and Ray actors.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +22,13 @@ if TYPE_CHECKING:
     from rlboost.migration.endpoint import HandoffEndpoint
 
 
-class EngineAdapter:
+class EngineAdapter(ABC):
     """The engine and handoff protocols, awaited; poll() never blocks (the driver paces itself).
     The handoff calls are made only on instances whose InstanceInfo declares a kv_layout."""
 
+    @abstractmethod
     async def _invoke(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
+        """Call `method` on the engine, wherever it runs."""
 
     async def submit(self, states: Sequence[RequestState]) -> None:
         await self._invoke("submit", list(states))
