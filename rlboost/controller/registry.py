@@ -109,6 +109,9 @@ class Registry:
         self.max_staleness = max_staleness  # controller.max_staleness
         self.events = events if events is not None else EventLog()
         self._records: dict[str, InstanceRecord] = {}
+        # notices that overtook their instance's placement (the driver's calls may land in
+        # either order): deadline, grace and details, applied when the instance is added
+        self._early_notices: dict[str, tuple[float, float, dict]] = {}
         self._order: list[InstanceRecord] | None = None  # records in id order (None: re-sort)
         self._version = 0
         self._step_version = 0  # the version the running step trains (ahead of current: started early)
@@ -168,6 +171,9 @@ class Registry:
         self._records[rec.instance_id] = rec
         self._order = None
         self._emit("join", rec, **details)
+        early = self._early_notices.pop(rec.instance_id, None)
+        if early is not None:
+            self._take_notice(rec, *early)
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -222,9 +228,15 @@ class Registry:
         still routed to it, see RegistryConfig)."""
         if not grace_s >= 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s}")
-        rec = self._live(instance_id, registered=False)
         now = self.clock.now()
         deadline = now + grace_s
+        if instance_id not in self._records:  # not placed yet: the notice waits for it
+            self._early_notices[instance_id] = (deadline, grace_s, details)
+            return deadline
+        return self._take_notice(self._live(instance_id, registered=False), deadline, grace_s, details)
+
+    def _take_notice(self, rec: InstanceRecord, deadline: float, grace_s: float, details: dict) -> float:
+        now = self.clock.now()
         if rec.deadline is not None:
             deadline = min(deadline, rec.deadline)
         rec.state, rec.deadline = DRAINING, deadline

@@ -234,7 +234,9 @@ def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tm
     with _running_fleet(ctl, ckpt, weights, ledger, rec, lambda: 0.0) as (fleet, pub):
         metrics = []
         out = _rollout(ctl, 1, 1, prompts, long, metrics)
-        assert metrics[0].kv_migrations > 0 and metrics[0].samples == 4, metrics[0]
+        m = metrics[0]
+        assert m.kv_migrations > 0 and m.samples == 4, (m.tokens_per_instance, m.migrations, m.migrated_tokens,
+                                                         m.reprefill_tokens, m.resumes, m.window_s)
         assert dict(metrics[0].tokens_per_instance).get("spot-0", 0) > 0
         assert out == _reference(ckpt, weights, 1, prompts, long)
         assert all(len(ids) == 300 for ids in out.values())

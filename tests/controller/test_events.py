@@ -56,6 +56,21 @@ def test_a_notice_before_the_instance_registers_means_it_is_never_active():
     assert kinds(reg, "spot-0") == ["join", "notice", "drained", "gone"]
 
 
+def test_a_notice_that_overtakes_the_placement_is_applied_when_the_instance_is_placed():
+    """The driver's place and notice calls may reach the controller in either order: a notice
+    for an instance not yet placed keeps its deadline and is heard at placement."""
+    reg, clock = make()
+    deadline = reg.notice("spot-0", 10.0, source="cloud")
+    clock.advance(4.0)
+    reg.place("spot-0", "preemptible")
+    assert reg.get("spot-0").state == "draining" and reg.get("spot-0").deadline == deadline
+    reg.register(info("spot-0"))
+    assert reg.heartbeat("spot-0", 0).state == "draining"
+    reg.end("spot-0", "gone", reason="reclaimed")
+    assert kinds(reg, "spot-0") == ["join", "notice", "drained", "gone"]
+    assert [e.details.get("source") for e in reg.events.since(0) if e.kind == "notice"] == ["cloud"]
+
+
 def test_a_loss_without_notice_is_a_death_with_the_samples_that_resume_and_a_failure_carries_its_cause():
     reg, clock = make()
     for name in ("spot-0", "spot-1"):
