@@ -106,7 +106,7 @@ def _fleet(ctl, ckpt, weights, ledger, rec, now):
         pub.publish(1, weights)
         ray.get(ctl.set_weight_version.remote(1))
         template = InstanceSpec(instance_id="t", kind="preemptible", transfer=transfer, model_dir=str(ckpt),
-                                rollout=RolloutConfig(capacity=4, embedded=EmbeddedEngineConfig(num_blocks=64)),
+                                rollout=RolloutConfig(capacity=4, embedded=EmbeddedEngineConfig(num_blocks=96)),  # 4 x 305 tokens fit
                                 sources=(pub.address,))
         fleet = Fleet(ctl, template, lambda kind: actor_options(kind), ledger, rec, now)
         try:
