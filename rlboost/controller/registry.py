@@ -178,10 +178,13 @@ class Registry:
     # -- leases ----------------------------------------------------------------------------
 
     def heartbeat(self, instance_id: str, weight_version: int | None = None) -> Lease:
-        """Renew the lease; a reported weight version moves the instance between pulling and active."""
+        """Renew the lease; a reported weight version moves the instance between pulling and active.
+        An instance's weights only move forward: a report older than the one it already made
+        was sent before its last load finished and arrives late (a load() answered before the
+        new version was in, a heartbeat sent as it loaded), and is ignored."""
         rec = self._live(instance_id)
         rec.last_beat = self.clock.now()
-        if weight_version is not None and int(weight_version) != rec.weight_version:
+        if weight_version is not None and int(weight_version) > rec.weight_version:
             rec.weight_version = int(weight_version)
             self._restate_one(rec, reported=True)
         elif rec.state == JOINING:

@@ -38,8 +38,23 @@ def test_staleness_window_keeps_slightly_old_instances_routable():
     reg.register(info("a"))
     reg.heartbeat("a", 4)
     assert reg.get("a").state == "active"
-    reg.heartbeat("a", 3)
-    assert reg.get("a").state == "pulling"
+    reg.register(info("b"))
+    reg.heartbeat("b", 3)
+    assert reg.get("b").state == "pulling"
+
+
+def test_a_late_report_of_an_older_version_leaves_the_instance_active():
+    """A load() answer or a heartbeat sent before the instance's last load finished can
+    arrive after the report of the new version: the instance stays active at the new one
+    (a step started then would otherwise skip it)."""
+    reg, _ = make()
+    reg.set_weight_version(1)
+    reg.register(info("a"))
+    reg.heartbeat("a", 1)
+    assert reg.get("a").state == "active"
+    reg.heartbeat("a", 0)
+    assert reg.get("a").state == "active" and reg.get("a").weight_version == 1
+    assert [r.instance_id for r in reg.routable()] == ["a"]
 
 
 def test_missed_heartbeats_declare_an_instance_dead():
