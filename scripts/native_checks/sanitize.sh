@@ -53,10 +53,21 @@ trap 'rm -rf "$shadow" "$reports"' EXIT
 cp -r "$root/rlboost" "$root/tests" "$root/pyproject.toml" "$shadow/"
 rm -f "$shadow"/rlboost/_C*.so
 cp "$build"/_C*.so "$shadow/rlboost/"
+# An editable install puts a finder for its own source tree ahead of PYTHONPATH, so the copy
+# would not be the one imported: run Python without site processing (no .pth finders), the
+# copy first and the environment's packages after it, and check which modules load.
+site_dirs=$("$python" -c 'import os, site; print(os.pathsep.join(site.getsitepackages()))')
+run_python() { (cd "$shadow" && PYTHONPATH="$shadow:$site_dirs" "$python" -S "$@"); }
+LD_PRELOAD="$runtime" run_python -c "
+import sys, rlboost._C as c, rlboost._C_testing as t
+for m in (c, t):
+    if not m.__file__.startswith('$shadow/'):
+        sys.exit(f'sanitize.sh: {m.__name__} came from {m.__file__}, not the instrumented build')
+" || { echo "sanitize.sh: not running the instrumented build" >&2; exit 2; }
 # shellcheck disable=SC2086
 status=0
-(cd "$shadow" && LD_PRELOAD="$runtime" PYTHONPATH="$shadow" "$python" -m pytest -p no:cacheprovider -n 0 -q \
-  -m 'not gpu and not slow and not netns' ${PYTEST_ARGS:-tests/transfer tests/migration}) || status=$?
+LD_PRELOAD="$runtime" run_python -m pytest -p no:cacheprovider -n 0 -q \
+  -m 'not gpu and not slow and not netns' ${PYTEST_ARGS:-tests/transfer tests/migration} || status=$?
 if compgen -G "$reports/report*" >/dev/null; then
   cat "$reports"/report* >&2
   echo "$kind: $(ls "$reports" | wc -l) report(s)" >&2
