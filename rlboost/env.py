@@ -61,7 +61,11 @@ RAY_LOOPBACK_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # Ray reports usage statistics to its maintainers' server unless told not to; a run sends
 # nothing to any address it was not given.
 RAY_USAGE_STATS_VARIABLE = "RAY_USAGE_STATS_ENABLED"
-_RAY_DEFAULTS = {RAY_LOOPBACK_VARIABLE: "0", RAY_USAGE_STATS_VARIABLE: "0"}
+# Ray starts its workers at nice 15, below the driver and anything else on the host; a run's
+# actors (trainer ranks, engines, controller) are its work, and on a shared host they starved
+# behind any busy process (a start-up that takes minutes, a heartbeat missed).
+RAY_WORKER_NICENESS_VARIABLE = "RAY_worker_niceness"
+_RAY_DEFAULTS = {RAY_LOOPBACK_VARIABLE: "0", RAY_USAGE_STATS_VARIABLE: "0", RAY_WORKER_NICENESS_VARIABLE: "0"}
 # transformers and huggingface_hub must not try to reach a model hub for local directories.
 _HF_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 

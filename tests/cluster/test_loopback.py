@@ -60,6 +60,9 @@ def test_a_local_cluster_and_the_run_s_actors_listen_on_loopback_only(monkeypatc
         def pid(self) -> int:
             return os.getpid()
 
+        def niceness(self) -> int:
+            return os.nice(0)
+
     with RaySession(RaySettings(num_cpus=1, reserved=1, preemptible=1, object_store_mb=128)):
         actor = ray.remote(ActorOfTheRun).options(**actor_options("reserved")).remote()
         worker = ray.get(actor.pid.remote(), timeout=60)
@@ -73,4 +76,7 @@ def test_a_local_cluster_and_the_run_s_actors_listen_on_loopback_only(monkeypatc
         assert {"gcs_server", "raylet"} <= names, sockets  # the cluster's own servers were seen
         assert any(pid == worker for pid in tree if name_of(pid).startswith("ray::"))
         assert not usage_stats_enabled()  # Ray reports nothing to its maintainers' server
+        # the run's actors are its work: not started below the driver's priority (Ray's own
+        # default, nice 15, starved them behind any busy process on a shared host)
+        assert ray.get(actor.niceness.remote(), timeout=60) == os.nice(0)
     assert ray_constants.ENABLE_RAY_CLUSTER is True  # Ray's setting is back once the run's cluster is gone
