@@ -112,7 +112,7 @@ namespace {
 
 Status ParseWelcome(const std::string& body, PeerIdentity* server, std::string* signed_part, uint8_t proof[kMacBytes]) {
   ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
-  uint32_t mode;
+  uint32_t mode = 0;
   RLB_RETURN_IF_ERROR(r.U64(&server->server_id));
   RLB_RETURN_IF_ERROR(r.Raw(server->host_key.data(), server->host_key.size()));
   RLB_RETURN_IF_ERROR(r.U32(&server->pid));

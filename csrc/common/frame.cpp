@@ -107,8 +107,8 @@ void EncodeFrameHeader(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]) {
 
 Status DecodeFrameHeader(const uint8_t in[kFrameHeaderBytes], FrameHeader* out) {
   ByteReader r(in, kFrameHeaderBytes);
-  uint32_t magic;
-  uint16_t format, type;
+  uint32_t magic = 0;
+  uint16_t format = 0, type = 0;
   RLB_RETURN_IF_ERROR(r.U32(&magic));
   RLB_RETURN_IF_ERROR(r.U16(&format));
   RLB_RETURN_IF_ERROR(r.U16(&type));

@@ -73,7 +73,7 @@ Status DecodeManifest(const uint8_t* p, size_t n, Manifest* out) {
   if (Crc32c(p, n - 4) != stored) return Status(Code::kProtocol, "manifest fails its checksum");
   ByteReader r(p, n - 4);
   Manifest m;
-  uint32_t count, meta_len;
+  uint32_t count = 0, meta_len = 0;
   RLB_RETURN_IF_ERROR(r.I64(&m.version));
   RLB_RETURN_IF_ERROR(r.U64(&m.total_bytes));
   RLB_RETURN_IF_ERROR(r.U32(&m.chunk_bytes));

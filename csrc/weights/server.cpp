@@ -264,8 +264,8 @@ Status WeightServer::Dispatch(const FrameHeader& h, const std::string& body, Ser
 
 Status WeightServer::ServeChunk(const FrameHeader& h, const std::string& body, Socket& s) {
   ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
-  int64_t version;
-  uint32_t index;
+  int64_t version = 0;
+  uint32_t index = 0;
   RLB_RETURN_IF_ERROR(r.I64(&version));
   RLB_RETURN_IF_ERROR(r.U32(&index));
   RLB_RETURN_IF_ERROR(r.ExpectEnd());
@@ -285,8 +285,8 @@ Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, Se
   Socket& s = c->socket;
   ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
   int64_t version;
-  uint64_t known;
-  uint32_t wait_ms;
+  uint64_t known = 0;
+  uint32_t wait_ms = 0;
   RLB_RETURN_IF_ERROR(r.I64(&version));
   RLB_RETURN_IF_ERROR(r.U64(&known));
   RLB_RETURN_IF_ERROR(r.U32(&wait_ms));

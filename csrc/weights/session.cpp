@@ -123,7 +123,7 @@ Status SourceSession::FetchHave(int64_t version, uint64_t known, uint32_t wait_m
   FrameHeader h;
   RLB_RETURN_IF_ERROR(Call(FrameType::kHaveRequest, body, FrameType::kHave, &h, &reply, d));
   ByteReader r(reinterpret_cast<const uint8_t*>(reply.data()), reply.size());
-  int64_t got_version;
+  int64_t got_version = 0;
   RLB_RETURN_IF_ERROR(r.I64(&got_version));
   RLB_RETURN_IF_ERROR(r.U32(&out->num_chunks));
   RLB_RETURN_IF_ERROR(r.U32(&out->held_count));

@@ -94,8 +94,8 @@ class ShmTransport : public Transport {
     version_ = version;
     ++leases_;
     ByteReader r(reinterpret_cast<const uint8_t*>(reply.data()), reply.size());
-    uint32_t pid, fd;
-    uint64_t size;
+    uint32_t pid = 0, fd = 0;
+    uint64_t size = 0;
     RLB_RETURN_IF_ERROR(r.U32(&pid));
     RLB_RETURN_IF_ERROR(r.U32(&fd));
     RLB_RETURN_IF_ERROR(r.U64(&size));

@@ -95,8 +95,8 @@ class TcpChunkStream : public ChunkStream {
     RLB_RETURN_IF_ERROR(sock_.RecvAll(prefix, sizeof(prefix), d));
     if (cipher != nullptr) RLB_RETURN_IF_ERROR(cipher->Cover(prefix, prefix, sizeof(prefix)));
     ByteReader r(prefix, sizeof(prefix));
-    int64_t version;
-    uint32_t index;
+    int64_t version = 0;
+    uint32_t index = 0;
     RLB_RETURN_IF_ERROR(r.I64(&version));
     RLB_RETURN_IF_ERROR(r.U32(&index));
     if (version != read->version || index != read->index) {
