@@ -56,7 +56,7 @@ def test_a_flood_from_other_addresses_leaves_honest_pulls_their_logins():
                 failures.append(f"{type(exc).__name__}: {exc}")
             time.sleep(PAUSE_S)  # a puller pulls now and then, not back to back
         flood_s = time.monotonic() - started
-        opened = sum(json.loads(f.stdout.read())["opened"] for f in flooders)
+        opened = sum(json.loads(f.communicate()[0])["opened"] for f in flooders)
         stats = pub.stats()
         legit.stop()
     accepted = stats["connections_accepted"] - before

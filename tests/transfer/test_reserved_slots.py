@@ -89,7 +89,7 @@ def test_relayed_logins_earn_the_attackers_addresses_no_reserved_slots():
             time.sleep(0.02)
         for h in holders:
             h.wait(timeout=60)
-        opened = sum(json.loads(h.stdout.read())["opened"] for h in holders)
+        opened = sum(json.loads(h.communicate()[0])["opened"] for h in holders)
         stats = pub.stats()
         legit.stop()
     print(f"\n[reserved] {opened} held connections from {len(ATTACKERS)} relayed addresses, "

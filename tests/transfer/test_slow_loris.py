@@ -50,7 +50,7 @@ def test_holders_on_eight_addresses_leave_honest_logins_their_pace():
             except Exception as exc:  # counted: the test asserts there are none
                 failures.append(f"{type(exc).__name__}: {exc}")
             time.sleep(PAUSE_S)
-        opened = sum(json.loads(h.stdout.read())["opened"] for h in holders)
+        opened = sum(json.loads(h.communicate()[0])["opened"] for h in holders)
         stats = pub.stats()
         legit.stop()
     ratio = statistics.median(loaded) / statistics.median(unloaded)
