@@ -1,7 +1,8 @@
 """On-path attackers' plumbing for the adversarial tests: a listener on 127.0.0.1 in front
 of a real source. PumpingProxyForTests opens an upstream connection for each accepted one
 and runs `_pump` both ways on threads; SerialProxyForTests serves one connection at a time
-with `_serve`. close() shuts every socket and joins every thread, so none outlives a test."""
+with `_serve`. close() shuts every socket, joins every thread, then closes the sockets, so
+none outlives a test."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from .wire_client import HEADER, connect, recv_sealed
 
 
 def shut(*socks: socket.socket) -> None:
-    """Shut down then close: a close alone would not wake a thread blocked in recv on it."""
+    """Shut down both ways, which wakes a thread blocked in recv or send on them. Not closed
+    here: a close while another thread is in recv on the same descriptor races with that
+    call (ThreadSanitizer reports it, and the number can be reused at once); a proxy closes
+    its sockets once its threads are joined."""
     for s in socks:
         try:
             s.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        s.close()
 
 
 class _Listening:
@@ -43,6 +46,8 @@ class _Listening:
                 pass
         for t in self._threads:
             t.join(timeout=10)
+        for s in self._socks:
+            s.close()
 
     def _accept_loop(self) -> None:
         while True:

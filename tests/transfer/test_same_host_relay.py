@@ -66,6 +66,8 @@ class RecordingRelayForTests:
         shut(*self._socks)
         for t in self._threads:
             t.join(10)
+        for s in self._socks:
+            s.close()
 
 
 @pytest.mark.skipif(not _C.HAS_AEAD, reason="built without libcrypto: auto cannot seal (the README says so)")
