@@ -29,7 +29,9 @@ if [ "$kind" = address ]; then
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 else
   runtime=$(g++ -print-file-name=libtsan.so)
-  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:suppressions=$root/scripts/native_checks/tsan.supp}
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:die_after_fork=0:suppressions=$root/scripts/native_checks/tsan.supp}
+  # die_after_fork=0: the fork-guard tests' children start threads after a multi-threaded
+  # fork, which ThreadSanitizer otherwise refuses outright.
   export OMP_NUM_THREADS=1  # torch's libgomp threads: see tsan.supp
 fi
 
