@@ -342,7 +342,8 @@ def json_line(args: argparse.Namespace, results: dict, trace, curve, sens) -> di
         key = [r for r in results if r.startswith("rlboost, staleness 1, ")][-1]
     best = results[key].get("simulated") or results[key].get("emulated")
     base = results[ROWS[0]].get("simulated") or results[ROWS[0]].get("emulated")
-    peers = {row: {lvl: {k: round(v, 4 if k == "stale_share" else 1) for k, v in fig.items()}
+    peers = {row: {lvl: {k: round(v, 4 if k == "stale_share" else 1) if isinstance(v, float | int) else v
+                         for k, v in fig.items()}
                    for lvl, fig in r.items()} for row, r in results.items()}
     if trace is not None:
         peers["trace_rlboost_over_reference"] = {"mean": round(trace["mean"], 4), "sd": round(trace["sd"], 4),

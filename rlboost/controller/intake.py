@@ -6,7 +6,7 @@ up the others. Settling an answer returns what it finished and who was lost.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from rlboost.controller.clock import Clock
 from rlboost.controller.collector import APPLIED, GAP
@@ -23,6 +23,7 @@ class Intake:
 
     def __init__(self, clock: Clock, *, table: EngineTable, registry: Registry, router: Router):
         self.clock, self.table, self.registry, self.router = clock, table, registry, router
+        self.running: Callable[[], StepState | None] = lambda: None  # the running step (the service tells)
 
     def ask_all(self) -> None:
         """Start a call on every instance without one in flight: active and draining ones are
@@ -99,7 +100,7 @@ class Intake:
                 step.progressed(iid, slot.kind, col.tokens - was, self.clock.now())
                 if col.finished(d.sample_id):
                     router.finish(d.sample_id)
-                    if step is st:
+                    if step.router is None:  # the running step's (the caller learns its lengths)
                         out.finished.append(d.sample_id)
         if gaps:  # tokens went missing between engine and collector: resume from what we hold
             try:
@@ -115,7 +116,8 @@ class Intake:
     def _step_of(self, st: StepState | None, sid: int) -> tuple[StepState, Router] | None:
         """The step in rollout that holds a sample, with its router: the running step's, or
         a step ahead's (bounded staleness)."""
-        if st is not None and st.collector.knows(sid):
-            return st, self.router
+        for step in (st, self.running()):  # st may be a step ahead's, on whose behalf a move asks
+            if step is not None and step.collector.knows(sid):
+                return step, step.router or self.router
         lane = self.table.ahead.of(sid) if self.table.ahead else None
         return (lane.st, lane.router) if lane is not None else None

@@ -68,6 +68,7 @@ class RolloutService:
         self.round = StepRound(clock, decisions=self.decisions, registry=self.registry, router=self.router,
                                table=self.table, mover=self.mover, note=self.steps.note, fail=self.steps.fail,
                                wake=self.signal.wake)
+        self.intake.running = lambda: self.steps.current
         if cfg.max_staleness:  # the steps started ahead of the running one, and where their prompts go
             self.table.ahead = self.decisions.ahead = self.steps.ahead = StepsAhead(
                 cfg.max_staleness, registry=self.registry, table=self.table, router=cfg.router, lengths=self.lengths,
