@@ -117,9 +117,13 @@ class StepRound:
         a later one only once every earlier one's prompts are placed. open_next(reserved)
         opens the next lane if the schedule allows one now and says whether it did (None:
         the driver opens lanes itself, by starting steps ahead)."""
+        # the reserved engines only while the running step's window is open and the trainer has
+        # not been handed them (a rollout that finished inside the window hands them over open)
+        reserved = st is not None and st.window_open and not st.handed_over and not st.ending
+        if not reserved:
+            await self._leave_reserved(ahead)
         if st is not None and self.router.queued:
             return
-        reserved = st is not None and st.window_open and not st.ending
         held = ahead.held([self.router] if st is not None else [])
         i = 0
         while True:
@@ -133,6 +137,15 @@ class StepRound:
                     return  # later steps wait until this one's prompts have all started
             held.update(ahead.held([lane.router]))
             i += 1
+
+    async def _leave_reserved(self, ahead: StepsAhead) -> None:
+        """The reserved engines are the trainer's: the steps ahead's samples leave them."""
+        for rec in self.registry.live():
+            if rec.kind != "reserved" or rec.instance_id not in self.table:
+                continue
+            for lane in ahead:
+                if lane.router.samples_on(rec.instance_id):
+                    self.note(await self.mover.evacuate(lane.st, rec.instance_id))
 
     def check(self, st: StepState) -> None:
         action = self.decisions.check(st)

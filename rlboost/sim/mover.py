@@ -58,10 +58,14 @@ class SimMover:
 
     async def evacuate(self, st: StepState, iid: str) -> Outcome:
         """Every sample of the running step off the instance (queued again), then those of the
-        steps ahead."""
+        steps ahead; or, for a step ahead's state, that step's samples alone."""
         node, cfg = self.ctl.table.nodes.get(iid), self.ctl.config
         preemptible = node is not None and node.kind == "preemptible"
         restart = node is not None and from_prompt(node.kind, seeding=cfg.seeding, migration=cfg.migration)
+        lane = self.ctl.ahead.holding(st) if st is not self.ctl.st else None
+        if lane is not None:  # a step ahead's samples alone
+            return Outcome(moved=self.take_off(st, iid, lane.router.samples_on(iid), router=lane.router,
+                                               restart=self.recompute and preemptible))
         moved = self.take_off(st, iid, self.ctl.router.samples_on(iid), restart=restart)
         for lane in self.ctl.ahead:
             self.take_off(lane.st, iid, lane.router.samples_on(iid), router=lane.router,

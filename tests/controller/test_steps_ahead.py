@@ -18,9 +18,11 @@ from rlboost.controller.estimates import LengthModel, RateModel
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.registry import Registry, RegistryConfig
-from rlboost.controller.router import RouterConfig
+from rlboost.controller.round import StepRound, run_now
+from rlboost.controller.router import Router, RouterConfig
 from rlboost.controller.service import RolloutService
 from rlboost.controller.staleness import accepted_versions, token_versions
+from rlboost.controller.step import Outcome
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
 from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance, make_groups
 from rlboost.sim.collector import SimCollector
@@ -249,3 +251,36 @@ def test_under_any_preemption_schedule_nothing_is_lost_or_duplicated_and_every_t
     groups_for, results = run(body, max_staleness=bound,
                               router=RouterConfig(retry_budget=losses, min_steal_gain_s=0.5))
     check_steps(groups_for, results, bound)
+
+
+class RecordingMoverForTests:
+    """A Mover that starts whatever it is sent (in the lane's router) and records the order."""
+
+    def __init__(self, ahead):
+        self.ahead, self.sent = ahead, []
+
+    async def send(self, st, iid, sids):
+        lane = self.ahead.holding(st)
+        for sid in sids:
+            lane.router.assign(sid, iid)
+        self.sent.append((lane.step, iid, tuple(sids)))
+        return Outcome()
+
+
+def test_a_later_step_takes_no_slot_while_an_earlier_one_has_prompts_waiting():
+    clock, reg, ahead = _lanes(2, versions={"spot-0": 0})  # one engine of 4 slots
+    mover = RecordingMoverForTests(ahead)
+    rnd = StepRound(clock, decisions=None, registry=reg, router=Router(RouterConfig()), table=ahead.table,
+                    mover=mover, note=lambda out: out, fail=lambda exc: None, wake=lambda: None)
+    big = SimCollector(sim_groups(1, num_groups=3, group_size=2, prompt_len=4, max_new_tokens=8,
+                                  engine=EmulatedEngineConfig(), seed=0), min_samples=2)
+    ahead.open(1, big, 0.0)
+    ahead.open(2, _collector(2), 0.0)
+    run_now(rnd.place_ahead(None, ahead))
+    assert {step for step, _, _ in mover.sent} == {1} and sum(len(s) for _, _, s in mover.sent) == 4
+    assert len(ahead[0].router.queued) == 2 and len(ahead[1].router.queued) == 4  # step 2 waits
+    for sid in ahead[0].router.samples_on("spot-0")[:3]:  # three of step 1's finish: step 1's two go first
+        ahead[0].router.finish(sid)
+    run_now(rnd.place_ahead(None, ahead))
+    assert [step for step, _, _ in mover.sent[1:]] == [1, 2]
+    assert not ahead[0].router.queued and len(ahead[1].router.queued) == 3
