@@ -10,13 +10,15 @@ reserved_needed() turns True and a waiting next_microbatch() returns None at onc
 trainer, once it can spare the reserved GPUs, calls lend_reserved() and then
 wait_window_closed() again before it trains on them.
 
-With bounded staleness (controller.max_staleness N >= 1) the trainer may start step k+1
-ahead, as soon as step k's last micro-batch is taken: start_step(k+1, groups, k+1,
-ahead=True) while version k is current. Preemptible instances roll it out on the version
-they hold while the trainer trains step k; the trainer publishes k+1 and makes it current
-mid-step (set_weight_version), then, once the reserved instances hold it, calls
-join_reserved(): the step goes on as if it started then, its local window sized by what is
-left to generate.
+With bounded staleness (controller.max_staleness N >= 1) the driver keeps up to N later
+steps in flight: start_step(k+j, groups, k+j, ahead=True) while step k runs opens a lane
+(controller.ahead) whose prompts take free slots, on the version each engine holds, once
+every earlier step's prompts are placed. When step k ends (as soon as the trainer has taken
+its last micro-batch) the first lane becomes the running step, its samples staying where
+they run; the trainer publishes k+1 and makes it current (set_weight_version), then, once
+the reserved instances hold it, calls join_reserved(): the step goes on as if it started
+then, its local window sized by what is left to generate. A step started ahead with no step
+running (the driver's older use) runs at once on preemptible instances.
 """
 
 from __future__ import annotations
