@@ -17,12 +17,13 @@ margin of rlboost over the reference mode and its noise. Instance shape and pric
     python bench/paper_table.py --fidelity simulated  # simulated only (a few minutes)
     python bench/paper_table.py --fidelity simulated --rows staleness   # the staleness rows and their peers
 
-The staleness rows (controller.max_staleness 1 and 2) are simulated two ways: "rlboost,
-staleness S" with the controller's schedule (the next step starts ahead once the trainer has
-taken the running step's last micro-batch, on preemptible instances), and "free slots,
-staleness S" with the simulator's what-if schedule (once the running step's prompts are all
-placed, any free slot, the reserved engines' included while their window is open, takes the
-next steps' prompts, up to S steps ahead). They are not emulated here ("-").
+The staleness rows (controller.max_staleness 1 and 2) run two schedules of the controller's
+StepsAhead (controller.ahead): "rlboost, staleness S" with the free-slots schedule the
+controller runs (once the running step's prompts are all placed, any free slot, the reserved
+engines' included while their window is open, takes the next steps' prompts, up to S steps
+ahead), and "after rollout, staleness S" with the schedule it ran before, kept as a peer (one
+step ahead, started once the trainer has taken the running step's last micro-batch, on
+preemptible instances; simulated only). --emulate-staleness emulates the "rlboost" ones.
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ ARTIFACT_COUNTS = (1, 2, 3, 4)
 ROWS = ("reserved only", "rlboost, 1 instance", "rlboost, 2 instances", "rlboost, 3 instances",
         "rlboost, 4 instances", "rlboost, spot trace", "reference, spot trace")
 STALENESS = (1, 2)
-# the controller's schedule (the next step starts ahead once the trainer has taken the running
-# step's last micro-batch), then the simulator's what-if schedule (any free slot takes the next
-# steps' prompts once the running step's are all placed; sim.controller, SimSpec.lookahead)
+# the controller's free-slots schedule (any free slot takes the next steps' prompts once the
+# running step's are all placed), then the after-rollout peer (one step ahead, once the trainer
+# has taken the running step's last micro-batch); both controller.ahead, SimSpec.lookahead
 STALENESS_ROWS = tuple(f"rlboost, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS) + tuple(
-    f"free slots, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS)
+    f"after rollout, staleness {s}, {n} inst." for s in STALENESS for n in ARTIFACT_COUNTS)
 
 
 def staleness_rows(counts, bounds=STALENESS) -> tuple[str, ...]:
@@ -97,7 +98,7 @@ def row_config(row: str, args: argparse.Namespace):
         return with_instances(config, 0)
     if row.startswith("rlboost, ") and row[9].isdigit():
         return with_instances(config, int(row[9]))
-    if row in STALENESS_ROWS:  # "rlboost, staleness S, N inst." or "free slots, staleness S, N inst."
+    if row in STALENESS_ROWS:  # "rlboost, staleness S, N inst." or "after rollout, staleness S, N inst."
         bound, count = row.split(", staleness ")[1].split(", ")
         return apply_overrides(with_instances(config, int(count.split()[0])), [f"controller.max_staleness={bound}"])
     traced = on_spot_trace(config, args.trace)
@@ -124,7 +125,7 @@ def emulated(config, skip: int) -> dict:
     return figures(tokens, seconds, usd) | {"preemptions": sum(int(m["preemptions"]) for m in rest)}
 
 
-def simulated(config, skip: int, steps: int | None = None, lookahead: str = "after_rollout") -> dict:
+def simulated(config, skip: int, steps: int | None = None, lookahead: str = "free_slots") -> dict:
     from rlboost.run.simulate import sim_spec, task_groups
     from rlboost.sim.metrics import summarize
     from rlboost.sim.simulator import Simulator
@@ -132,7 +133,8 @@ def simulated(config, skip: int, steps: int | None = None, lookahead: str = "aft
     spec = sim_spec(config, steps=steps).replace(lookahead=lookahead)
     s = summarize(Simulator(spec, groups=task_groups(config)).run(), skip=skip)
     step = s.seconds / s.steps
-    stale = {"stale_share": 1.0 - s.staleness[0] / sum(s.staleness)} if len(s.staleness) > 1 else {}
+    stale = ({"stale_share": 1.0 - s.staleness[0] / sum(s.staleness),
+              "lag_share": [round(n / sum(s.staleness), 3) for n in s.staleness]} if len(s.staleness) > 1 else {})
     return figures(s.tokens, s.seconds, s.usd) | stale | {
         "generated_tokens_per_s": s.generated_tokens_per_s, "preemptions": s.preemptions, "step_s": step, "window_s": s.window_s, "trainer_idle_s": s.trainer_idle_s,
         "rollout_end_s": step - s.rollout_idle_s, "train_after_rollout_s": s.rollout_idle_s}
@@ -259,7 +261,7 @@ def measure(args: argparse.Namespace, rows) -> dict:
     for row in rows:
         config = row_config(row, args)
         if args.fidelity in ("both", "simulated"):
-            lookahead = "free_slots" if row.startswith("free slots") else "after_rollout"
+            lookahead = "after_rollout" if row.startswith("after rollout") else "free_slots"
             results[row]["simulated"] = simulated(config, args.skip, lookahead=lookahead)
         if args.fidelity in ("both", "emulated") and (row not in STALENESS_ROWS or (
                 args.emulate_staleness and row.startswith("rlboost, "))):
@@ -285,7 +287,8 @@ def staleness_lines(results: dict) -> str:
         lines.append(f"{row.removesuffix(', 4 inst.')} at 4 instances (simulated): {speedup:.2f}x throughput (target 2.2x: "
                      f"{'met' if speedup >= 2.2 else 'NOT met'}), {gain * 100:+.1f}% tokens per $ (target +60%: "
                      f"{'met' if gain >= 0.6 else 'NOT met'}); {fig['stale_share']:.0%} of trained tokens one or "
-                     f"more versions old; a step {fig['step_s']:.0f} s = window {fig['window_s']:.0f} s + trainer idle "
+                     f"more versions old (by lag 0..{len(fig['lag_share']) - 1}: "
+                     f"{' / '.join(f'{x:.0%}' for x in fig['lag_share'])}); a step {fig['step_s']:.0f} s = window {fig['window_s']:.0f} s + trainer idle "
                      f"{fig['trainer_idle_s']:.0f} s + training and publishing "
                      f"{fig['step_s'] - fig['window_s'] - fig['trainer_idle_s']:.0f} s")
     return "\n".join(lines)
@@ -339,7 +342,8 @@ def json_line(args: argparse.Namespace, results: dict, trace, curve, sens) -> di
         key = [r for r in results if r.startswith("rlboost, staleness 1, ")][-1]
     best = results[key].get("simulated") or results[key].get("emulated")
     base = results[ROWS[0]].get("simulated") or results[ROWS[0]].get("emulated")
-    peers = {row: {lvl: {k: round(v, 4 if k == "stale_share" else 1) for k, v in fig.items()}
+    peers = {row: {lvl: {k: round(v, 4 if k == "stale_share" else 1) if isinstance(v, float | int) else v
+                         for k, v in fig.items()}
                    for lvl, fig in r.items()} for row, r in results.items()}
     if trace is not None:
         peers["trace_rlboost_over_reference"] = {"mean": round(trace["mean"], 4), "sd": round(trace["sd"], 4),

@@ -220,6 +220,20 @@ def test_feed_refuses_groups_it_did_not_hand_out():
         feed.score_group(stranger)
 
 
+def test_feed_scores_a_step_after_later_steps_were_drawn():
+    # with bounded staleness the driver draws the next steps' groups while a step is scored
+    feed = _feed()
+    group = feed.groups(1)[0]
+    feed.groups(2), feed.groups(3)
+    done = CompletedGroup(group_id=group.group_id, prompt_ids=group.prompt_ids, samples=tuple(
+        CompletedSample(sample_id=sid, output_ids=(5, TOK.eos_id), output_logprobs=(-0.5, -0.25),
+                        finish_reason="stop", weight_version=1) for sid in group.sample_ids))
+    assert len(feed.score_group(done)) == GROUP
+    feed.groups(1 + 20)  # steps far behind the newest drawn are forgotten
+    with pytest.raises(ValueError, match=str(group.group_id)):
+        feed.score_group(done)
+
+
 def test_chat_template_needs_a_chat_tokenizer():
     with pytest.raises(ValueError, match="chat"):
         _feed(chat_template=True)

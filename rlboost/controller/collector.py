@@ -73,6 +73,8 @@ class Collector:
     def knows(self, sample_id: int) -> bool:
         return sample_id in self._samples
 
+    __contains__ = knows
+
     def finished(self, sample_id: int) -> bool:
         return self._samples[sample_id].finish_reason is not None
 

@@ -9,6 +9,7 @@ measurements and return actions that the service carries out through the mover.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
@@ -19,6 +20,9 @@ from rlboost.controller.registry import ACTIVE, DRAINING, InstanceRecord, Regist
 from rlboost.controller.router import Assign, InstanceView, Move, Router
 from rlboost.controller.step import StepState
 from rlboost.errors import StepFailed
+
+if TYPE_CHECKING:
+    from rlboost.controller.ahead import StepsAhead
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,7 @@ class StepDecisions:
                  router: Router, lengths: LengthModel, policy: WindowPolicy):
         self.config, self.clock, self.table, self.registry = config, clock, table, registry
         self.router, self.lengths, self.policy = router, lengths, policy
+        self.ahead: StepsAhead | None = None  # bounded staleness: the steps ahead (controller.ahead)
 
     def context(self, st: StepState) -> WindowContext:
         """The running step as the offload policy sees it."""
@@ -138,10 +143,15 @@ class StepDecisions:
                                     col.position)
 
     def steal(self, st: StepState) -> list[Move]:
-        """Samples to move from busy instances to idle slots (once nothing is queued)."""
+        """Samples to move from busy instances to idle slots (once nothing is queued); none
+        onto an instance that holds steps ahead's samples (its rate is shared with samples
+        the running step's router does not count)."""
         col = st.collector
-        return self.router.steal(self._views(st), self._remaining(st), col.position, col.max_length,
-                                 self._budget(st))
+        moves = self.router.steal(self._views(st), self._remaining(st), col.position, col.max_length,
+                                  self._budget(st))
+        if self.ahead:
+            moves = [m for m in moves if not any(lane.router.samples_on(m.target) for lane in self.ahead)]
+        return moves
 
     def _remaining(self, st: StepState):
         col = st.collector

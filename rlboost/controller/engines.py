@@ -9,6 +9,7 @@ tokens: the intake and the mover build on this table.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any, Awaitable, Iterator, TypeVar
 
@@ -68,6 +69,9 @@ class EngineTable:
         self._held: dict[int, tuple[str, Any]] = {}  # sample -> (source instance, ticket to its KV pages)
         self._background: set[asyncio.Task] = set()  # best-effort calls nobody waits for
         self._leaving: list[tuple[str, str]] = []  # deregistered since the last lose_departed()
+        # bounded staleness: the steps ahead (a controller.ahead.StepsAhead, which imports this
+        # module's neighbours: typed loosely here), whose samples count on the engines too
+        self.ahead: Sequence[Any] | None = None
 
     # -- engines -----------------------------------------------------------------------------
 
@@ -80,6 +84,11 @@ class EngineTable:
 
     def __contains__(self, instance_id: str) -> bool:
         return instance_id in self._slots
+
+    def held_on(self, instance_id: str) -> int:
+        """Samples of every step in rollout on the instance (the steps ahead's included)."""
+        return len(self.router.samples_on(instance_id)) + sum(len(lane.router.samples_on(instance_id))
+                                                              for lane in self.ahead or ())
 
     def get(self, instance_id: str) -> EngineSlot | None:
         return self._slots.get(instance_id)
@@ -97,7 +106,7 @@ class EngineTable:
             rate = slot.rates.full_rate(rec.info.capacity) if slot else 0.0
             out.append(InstanceStatus(instance_id=rec.instance_id, kind=rec.kind, state=rec.state,
                                       weight_version=rec.weight_version, tokens_per_s=rate,
-                                      samples=len(self.router.samples_on(rec.instance_id))))
+                                      samples=self.held_on(rec.instance_id)))
         return tuple(out)
 
     # -- the one call in flight per instance -------------------------------------------------
@@ -146,12 +155,14 @@ class EngineTable:
     def take_held(self, sample_id: int) -> tuple[str, Any] | None:
         return self._held.pop(sample_id, None)
 
-    def take_all_held(self) -> list[tuple[str, Any, list[int]]]:
-        """Every held page, grouped by ticket as (source, ticket, samples); none is held after."""
+    def take_all_held(self, of: Container[int] | None = None) -> list[tuple[str, Any, list[int]]]:
+        """Every held page (of the samples in `of`, when given: one step's), grouped by ticket
+        as (source, ticket, samples); none of them is held after."""
         by_ticket: dict[int, tuple[str, Any, list[int]]] = {}
-        for sid, (src, ticket) in self._held.items():
-            by_ticket.setdefault(id(ticket), (src, ticket, []))[2].append(sid)
-        self._held.clear()
+        for sid, (src, ticket) in list(self._held.items()):
+            if of is None or sid in of:
+                by_ticket.setdefault(id(ticket), (src, ticket, []))[2].append(sid)
+                del self._held[sid]
         return list(by_ticket.values())
 
     def forget_held(self) -> None:
@@ -197,6 +208,8 @@ class EngineTable:
         if call is not None:
             call[0].cancel()
         sids = self.router.release(instance_id, failed=True)
+        for lane in self.ahead or ():  # the steps ahead's samples resume elsewhere too
+            lane.st.meter.resumes += len(lane.router.release(instance_id, failed=True))
         if end is not None:
             self.registry.end(instance_id, end[0], samples=len(sids), **end[1])
         else:
@@ -226,7 +239,7 @@ class EngineTable:
 
     def lose_departed(self) -> list[Loss]:
         """Lose the instances whose leases expired, then those that left, in that order."""
-        silent = self.registry.expire(samples_of=lambda iid: len(self.router.samples_on(iid)))
+        silent = self.registry.expire(samples_of=self.held_on)
         departed = [(iid, "missed heartbeats") for iid in silent] + self._leaving
         self._leaving = []
         return [loss for iid, reason in departed if (loss := self.lose(iid, reason)) is not None]

@@ -6,7 +6,7 @@ up the others. Settling an answer returns what it finished and who was lost.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from rlboost.controller.clock import Clock
 from rlboost.controller.collector import APPLIED, GAP
@@ -23,6 +23,7 @@ class Intake:
 
     def __init__(self, clock: Clock, *, table: EngineTable, registry: Registry, router: Router):
         self.clock, self.table, self.registry, self.router = clock, table, registry, router
+        self.running: Callable[[], StepState | None] = lambda: None  # the running step (the service tells)
 
     def ask_all(self) -> None:
         """Start a call on every instance without one in flight: active and draining ones are
@@ -32,7 +33,7 @@ class Intake:
             iid = rec.instance_id
             if iid not in self.table or self.table.busy(iid):
                 continue
-            held = len(self.router.samples_on(iid))
+            held = self.table.held_on(iid)
             # one behind but still allowed (bounded staleness) and idle: ask what it holds now
             behind = rec.weight_version < self.registry.current_version and not held
             if rec.state in (ACTIVE, DRAINING) and not behind:
@@ -81,28 +82,42 @@ class Intake:
 
     async def _take(self, st: StepState | None, iid: str, deltas, out: Outcome) -> int:
         """Feed one instance's deltas to the collector; returns how many new tokens they held."""
-        if st is None or not deltas:
+        if not deltas:
             return 0
-        col, slot = st.collector, self.table.get(iid)
-        start_tokens, gaps = col.tokens, []
+        slot, new, gaps = self.table.get(iid), 0, {}
         for d in deltas:
-            if not col.knows(d.sample_id) or self.router.owner(d.sample_id) != iid:
+            found = self._step_of(st, d.sample_id)
+            if found is None or found[1].owner(d.sample_id) != iid:
                 continue  # a sample that has left this instance: its tokens come from elsewhere
+            step, router = found
+            col = step.collector
             was = col.tokens
             res = col.apply(d, self.clock.now())
             if res == GAP:
-                gaps.append(d.sample_id)
+                gaps.setdefault(id(step), (step, router, []))[2].append(d.sample_id)
             elif res == APPLIED:
-                st.progressed(iid, slot.kind, col.tokens - was, self.clock.now())
+                new += col.tokens - was
+                step.progressed(iid, slot.kind, col.tokens - was, self.clock.now())
                 if col.finished(d.sample_id):
-                    self.router.finish(d.sample_id)
-                    out.finished.append(d.sample_id)
+                    router.finish(d.sample_id)
+                    if step.router is None:  # the running step's (the caller learns its lengths)
+                        out.finished.append(d.sample_id)
         if gaps:  # tokens went missing between engine and collector: resume from what we hold
             try:
-                await self.table.guard(slot.adapter.abort(gaps))
+                await self.table.guard(slot.adapter.abort([s for _, _, sids in gaps.values() for s in sids]))
             except Exception as exc:
                 out.add_loss(self.table.lose(iid, f"abort() failed: {exc!r}"))  # requeues (and charges) them
-            gaps = [s for s in gaps if self.router.owner(s) == iid]
-            self.router.requeue(gaps, failed=True)
-            st.meter.resumes += len(gaps)
-        return col.tokens - start_tokens
+            for step, router, sids in gaps.values():
+                sids = [s for s in sids if router.owner(s) == iid]
+                router.requeue(sids, failed=True)
+                step.meter.resumes += len(sids)
+        return new
+
+    def _step_of(self, st: StepState | None, sid: int) -> tuple[StepState, Router] | None:
+        """The step in rollout that holds a sample, with its router: the running step's, or
+        a step ahead's (bounded staleness)."""
+        for step in (st, self.running()):  # st may be a step ahead's, on whose behalf a move asks
+            if step is not None and step.collector.knows(sid):
+                return step, step.router or self.router
+        lane = self.table.ahead.of(sid) if self.table.ahead else None
+        return (lane.st, lane.router) if lane is not None else None

@@ -10,13 +10,15 @@ reserved_needed() turns True and a waiting next_microbatch() returns None at onc
 trainer, once it can spare the reserved GPUs, calls lend_reserved() and then
 wait_window_closed() again before it trains on them.
 
-With bounded staleness (controller.max_staleness N >= 1) the trainer may start step k+1
-ahead, as soon as step k's last micro-batch is taken: start_step(k+1, groups, k+1,
-ahead=True) while version k is current. Preemptible instances roll it out on the version
-they hold while the trainer trains step k; the trainer publishes k+1 and makes it current
-mid-step (set_weight_version), then, once the reserved instances hold it, calls
-join_reserved(): the step goes on as if it started then, its local window sized by what is
-left to generate.
+With bounded staleness (controller.max_staleness N >= 1) the driver keeps up to N later
+steps in flight: start_step(k+j, groups, k+j, ahead=True) while step k runs opens a lane
+(controller.ahead) whose prompts take free slots, on the version each engine holds, once
+every earlier step's prompts are placed. When step k ends (as soon as the trainer has taken
+its last micro-batch) the first lane becomes the running step, its samples staying where
+they run; the trainer publishes k+1 and makes it current (set_weight_version), then, once
+the reserved instances hold it, calls join_reserved(): the step goes on as if it started
+then, its local window sized by what is left to generate. A step started ahead with no step
+running (the driver's older use) runs at once on preemptible instances.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from rlboost.controller.ahead import StepsAhead
 from rlboost.controller.clock import Clock
 from rlboost.controller.collector import Collector
 from rlboost.controller.config import ControllerConfig
@@ -54,6 +57,7 @@ class StepLifecycle:
         self.lengths, self.policy, self.signal = lengths, policy, signal
         self.tick_lock = asyncio.Lock()  # held by each tick of the loop, and by end_step() between ticks
         self.current: StepState | None = None
+        self.ahead: StepsAhead | None = None  # bounded staleness: the steps started ahead of the running one
 
     def note(self, out: Outcome) -> Outcome:
         """Learn from a move: finished samples' lengths; each lost instance counts as a death
@@ -86,24 +90,32 @@ class StepLifecycle:
         ahead (max_staleness >= 1): weight_version is not published yet (it is at most
         max_staleness past the current one); only preemptible instances roll out, on the
         version they hold, until join_reserved(); returns 0.0 (the window is planned then).
+        While a step runs, a step started ahead waits in a lane (controller.ahead) whose
+        prompts take free slots once every earlier step's are placed, and becomes the running
+        step when the one before it ends.
         Raises ValueError, starting nothing, if a group's prompt + max_new_tokens exceeds the
         max_model_len of every live instance (when they all declare one).
         """
         self.signal.check()
-        if self.current is not None:
-            raise RolloutError(f"step {self.current.meter.step} is still running: call end_step() first")
+        lanes = self.ahead is not None and len(self.ahead) > 0
+        if (self.current is not None or lanes) and not ahead:
+            running = self.current.meter.step if self.current is not None else self.ahead[0].step
+            raise RolloutError(f"step {running} is still running: call end_step() first")
         self._check_lengths(groups)
         if ahead:
             if not self.config.max_staleness:
                 raise RolloutError("a step starts ahead only with controller.max_staleness >= 1")
-            self.registry.set_step_version(weight_version)
+            if self.current is not None or lanes:  # the running step's window keeps the instances it needs
+                self._check_ahead(weight_version)
+            else:
+                self.registry.set_step_version(weight_version)
         elif weight_version != self.registry.current_version:
             self.registry.set_weight_version(weight_version)
-        cfg = self.config
-        min_samples = cfg.microbatch_min_samples or (groups[0].num_samples if groups else 1)
-        collector = Collector(step, groups, weight_version, microbatch_min_samples=min_samples,
-                              microbatch_max_samples=cfg.microbatch_max_samples,
-                              max_staleness=cfg.max_staleness)
+        collector = self._collector(step, groups, weight_version)
+        if self.current is not None or lanes:
+            self.ahead.open(step, collector, self.clock.now(), weight_version=weight_version)
+            self.signal.wake()
+            return 0.0
         meter = StepMeter(step=step, weight_version=weight_version, started_at=self.clock.now())
         self.router.begin_step(collector.sample_ids)
         self.table.forget_held()
@@ -114,6 +126,21 @@ class StepLifecycle:
             meter.planned_window_s = self.policy.plan(self.decisions.context(self.current))
         self.signal.wake()
         return meter.planned_window_s
+
+    def _check_ahead(self, version: int) -> None:
+        current, n = self.registry.current_version, self.config.max_staleness
+        if not current <= version <= current + n:
+            raise ValueError(f"a step at version {version} cannot start while version {current} is current "
+                             f"(max_staleness={n})")
+        if self.ahead and version != self.ahead[-1].st.collector.weight_version + 1:
+            raise ValueError(f"a step at version {version} cannot follow the steps ahead at versions "
+                             f"{[lane.st.collector.weight_version for lane in self.ahead]}")
+
+    def _collector(self, step: int, groups: Sequence[PromptGroup], weight_version: int) -> Collector:
+        cfg = self.config
+        min_samples = cfg.microbatch_min_samples or (groups[0].num_samples if groups else 1)
+        return Collector(step, groups, weight_version, microbatch_min_samples=min_samples,
+                         microbatch_max_samples=cfg.microbatch_max_samples, max_staleness=cfg.max_staleness)
 
     def set_weight_version(self, version: int) -> None:
         """Make a published version current. Between steps always; during one only with
@@ -224,7 +251,20 @@ class StepLifecycle:
             metrics = self._learn(st)
             self.router.begin_step(())
             self.current = None
+            self._promote()
         return metrics
+
+    def _promote(self) -> None:
+        """The first step ahead, if any, becomes the running step (still ahead: its reserved
+        instances join once they hold its version); its samples stay where they run."""
+        if not self.ahead:
+            return
+        lane = self.ahead.promote(self.ahead[0].step)
+        self.registry.set_step_version(lane.st.collector.weight_version)
+        self.router.take_over(lane.router)
+        lane.st.router = None
+        self.current = lane.st
+        self.signal.wake()
 
     def _learn(self, st: StepState) -> StepMetrics:
         return learn(st, self.policy, self.clock.now())

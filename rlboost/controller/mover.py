@@ -11,7 +11,7 @@ finished, whom it lost, what it took back); where samples go next is the caller'
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
@@ -23,6 +23,9 @@ from rlboost.controller.router import Router
 from rlboost.controller.step import Outcome, StepState
 from rlboost.errors import RolloutError
 from rlboost.rollout.engine import EngineLoad
+
+if TYPE_CHECKING:
+    from rlboost.controller.ahead import StepsAhead
 
 
 class SampleMover:
@@ -40,11 +43,49 @@ class SampleMover:
         their prompt where config.seeding or config.migration says so: continuation.from_prompt)."""
         slot, cfg = self.table.get(iid), self.config
         restart = slot is not None and from_prompt(slot.kind, seeding=cfg.seeding, migration=cfg.migration)
-        out = await self.take_back(st, iid, self.router.samples_on(iid), with_kv=not restart)
+        router = self._router(st)
+        out = await self.take_back(st, iid, router.samples_on(iid), with_kv=not restart)
         if restart:
             st.meter.trimmed_tokens += sum(st.collector.trim(s, 0) for s in out.moved)
-        self.router.requeue(out.moved, failed=False)
+        router.requeue(out.moved, failed=False)
+        if st.router is None:  # the running step's: the steps ahead's samples leave it too
+            await self._evacuate_ahead(iid, restart=cfg.migration == "recompute" and slot is not None
+                                       and slot.kind == "preemptible")
         return out
+
+    async def _evacuate_ahead(self, iid: str, *, restart: bool) -> None:
+        """The steps ahead's samples off the instance, queued again in their lanes (their
+        outcomes concern steps the trainer does not wait on yet: the loss of the instance,
+        if any, is the table's)."""
+        for lane in self.ahead or ():
+            sids = lane.router.samples_on(iid)
+            if sids and iid in self.table:
+                out = await self.take_back(lane.st, iid, sids, with_kv=not restart)
+                if restart:
+                    lane.st.meter.trimmed_tokens += sum(lane.st.collector.trim(s, 0) for s in out.moved)
+                lane.router.requeue(out.moved, failed=False)
+
+    async def make_room(self, iid: str, excess: int) -> None:
+        """Free `excess` slots on the instance for the running step's samples, taking the
+        latest steps ahead's samples with the fewest tokens off it (queued again in front)."""
+        for lane in reversed(list(self.ahead or ())):
+            if excess <= 0 or iid not in self.table:
+                return
+            col = lane.st.collector
+            mine = sorted(lane.router.samples_on(iid), key=lambda sid: (col.progress(sid), sid))[:excess]
+            if mine:
+                out = await self.take_back(lane.st, iid, mine, with_kv=False)
+                lane.router.requeue(out.moved, failed=False)
+                excess -= len(mine)
+
+    def _router(self, st: StepState | None) -> Router:
+        """The router of a step: a step ahead's own, or the running step's."""
+        return self.router if st is None or st.router is None else st.router
+
+    @property
+    def ahead(self) -> StepsAhead | None:
+        """Bounded staleness: the steps ahead (controller.ahead), as the engine table holds them."""
+        return self.table.ahead
 
     async def take_back(self, st: StepState, iid: str, sids: Sequence[int], *, with_kv: bool = True) -> Outcome:
         """Export samples from a live instance into the collector; Outcome.moved holds the
@@ -80,6 +121,7 @@ class SampleMover:
 
     def _absorb(self, st: StepState, iid: str, sids: Sequence[int], states, out: Outcome) -> None:
         col, kind, version = st.collector, self.table.get(iid).kind, self.registry.get(iid).weight_version
+        router = self._router(st)
         wanted, seen = set(sids), set()
         for state in states:
             sid = state.sample_id
@@ -91,28 +133,29 @@ class SampleMover:
             if col.tokens > was:
                 st.progressed(iid, kind, col.tokens - was, self.clock.now())
             if col.finished(sid):
-                self.router.finish(sid)
-                out.finished.append(sid)
+                router.finish(sid)
+                if st.router is None:
+                    out.finished.append(sid)
                 continue
             st.meter.moved(len(state.output_ids), 0)
-            self.router.unassign(sid)
+            router.unassign(sid)
             out.moved.append(sid)
 
     async def _recover_missing(self, st: StepState, iid: str, missing: Sequence[int], out: Outcome) -> None:
         """Samples an export did not return: normally finished since the last poll, which then
         delivers them; any the engine no longer has resume from what was collected."""
-        col = st.collector
+        col, router = st.collector, self._router(st)
         lost = [s for s in missing if not col.finished(s)]
         if lost and iid in self.table:
             try:
                 res = await self.table.guard(self.table.get(iid).adapter.poll())
             except Exception as exc:
                 res = exc
-            await self.intake.take_poll(st, iid, res, len(self.router.samples_on(iid)), out)
+            await self.intake.take_poll(st, iid, res, self.table.held_on(iid), out)
         # a lost instance has requeued (and charged) its samples already: charge each once
-        lost = [s for s in lost if not col.finished(s) and self.router.owner(s) == iid]
+        lost = [s for s in lost if not col.finished(s) and router.owner(s) == iid]
         if lost:
-            self.router.requeue(lost, failed=True)
+            router.requeue(lost, failed=True)
             st.meter.resumes += len(lost)
 
     # -- sending samples to an instance --------------------------------------------------------
@@ -120,13 +163,18 @@ class SampleMover:
     async def send(self, st: StepState, iid: str, sids: Sequence[int]) -> Outcome:
         """Start samples on an instance: with their KV pages where a compatible source holds
         them, else by re-prefill of their collected tokens."""
-        out = Outcome()
+        out, router = Outcome(), self._router(st)
         rec = self.registry.get(iid)
         if iid not in self.table or rec is None or rec.ended:
-            self.router.requeue(sids, failed=False)
+            router.requeue(sids, failed=False)
             return out
+        if st.router is None and self.ahead:  # the running step's samples come first
+            await self.make_room(iid, self.table.held_on(iid) + len(sids) - rec.info.capacity)
+            if iid not in self.table:
+                router.requeue(sids, failed=False)
+                return out
         for sid in sids:
-            self.router.assign(sid, iid)
+            router.assign(sid, iid)
         plain, by_ticket = [], {}
         for sid in sids:
             held = self.table.take_held(sid)
@@ -175,22 +223,22 @@ class SampleMover:
 
     async def _refused_pages(self, st: StepState, src: str, ticket: Any, group: list[int], out: Outcome) -> None:
         """A target refused KV pages: resume them on their source when it may keep them."""
-        rec, slot = self.registry.get(src), self.table.get(src)
-        room = rec is not None and rec.info.capacity - len(self.router.samples_on(src)) >= len(group)
+        rec, slot, router = self.registry.get(src), self.table.get(src), self._router(st)
+        room = rec is not None and rec.info.capacity - self.table.held_on(src) >= len(group)
         may_keep = (slot is not None and room and rec.state == ACTIVE and self.registry.version_ok(rec.weight_version)
                     and (rec.kind != "reserved" or st.window_open))
         if may_keep:
             try:
                 await self.table.guard(slot.adapter.handoff_take_back(ticket, group))
                 for sid in group:
-                    self.router.assign(sid, src)
+                    router.assign(sid, src)
                 return
             except RolloutError:
                 pass  # the source cannot take them either: start them again from their tokens
             except Exception as exc:
                 out.add_loss(self.table.lose(src, f"handoff_take_back() failed: {exc!r}"))
         await self._release(src, ticket, group)
-        self.router.requeue(group, failed=False)
+        router.requeue(group, failed=False)
 
     async def _submit(self, st: StepState, iid: str, sids: Sequence[int], out: Outcome) -> None:
         """Start samples from their collected tokens (re-prefill); a refusal is not a loss."""
@@ -218,15 +266,15 @@ class SampleMover:
         was stale (e.g. it has loaded a newer version) the samples are simply queued again;
         otherwise each is tried alone, and those it refuses are never offered to it again
         this step (the step fails, naming them, if no instance will take them)."""
-        version = self.registry.get(iid).weight_version
+        version, router = self.registry.get(iid).weight_version, self._router(st)
         load = await self._alive(iid, why, out)
         if load is None:
             return
         if load.weight_version != version or not self._routable(iid):
-            self.router.requeue(sids, failed=False)
+            router.requeue(sids, failed=False)
             return
         if len(sids) == 1:
-            self.router.refuse(sids[0], iid, str(why))
+            router.refuse(sids[0], iid, str(why))
             return
         col, slot = st.collector, self.table.get(iid)
         for sid in sids:
@@ -234,7 +282,7 @@ class SampleMover:
             try:
                 await self.table.guard(slot.adapter.submit([state]))
             except RolloutError as exc:
-                self.router.refuse(sid, iid, str(exc))
+                router.refuse(sid, iid, str(exc))
                 continue
             except Exception as exc:
                 out.add_loss(self.table.lose(iid, f"submit() failed: {exc!r}"))
@@ -291,12 +339,14 @@ class SampleMover:
                 continue
             for sid in sids:
                 self.router.unassign(sid)
-        for src, ticket, sids in self.table.take_all_held():
+        for src, ticket, sids in self.table.take_all_held(st.collector):
             await self._release(src, ticket, sids)
         return out
 
     async def retire(self, st: StepState | None, iid: str) -> Outcome:
         """Let a drained instance go: mark it gone, handle its last answer, close its engine."""
+        if iid in self.table and self.ahead:
+            await self._evacuate_ahead(iid, restart=self.config.migration == "recompute")
         self.registry.mark_gone(iid, "drained after a preemption notice")
         out = await self.intake.settle(st, iid)
         await self.table.close_engine(iid)

@@ -10,13 +10,16 @@ simulated engines, so both take the same decisions by the same code.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from rlboost.controller.clock import Clock
 from rlboost.controller.decisions import AskForReserved, CloseWindow, FailStep, ReopenWindow, RolloutDone, StepDecisions
 from rlboost.controller.registry import Registry
 from rlboost.controller.router import Router
 from rlboost.controller.step import Outcome, StepState
+
+if TYPE_CHECKING:
+    from rlboost.controller.ahead import StepsAhead
 
 
 class Mover(Protocol):
@@ -106,6 +109,43 @@ class StepRound:
             out = self.note(await self.mover.take_back(st, m.source, m.sample_ids))
             if out.moved:
                 self.note(await self.mover.send(st, m.target, out.moved))
+
+    async def place_ahead(self, st: StepState | None, ahead: StepsAhead,
+                          open_next: Callable[[bool], bool] | None = None) -> None:
+        """Bounded staleness: the steps ahead's prompts to free slots (controller.ahead's
+        schedule), once the running step has nothing waiting for a slot; lanes in step order,
+        a later one only once every earlier one's prompts are placed. open_next(reserved)
+        opens the next lane if the schedule allows one now and says whether it did (None:
+        the driver opens lanes itself, by starting steps ahead)."""
+        # the reserved engines only while the running step's window is open and the trainer has
+        # not been handed them (a rollout that finished inside the window hands them over open)
+        reserved = st is not None and st.window_open and not st.handed_over and not st.ending
+        if not reserved:
+            await self._leave_reserved(ahead)
+        if st is not None and self.router.queued:
+            return
+        held = ahead.held([self.router] if st is not None else [])
+        i = 0
+        while True:
+            if i == len(ahead) and (open_next is None or not open_next(reserved)):
+                return
+            lane = ahead[i]
+            if lane.router.queued:
+                for a in ahead.dispatch(lane, ahead.views(lane, held, reserved)):
+                    self.note(await self.mover.send(lane.st, a.instance_id, a.sample_ids))
+                if lane.router.queued:
+                    return  # later steps wait until this one's prompts have all started
+            held.update(ahead.held([lane.router]))
+            i += 1
+
+    async def _leave_reserved(self, ahead: StepsAhead) -> None:
+        """The reserved engines are the trainer's: the steps ahead's samples leave them."""
+        for rec in self.registry.live():
+            if rec.kind != "reserved" or rec.instance_id not in self.table:
+                continue
+            for lane in ahead:
+                if lane.router.samples_on(rec.instance_id):
+                    self.note(await self.mover.evacuate(lane.st, rec.instance_id))
 
     def check(self, st: StepState) -> None:
         action = self.decisions.check(st)

@@ -101,6 +101,13 @@ class Router:
         self.failures: Counter[int] = Counter()
         self._refused: dict[int, dict[str, str]] = {}  # sample -> {instance: why it refused it}
 
+    def take_over(self, other: Router) -> None:
+        """Hold another router's step from now (a step ahead becomes the running one): its
+        queue, assignments, retry budgets and refusals; `other` is left empty."""
+        self._queue, self._owner, self._by_instance = other._queue, other._owner, other._by_instance
+        self.failures, self._refused = other.failures, other._refused
+        other.begin_step(())
+
     # -- bookkeeping -------------------------------------------------------------------------
 
     def owner(self, sample_id: int) -> str | None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from rlboost.controller.adapters import EngineAdapter
+from rlboost.controller.ahead import StepsAhead
 from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.decisions import StepDecisions
@@ -42,7 +43,8 @@ class RolloutService:
     stops it. Per step: start_step() -> wait_window_closed() -> next_microbatch() until a
     micro-batch has last=True -> end_step(); lend_reserved() when reserved_needed() (see
     lifecycle.StepLifecycle). Between steps: set_weight_version(). Bounded staleness:
-    start_step(ahead=True), set_weight_version() mid-step, join_reserved().
+    start_step(ahead=True) (while a step runs, up to max_staleness steps wait in lanes whose
+    prompts take free slots: controller.ahead), set_weight_version() mid-step, join_reserved().
     """
 
     def __init__(self, config: ControllerConfig | None = None, *, clock: Clock,
@@ -66,6 +68,11 @@ class RolloutService:
         self.round = StepRound(clock, decisions=self.decisions, registry=self.registry, router=self.router,
                                table=self.table, mover=self.mover, note=self.steps.note, fail=self.steps.fail,
                                wake=self.signal.wake)
+        self.intake.running = lambda: self.steps.current
+        if cfg.max_staleness:  # the steps started ahead of the running one, and where their prompts go
+            self.table.ahead = self.decisions.ahead = self.steps.ahead = StepsAhead(
+                cfg.max_staleness, registry=self.registry, table=self.table, router=cfg.router, lengths=self.lengths,
+                poll_interval_s=cfg.poll_interval_s)
         self._task: asyncio.Task | None = None
         self._renew: dict[str, Callable[[Lease], Any]] = {}  # instance -> how its new leases reach it
         self._pushed = self.registry.current_version  # the version the instances were last told of
@@ -114,6 +121,8 @@ class RolloutService:
             await self.round.drain_due(self.steps.current)
             if (st := self.steps.current) is not None:
                 await self.round.run(st)
+            if self.steps.ahead:
+                await self.round.place_ahead(self.steps.current, self.steps.ahead)
             self._first_samples()
         self._push_leases()
         self.signal.wake()
@@ -122,7 +131,7 @@ class RolloutService:
         """The first samples the controller holds on each preemptible instance: an event."""
         for rec in self.registry.live():
             if rec.kind == "preemptible" and not rec.served:
-                if held := len(self.router.samples_on(rec.instance_id)):
+                if held := self.table.held_on(rec.instance_id):
                     self.registry.served(rec.instance_id, held)
 
     def _push_leases(self) -> None:
@@ -188,7 +197,7 @@ class RolloutService:
         """Whether the controller holds samples on the instance within timeout_s (answered
         as soon as it does)."""
         deadline = self.clock.now() + timeout_s
-        while not self.router.samples_on(instance_id):
+        while not self.table.held_on(instance_id):
             if self.signal.expired(deadline):
                 return False
             await self.signal.wait(deadline)

@@ -25,7 +25,7 @@ Pure rules, no I/O; the controller, the trainer and the simulator share them. AP
   any token outside the window.
 - ``staleness_histogram(step, n, samples) -> tuple[int, ...]``: tokens at lag 0..n over
   `samples`, an iterable of ``(changes, length)``; a token outside the window raises
-  StaleSampleError.
+  StaleSampleError. ``largest_lag(histogram)``: the largest lag with a token (0 if none).
 """
 
 from __future__ import annotations
@@ -152,3 +152,8 @@ def staleness_histogram(step: int, n: int, samples: Iterable[tuple[VersionChange
         for version, tokens in _lag_tokens(changes, length):
             counts[step - version] += tokens
     return tuple(counts)
+
+
+def largest_lag(histogram: Iterable[int]) -> int:
+    """The largest lag at which a staleness histogram holds tokens (0 when it holds none)."""
+    return max((lag for lag, tokens in enumerate(histogram) if tokens), default=0)

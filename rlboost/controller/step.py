@@ -21,7 +21,7 @@ class StepState:
     """
 
     __slots__ = ("collector", "meter", "window_open", "handed_over", "reserved_needed", "need_announced",
-                 "failure", "last_progress", "delivered_last", "ending", "ahead")
+                 "failure", "last_progress", "delivered_last", "ending", "ahead", "router")
 
     def __init__(self, collector: Collector, meter: StepMeter):
         self.collector, self.meter = collector, meter
@@ -34,6 +34,7 @@ class StepState:
         self.delivered_last = False
         self.ending = False  # end_step() has begun: nothing new is placed
         self.ahead = False  # started ahead (bounded staleness): the reserved instances have not joined yet
+        self.router = None  # a step ahead's own Router (controller.ahead); None: the controller's
 
     def start_ahead(self) -> None:
         """The step starts while the trainer still trains the one before: the reserved

@@ -232,29 +232,32 @@ def launch_failure(exc: Exception, cluster: Cluster | None, run: RunDirectory, s
 
 def train_step(cluster: Cluster, feed: TaskFeed, step: int, config: RunConfig) -> dict:
     """One step with weight version `step`; publishes version step + 1. With bounded
-    staleness (controller.max_staleness >= 1) the next step's rollout starts ahead, on the
-    preemptible instances, as soon as this step's last micro-batch is taken."""
+    staleness (controller.max_staleness N >= 1) up to N later steps are in rollout too (their
+    prompts take free slots once this step's are all placed), and the next one becomes the
+    running step as soon as this step's last micro-batch is taken."""
     phases = Phases()
     staleness = config.controller.max_staleness
     with phases("pull"):  # the reserved engines load the version this step samples from
         cluster.wait_for_weights(step)
     with phases("rollout"):  # the local window: reserved engines roll out, then hand over
-        if cluster.started_ahead == step:
-            cluster.join_reserved()
+        if step in cluster.started_ahead:
+            cluster.join_reserved(step)
         else:
             cluster.start_rollout(step, feed.groups(step))
+        for later in range(step + 1, min(step + staleness, config.run.steps) + 1):  # N steps in flight
+            if later not in cluster.started_ahead:  # the same prompts, in the same order, as a strict run's
+                cluster.start_rollout(later, feed.groups(later), ahead=True)
         cluster.wait_window_closed()
     ended = []
 
-    def start_next() -> None:  # the same prompts, in the same order, as a strict run draws
+    def end_early() -> None:  # the next step's rollout becomes the running one while this trains
         ended.append(cluster.end_rollout())
-        cluster.start_rollout(step + 1, feed.groups(step + 1), ahead=True)
     with phases("train"):  # micro-batches of complete groups, as they arrive
         outcome = train_streaming(
             cluster.trainer, cluster.next_microbatch, feed.score, version=step,
             group_size=config.task.group_size, pad_id=feed.tokenizer.pad_id, grpo=config.grpo,
             timeout_s=config.run.microbatch_timeout_s, max_staleness=staleness,
-            on_last=start_next if staleness and step < config.run.steps else None)
+            on_last=end_early if staleness and step < config.run.steps else None)
     rollout = ended[0] if ended else cluster.end_rollout()
     with phases("publish"):  # gathered bucket by bucket into the staging area, then served
         published = cluster.publish(step + 1)

@@ -82,7 +82,7 @@ class Cluster:
         self.rendezvous: Path | None = None  # the file rendezvous, removed at close
         self.controller = self.trainer = self.fleet = None
         self.injections: dict[int, list[str]] = {}
-        self.started_ahead: int | None = None  # the step whose rollout started during the last one's training
+        self.started_ahead: set[int] = set()  # steps whose rollout started while an earlier one ran
         for item in config.cluster.inject:
             kind, step = parse_injection(item)
             self.injections.setdefault(step, []).append(kind)
@@ -156,17 +156,18 @@ class Cluster:
 
     def start_rollout(self, step: int, groups: list, ahead: bool = False) -> float:
         """Hand the step's groups to the controller (samples must come from version `step`;
-        ahead: from version step - max_staleness on, the step started while the trainer
-        still trains the one before)."""
+        ahead: from version step - max_staleness on, the step started while an earlier one
+        runs; its prompts take free slots once every earlier step's are placed)."""
         planned = ray.get(self.controller.start_step.remote(step, groups, step, ahead))
-        self.started_ahead = step if ahead else None
+        if ahead:
+            self.started_ahead.add(step)
         for kind in self.injections.get(step, ()):
             self._inject(kind)
         return planned
 
-    def join_reserved(self) -> float:
+    def join_reserved(self, step: int) -> float:
         """The reserved engines hold the version of the step started ahead: they join its rollout."""
-        self.started_ahead = None
+        self.started_ahead.discard(step)
         return ray.get(self.controller.join_reserved.remote())
 
     def wait_window_closed(self) -> None:

@@ -19,6 +19,7 @@ from typing import Iterator
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.instance import PullRecord
 from rlboost.controller.metrics import StepMetrics
+from rlboost.controller.staleness import largest_lag
 from rlboost.trainer.loop import StepOutcome
 
 
@@ -65,7 +66,8 @@ def step_record(step: int, outcome: StepOutcome, rollout: StepMetrics, phases: P
         "samples_trained": outcome.samples,
         "samples_unique": outcome.unique_samples, "sample_versions": sorted(outcome.versions),
         "microbatches": outcome.microbatches,
-        **({"staleness_tokens": list(outcome.staleness)} if outcome.staleness else {}),
+        **({"staleness_tokens": list(outcome.staleness), "largest_lag": largest_lag(outcome.staleness)}
+           if outcome.staleness else {}),
         "response_tokens": outcome.denominator, **outcome.train, **_responses(outcome),
         "step_wall_s": phases.total, "elapsed_s": elapsed_s,
         "cost_usd": cost.total_usd, "reserved_usd": cost.reserved_usd, "tokens_billed": cost.tokens,

@@ -7,13 +7,12 @@ the simulator's (sim.mover: moves on simulated schedules, a sample's tokens coun
 materialized), and the trainer's side ends and learns from a step as StepLifecycle does.
 
 With controller.max_staleness N >= 1 steps ahead of the running one are in rollout too (a
-lane each: its own collector and router), on whatever version an instance holds, if the
-rules of controller.staleness let it start that step. When a lane opens is spec.lookahead:
-after_rollout (what the controller's StepLifecycle does: the next step starts ahead once
-the trainer has taken the running step's last micro-batch, on preemptible instances only)
-or free_slots (a what-if: once nothing of the running step waits for a slot, any free slot
-takes the next steps' prompts, up to N steps ahead, the reserved instances' too while their
-window is open). The running step's samples always come first: one that needs a slot takes
+lane each: its own collector and router), placed by the controller's schedule
+(controller.ahead, through StepRound.place_ahead): spec.lookahead picks free_slots (any free
+slot takes the next steps' prompts once the running step's are all placed, up to N steps
+ahead, the reserved instances' too while their window is open) or after_rollout (one step
+ahead, once the trainer has taken the running step's last micro-batch, on preemptible
+instances only). The running step's samples always come first: one that needs a slot takes
 it from the latest lane's samples.
 """
 
@@ -24,8 +23,9 @@ import math
 from collections import Counter
 from typing import Callable
 
+from rlboost.controller.ahead import StepsAhead
 from rlboost.controller.clock import Clock
-from rlboost.controller.decisions import Move, StepDecisions
+from rlboost.controller.decisions import StepDecisions
 from rlboost.controller.estimates import LengthModel
 from rlboost.controller.lifecycle import learn
 from rlboost.controller.metrics import StepMeter, StepMetrics
@@ -37,7 +37,7 @@ from rlboost.controller.router import Router
 from rlboost.controller.step import StepState
 from rlboost.sim.ablations import without_memory
 from rlboost.sim.collector import SimCollector
-from rlboost.sim.lanes import Lanes, count_lags
+from rlboost.sim.lags import count_lags
 from rlboost.sim.mover import SimMover
 from rlboost.sim.nodes import SimNode, SimTable
 from rlboost.sim.spec import SimSpec
@@ -59,15 +59,6 @@ class _CachedViews(StepDecisions):
         views = super()._views(st)
         self._cache = None if any(v.time_left_s is not None for v in views) else (key, views)
         return views
-
-    def busy_ahead(self, iid: str) -> bool:
-        """Whether the instance holds samples of steps ahead (the SimController tells)."""
-        return False
-
-    def steal(self, st: StepState) -> list[Move]:
-        """StepDecisions' steals, but none onto an instance that holds later steps' samples:
-        its rate there is shared with samples the running step's router does not count."""
-        return [m for m in super().steal(st) if not self.busy_ahead(m.target)]
 
 
 class SimController:
@@ -96,8 +87,10 @@ class SimController:
         self._round_at = 0.0  # when the last round ran (what it collected survives a loss)
         self.poll_s = spec.round_s or cfg.poll_interval_s
         self.step_no = 0  # the step the trainer is on (its rollout may be over)
-        self.ahead = Lanes(self.max_staleness, spec.steps, self.registry, table, cfg.router, cfg.poll_interval_s)
-        self.decisions.busy_ahead = lambda iid: any(lane.router.samples_on(iid) for lane in self.ahead)
+        self.ahead = StepsAhead(self.max_staleness, registry=self.registry, table=table, router=cfg.router,
+                                lengths=self.lengths, poll_interval_s=cfg.poll_interval_s, schedule=spec.lookahead,
+                                last_step=spec.steps)
+        self.decisions.ahead = self.ahead
         self.mover = SimMover(self)
         self.round = StepRound(clock, decisions=self.decisions, registry=self.registry, router=self.router,
                                table=table, mover=self.mover, note=lambda out: out, fail=self._fail,
@@ -182,6 +175,7 @@ class SimController:
             self.router = self.decisions.router = self.round.router = lane.router
             self.decisions.stamp += 1
             self.st, meter = lane.st, lane.st.meter
+            self.st.router = None  # the controller's router now (the lane's own)
             self.st.join_reserved(self.clock.now())
         else:
             meter = StepMeter(step=step, weight_version=step, started_at=self.clock.now())
@@ -236,30 +230,18 @@ class SimController:
         return (lane.st, lane.router) if lane is not None else None
 
     def _ahead_round(self) -> None:
-        """Free slots take the next steps' prompts once the running step has nothing waiting
-        for one (the reserved instances' only while its window is open)."""
-        st = self.st
-        if st is not None and (self.router.queued or (self.spec.lookahead == "after_rollout"
-                                                      and not st.collector.all_taken)):
-            return
-        reserved = self.spec.lookahead == "free_slots" and st is not None and st.window_open and not st.ending
-        held = Counter() if st is None else Counter({iid: len(self.router.samples_on(iid)) for iid in self.table.nodes})
-        for i in range(len(self.ahead) + 1):
-            if i == len(self.ahead) and (self.make_collector is None or (i and self.spec.lookahead == "after_rollout")
-                                         or not self.ahead.open_next(self.step_no, self.make_collector, reserved)):
-                return
-            lane = self.ahead[i]
-            if lane.router.queued:
-                col = lane.st.collector
-                remaining = (lambda c: lambda sid: self.lengths.expected_remaining(c.progress(sid), c.max_new(sid)))(col)
-                budget = (lambda c: lambda sid: c.max_new(sid) - c.progress(sid))(col)
-                views = self.ahead.views(lane, held, reserved)
-                for a in lane.router.dispatch(views, remaining, col.max_length, budget, col.position):
-                    self.mover.put_on(lane.st, a.instance_id, a.sample_ids, router=lane.router)
-                if lane.router.queued:
-                    return  # later steps wait until this one's prompts have all started
-            for iid in self.table.nodes:
-                held[iid] += len(lane.router.samples_on(iid))
+        """The controller's schedule of the steps ahead (StepRound.place_ahead); the simulated
+        driver opens the next step's lane whenever the schedule allows it."""
+        run_now(self.round.place_ahead(self.st, self.ahead, self._open_next))
+
+    def _open_next(self, reserved: bool) -> bool:
+        st, ahead = self.st, self.ahead
+        taken = st is None or st.collector.all_taken
+        if self.make_collector is None or not ahead.may_open(self.step_no, reserved, taken):
+            return False
+        step = ahead.next_step(self.step_no)
+        ahead.open(step, self.make_collector(step), self.clock.now())
+        return True
 
     def trained(self, batch) -> None:
         """The trainer takes a micro-batch of the running step: every token's version must be

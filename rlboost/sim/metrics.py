@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from rlboost.controller.staleness import largest_lag
 from rlboost.sim.simulator import SimResult
 
 
@@ -24,7 +25,7 @@ def staleness_fields(lags: tuple[int, ...], block: int) -> dict:
         return {}
     total = sum(lags)
     return {"staleness_tokens": [n * block for n in lags],
-            "stale_share": round(1.0 - lags[0] / total, 4) if total else 0.0}
+            "stale_share": round(1.0 - lags[0] / total, 4) if total else 0.0, "largest_lag": largest_lag(lags)}
 
 
 @dataclass(frozen=True, slots=True)

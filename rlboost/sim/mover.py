@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+from rlboost.controller.ahead import StepsAhead
 from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.continuation import from_prompt, trim_resumed
@@ -24,7 +25,6 @@ from rlboost.controller.estimates import LengthModel
 from rlboost.controller.registry import GONE, Registry
 from rlboost.controller.router import Router
 from rlboost.controller.step import Outcome, StepState
-from rlboost.sim.lanes import Lanes
 from rlboost.sim.nodes import SimNode, SimTable
 from rlboost.sim.spec import SimSpec
 
@@ -39,9 +39,10 @@ class SimParts(Protocol):
     table: SimTable
     registry: Registry
     router: Router
+    st: StepState | None  # the running step
     decisions: StepDecisions
     lengths: LengthModel
-    ahead: Lanes
+    ahead: StepsAhead
 
     def lane_of(self, sid: int) -> tuple[StepState, Router] | None: ...
 
@@ -57,10 +58,14 @@ class SimMover:
 
     async def evacuate(self, st: StepState, iid: str) -> Outcome:
         """Every sample of the running step off the instance (queued again), then those of the
-        steps ahead."""
+        steps ahead; or, for a step ahead's state, that step's samples alone."""
         node, cfg = self.ctl.table.nodes.get(iid), self.ctl.config
         preemptible = node is not None and node.kind == "preemptible"
         restart = node is not None and from_prompt(node.kind, seeding=cfg.seeding, migration=cfg.migration)
+        lane = self.ctl.ahead.holding(st) if st is not self.ctl.st else None
+        if lane is not None:  # a step ahead's samples alone
+            return Outcome(moved=self.take_off(st, iid, lane.router.samples_on(iid), router=lane.router,
+                                               restart=self.recompute and preemptible))
         moved = self.take_off(st, iid, self.ctl.router.samples_on(iid), restart=restart)
         for lane in self.ctl.ahead:
             self.take_off(lane.st, iid, lane.router.samples_on(iid), router=lane.router,
@@ -71,7 +76,9 @@ class SimMover:
         return Outcome(moved=self.take_off(st, iid, sids, requeue=False))
 
     async def send(self, st: StepState, iid: str, sids: Sequence[int]) -> Outcome:
-        self.put_on(st, iid, sids)
+        """Start samples of the running step, or of a step ahead (in its lane's router)."""
+        lane = self.ctl.ahead.holding(st) if st is not self.ctl.st else None
+        self.put_on(st, iid, sids, router=lane.router if lane is not None else None)
         return Outcome()
 
     async def retire(self, st: StepState | None, iid: str) -> Outcome:

@@ -18,7 +18,7 @@ from rlboost.trainer.emulated import TrainerTiming
 from rlboost.transfer.config import TransferConfig
 from rlboost.validate import require
 
-LOOKAHEADS = ("after_rollout", "free_slots")
+LOOKAHEADS = ("free_slots", "after_rollout")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,12 +44,13 @@ class SimSpec:
     prompt_tokens: int
     steps: int
     seed: int = 0
-    lookahead: str = "after_rollout"
-    """with controller.max_staleness >= 1, when the next step's rollout starts:
-    after_rollout (as the controller does: once the trainer has taken the running step's last
-    micro-batch, on preemptible instances) or free_slots (a what-if: on any free slot once
-    nothing of the running step waits, up to max_staleness steps ahead, the reserved
-    instances' too while their window is open); see sim.controller"""
+    lookahead: str = "free_slots"
+    """with controller.max_staleness >= 1, the controller's schedule of the steps ahead
+    (controller.ahead): free_slots (what the controller runs: any free slot takes the next
+    steps' prompts once every earlier step's are placed, up to max_staleness steps ahead, the
+    reserved instances' too while their window is open) or after_rollout (a peer: one step
+    ahead, once the trainer has taken the running step's last micro-batch, on preemptible
+    instances); see sim.controller"""
     round_s: float | None = None
     """seconds between the simulated controller's rounds (None: controller.poll_interval_s, as
     the real loop); a coarser grid trades reaction time for speed at hundreds of instances"""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rlboost.controller.records import CompletedGroup, MicroBatch, PromptGroup
+from rlboost.controller.staleness import MAX_STALENESS
 from rlboost.migration.state import SamplingParams
 from rlboost.models.hf import eos_token_ids, read_hf_config
 from rlboost.models.tokenizers import load_tokenizer
@@ -62,9 +63,12 @@ class TaskFeed:
         self._problems: dict[int, Problem] = {}
 
     def groups(self, step: int) -> list[PromptGroup]:
-        """The step's prompt groups (and remember their problems for scoring)."""
+        """The step's prompt groups (and remember their problems for scoring, with those of
+        the steps around it: with bounded staleness later steps' groups are drawn while
+        earlier ones are still scored)."""
         problems = self.task.problems(self.groups_per_step, seed=self._seed(step, 0))
-        self._problems = {}
+        self._problems = {g: p for g, p in self._problems.items()
+                          if abs(g // GROUPS_PER_STEP_LIMIT - step) <= MAX_STALENESS}
         out = []
         for i, problem in enumerate(problems):
             gid = step * GROUPS_PER_STEP_LIMIT + i

@@ -84,12 +84,16 @@ class FakeEngineTable:
         self.slots: dict[str, EngineSlot] = {}
         self.held: dict[int, tuple[str, Any]] = {}
         self.losses: list[Loss] = []
+        self.ahead = None  # no steps ahead (strict on-policy)
 
     def add(self, instance_id: str, kind: str, engine: FakeEngine, rates: RateModel | None = None) -> None:
         self.slots[instance_id] = EngineSlot(engine, rates or RateModel(30.0, 1000.0), kind, 0.0)
 
     def __contains__(self, instance_id: str) -> bool:
         return instance_id in self.slots
+
+    def held_on(self, instance_id: str) -> int:
+        return len(self.router.samples_on(instance_id))
 
     def get(self, instance_id: str) -> EngineSlot | None:
         return self.slots.get(instance_id)
@@ -118,11 +122,12 @@ class FakeEngineTable:
     def take_held(self, sample_id: int):
         return self.held.pop(sample_id, None)
 
-    def take_all_held(self):
+    def take_all_held(self, of=None):
         by_ticket: dict[int, tuple[str, Any, list[int]]] = {}
-        for sid, (src, ticket) in self.held.items():
-            by_ticket.setdefault(id(ticket), (src, ticket, []))[2].append(sid)
-        self.held.clear()
+        for sid, (src, ticket) in list(self.held.items()):
+            if of is None or sid in of:
+                by_ticket.setdefault(id(ticket), (src, ticket, []))[2].append(sid)
+                del self.held[sid]
         return list(by_ticket.values())
 
     def lose(self, instance_id: str, reason: str) -> Loss | None:

@@ -29,11 +29,11 @@ def _args(steps: int) -> argparse.Namespace:
 def test_the_staleness_rows_are_named_and_configured():
     table = _table()
     assert len(table.STALENESS_ROWS) == 16
-    config = table.row_config("free slots, staleness 2, 3 inst.", _args(4))
+    config = table.row_config("after rollout, staleness 2, 3 inst.", _args(4))
     assert config.controller.max_staleness == 2 and config.cluster.max_preemptible == 3
     assert table.staleness_rows((4,)) == ("reserved only", "rlboost, 4 instances", "rlboost, staleness 1, 4 inst.",
-                                          "rlboost, staleness 2, 4 inst.", "free slots, staleness 1, 4 inst.",
-                                          "free slots, staleness 2, 4 inst.")
+                                          "rlboost, staleness 2, 4 inst.", "after rollout, staleness 1, 4 inst.",
+                                          "after rollout, staleness 2, 4 inst.")
 
 
 @pytest.mark.parametrize("lookahead", ["after_rollout", "free_slots"])

@@ -16,7 +16,7 @@ from rlboost.controller.staleness import accepted_versions, token_versions
 from rlboost.errors import StaleSampleError
 from rlboost.recipes.paper_qwen3_8b import PROMPT_TOKENS, paper_qwen3_8b
 from rlboost.sim.collector import SimCollector, SimGroup
-from rlboost.sim.lanes import count_lags
+from rlboost.sim.lags import count_lags
 from rlboost.sim.metrics import summarize
 from rlboost.sim.report import step_record
 from rlboost.sim.simulator import Simulator

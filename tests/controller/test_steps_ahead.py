@@ -1,0 +1,286 @@
+"""The free-slots schedule of bounded staleness in the controller (controller.ahead): with
+max_staleness N the driver keeps up to N later steps in flight; their prompts take free slots
+once every earlier step's are placed, on the version each engine holds; the next step becomes
+the running one as soon as the trainer takes the last micro-batch of the one before; under any
+schedule of notices, deaths and joins every sample completes exactly once with every token
+within the bound."""
+
+import asyncio
+
+from controller_fakes import engine_config, outputs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlboost.controller.ahead import AFTER_ROLLOUT, FREE_SLOTS, StepsAhead
+from rlboost.controller.clock import ManualClock, run_virtual
+from rlboost.controller.config import ControllerConfig
+from rlboost.controller.estimates import LengthModel, RateModel
+from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
+from rlboost.controller.records import InstanceInfo
+from rlboost.controller.registry import Registry, RegistryConfig
+from rlboost.controller.round import StepRound, run_now
+from rlboost.controller.router import Router, RouterConfig
+from rlboost.controller.service import RolloutService
+from rlboost.controller.staleness import accepted_versions, token_versions
+from rlboost.controller.step import Outcome
+from rlboost.rollout.emulated.config import EmulatedEngineConfig
+from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance, make_groups
+from rlboost.sim.collector import SimCollector
+from rlboost.sim.workload import sim_groups
+
+WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
+SHAPE = dict(num_groups=4, group_size=2, prompt_len=3, max_new_tokens=30)
+RESERVED = SimInstance(instance_id="reserved-0", kind="reserved", pull_s=0.0,
+                       engine=engine_config(max_running=4, sample_tokens_per_s=40.0, decode_tokens_per_s=400.0))
+
+
+def spot(name, speed=20.0, pull_s=0.5, capacity=4):
+    return SimInstance(instance_id=name, pull_s=pull_s,
+                       engine=engine_config(max_running=capacity, sample_tokens_per_s=speed,
+                                            decode_tokens_per_s=10 * speed))
+
+
+# -- the rules, on a registry of its own ------------------------------------------------------------
+
+class RatesForTests:
+    """The engine table's two answers the schedule needs: membership and measured rates."""
+
+    def __init__(self, ids):
+        self.ids = set(ids)
+
+    def __contains__(self, iid):
+        return iid in self.ids
+
+    def rates(self, iid):
+        return RateModel(per_sample=50.0, aggregate=100.0)
+
+
+def _lanes(n, schedule=FREE_SLOTS, versions=None):
+    clock = ManualClock()
+    reg = Registry(RegistryConfig(), clock, max_staleness=n)
+    versions = versions or {"reserved-0": 0, "spot-0": 0, "spot-1": 0}
+    for iid, version in versions.items():
+        reg.register(InstanceInfo(instance_id=iid, kind="reserved" if iid.startswith("reserved") else "preemptible",
+                                  capacity=4))
+        reg.heartbeat(iid, version)
+    ahead = StepsAhead(n, registry=reg, table=RatesForTests(versions), router=RouterConfig(), lengths=LengthModel(),
+                       poll_interval_s=0.1, schedule=schedule)
+    return clock, reg, ahead
+
+
+def _collector(step):
+    groups = sim_groups(step, num_groups=2, group_size=2, prompt_len=4, max_new_tokens=8,
+                        engine=EmulatedEngineConfig(), seed=0)
+    return SimCollector(groups, min_samples=2)
+
+
+def test_lanes_open_up_to_the_bound_past_the_published_version():
+    _, reg, ahead = _lanes(2)
+    for step in (1, 2):
+        assert ahead.may_open(0, reserved=False, running_taken=False)
+        ahead.open(ahead.next_step(0), _collector(step), 0.0)
+    assert [lane.step for lane in ahead] == [1, 2]
+    assert not ahead.may_open(0, reserved=True, running_taken=True)  # step 3 is past version 0 + 2
+    reg.set_weight_version(1)
+    assert not ahead.may_open(0, reserved=False, running_taken=False)  # none holds a version step 3 accepts
+    reg.heartbeat("spot-0", 1)
+    assert ahead.may_open(0, reserved=False, running_taken=False)
+
+
+def test_the_after_rollout_schedule_opens_one_lane_once_the_running_step_is_taken():
+    _, _, ahead = _lanes(2, schedule=AFTER_ROLLOUT)
+    assert not ahead.may_open(0, reserved=False, running_taken=False)
+    assert ahead.may_open(0, reserved=False, running_taken=True)
+    ahead.open(1, _collector(1), 0.0)
+    assert not ahead.may_open(0, reserved=False, running_taken=True)
+
+
+def test_only_engines_that_may_start_the_step_take_its_prompts_and_reserved_ones_only_in_the_window():
+    _, reg, ahead = _lanes(1)
+    lane = ahead.open(1, _collector(1), 0.0)
+    held = ahead.held([])
+    assert {v.instance_id for v in ahead.views(lane, held, reserved=True)} == {"reserved-0", "spot-0", "spot-1"}
+    assert {v.instance_id for v in ahead.views(lane, held, reserved=False)} == {"spot-0", "spot-1"}
+    held["spot-0"] = 4  # full with earlier steps' samples
+    assert {v.instance_id for v in ahead.views(lane, held, reserved=False)} == {"spot-1"}
+    # an engine whose version is outside step 2's window with N = 1 never starts it
+    _, reg, ahead = _lanes(1, versions={"spot-0": 0})
+    ahead.open(1, _collector(1), 0.0)
+    assert not ahead.may_open(1, reserved=False, running_taken=False)
+
+
+# -- the schedule in the controller, over emulated engines on virtual time ----------------------------
+
+async def until(clock, cond, what, limit_s=600.0):
+    deadline = clock.now() + limit_s
+    while not cond():
+        assert clock.now() < deadline, f"never happened: {what}"
+        await clock.asleep(0.1)
+
+
+async def train_in_flight(svc, clock, steps, n, train_s, shape=SHAPE, log=None):
+    """The driver's loop with max_staleness n: at each step's start the next n steps are in
+    flight; the step ends as soon as its last micro-batch is taken (the next one runs on), the
+    trainer trains for train_s, publishes, and the reserved instance joins the next step."""
+    groups_for = {s: make_groups(s, **shape) for s in range(steps)}
+    svc.start_step(0, groups_for[0], 0)
+    started, results = {0}, []
+    for step in range(steps):
+        if step and n:
+            await until(clock, lambda: svc.registry.get("reserved-0").weight_version == step, "reserved pulls")
+            svc.join_reserved()
+        elif step:  # strict on-policy: the step starts once its version is published
+            svc.start_step(step, groups_for[step], step)
+        for later in range(step + 1, min(step + n, steps - 1) + 1):
+            if later not in started:
+                svc.start_step(later, groups_for[later], later, ahead=True)
+                started.add(later)
+        if log is not None:
+            log.append((step, {lane.step: len(lane.router.queued) for lane in svc.steps.ahead}))
+        batches = []
+        while not batches or not batches[-1].last:
+            mb = await svc.next_microbatch(30.0)
+            if mb is not None:
+                batches.append(mb)
+        results.append((batches, await svc.end_step()))
+        if step + 1 < steps:
+            await clock.asleep(train_s)  # the trainer trains the step it just took, then publishes
+            svc.set_weight_version(step + 1)
+    return groups_for, results
+
+
+def run(body, **cfg):
+    async def main(clock):
+        config = ControllerConfig(**{**dict(poll_interval_s=0.1, idle_timeout_s=60.0, call_timeout_s=2.0,
+                                            max_staleness=1,
+                                            registry=RegistryConfig(heartbeat_interval_s=0.5, drain_margin_s=1.0)),
+                                     **cfg})
+        svc = RolloutService(config, clock=clock,
+                             window_policy=ReferenceWindowRule(ReferenceWindowConfig(initial_window_s=1.0, floor_s=0)))
+        await svc.start()
+        fleet = EmulatedFleet(svc, clock)
+        try:
+            return await body(svc, clock, fleet)
+        finally:
+            await fleet.close()
+            await svc.close()
+
+    async def guarded(clock):
+        return await asyncio.wait_for(main(clock), WATCHDOG_S)
+    return run_virtual(guarded)
+
+
+def check_steps(groups_for, results, bound):
+    lags = [0] * (bound + 1)
+    for step, (batches, metrics) in enumerate(results):
+        got = outputs(batches)  # asserts no sample is delivered twice
+        assert got.keys() == {sid for g in groups_for[step] for sid in g.sample_ids}
+        window = accepted_versions(step, bound)
+        for mb in batches:
+            for s in (s for g in mb.groups for s in g.samples):
+                changes = s.version_changes or ((0, s.weight_version),)
+                versions = token_versions(changes, len(s.output_ids))
+                assert set(versions) <= set(window)
+                for v in versions:
+                    lags[step - v] += 1
+        assert metrics.gaps == 0 and metrics.duplicates == 0 and [mb.last for mb in batches].count(True) == 1
+    return lags
+
+
+def test_with_staleness_2_two_later_steps_take_free_slots_and_tokens_two_versions_old_are_trained():
+    log = []
+
+    async def body(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        for i in range(3):
+            fleet.spawn(spot(f"spot-{i}"))
+        await clock.asleep(1.0)
+        return await train_in_flight(svc, clock, 5, 2, train_s=6.0, log=log)
+    groups_for, results = run(body, max_staleness=2)
+    lags = check_steps(groups_for, results, 2)
+    assert lags[1] > 0 and lags[2] > 0  # the free slots ran two steps ahead
+    assert all(len(ahead) == 2 for step, ahead in log[:3])  # two steps in flight beside the running one
+    later = [m for _, m in results[1:]]
+    assert all(m.early_tokens > 0 for m in later)  # their rollout began before they became the running step
+
+
+def test_staleness_0_keeps_no_steps_ahead():
+    async def body(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        fleet.spawn(spot("spot-0"))
+        await clock.asleep(1.0)
+        assert svc.steps.ahead is None and svc.table.ahead is None
+        return await train_in_flight(svc, clock, 2, 0, train_s=1.0)
+    groups_for, results = run(body, max_staleness=0)
+    assert check_steps(groups_for, results, 0)[0] == sum(m.total_tokens for _, m in results)
+
+
+@st.composite
+def preemptions(draw):
+    """Spot instances and a schedule of notices (with a grace period), sudden deaths and joins."""
+    names = [f"spot-{i}" for i in range(draw(st.integers(1, 3)))]
+    initial = [spot(n, speed=draw(st.floats(5.0, 40.0)), pull_s=draw(st.floats(0.0, 2.0))) for n in names]
+    events = []
+    for k in range(draw(st.integers(1, 5))):
+        at = draw(st.floats(0.0, 20.0))
+        kind = draw(st.sampled_from(["notice", "death", "join"]))
+        if kind == "join":
+            spec = spot(f"late-{k}", speed=draw(st.floats(5.0, 40.0)))
+            names.append(spec.instance_id)
+            events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
+        else:
+            events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
+                                     grace_s=draw(st.floats(0.0, 8.0))))
+    return initial, events
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedule=preemptions(), train_s=st.floats(0.5, 8.0), bound=st.integers(1, 2))
+def test_under_any_preemption_schedule_nothing_is_lost_or_duplicated_and_every_token_is_within_the_bound(
+        schedule, train_s, bound):
+    initial, events = schedule
+    losses = len({e.instance_id for e in events if e.kind in ("death", "notice")})
+
+    async def body(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        for spec in initial:
+            fleet.spawn(spec)
+        await clock.asleep(0.5)
+        fleet.schedule(events)
+        return await train_in_flight(svc, clock, 4, bound, train_s=train_s)
+    groups_for, results = run(body, max_staleness=bound,
+                              router=RouterConfig(retry_budget=losses, min_steal_gain_s=0.5))
+    check_steps(groups_for, results, bound)
+
+
+class RecordingMoverForTests:
+    """A Mover that starts whatever it is sent (in the lane's router) and records the order."""
+
+    def __init__(self, ahead):
+        self.ahead, self.sent = ahead, []
+
+    async def send(self, st, iid, sids):
+        lane = self.ahead.holding(st)
+        for sid in sids:
+            lane.router.assign(sid, iid)
+        self.sent.append((lane.step, iid, tuple(sids)))
+        return Outcome()
+
+
+def test_a_later_step_takes_no_slot_while_an_earlier_one_has_prompts_waiting():
+    clock, reg, ahead = _lanes(2, versions={"spot-0": 0})  # one engine of 4 slots
+    mover = RecordingMoverForTests(ahead)
+    rnd = StepRound(clock, decisions=None, registry=reg, router=Router(RouterConfig()), table=ahead.table,
+                    mover=mover, note=lambda out: out, fail=lambda exc: None, wake=lambda: None)
+    big = SimCollector(sim_groups(1, num_groups=3, group_size=2, prompt_len=4, max_new_tokens=8,
+                                  engine=EmulatedEngineConfig(), seed=0), min_samples=2)
+    ahead.open(1, big, 0.0)
+    ahead.open(2, _collector(2), 0.0)
+    run_now(rnd.place_ahead(None, ahead))
+    assert {step for step, _, _ in mover.sent} == {1} and sum(len(s) for _, _, s in mover.sent) == 4
+    assert len(ahead[0].router.queued) == 2 and len(ahead[1].router.queued) == 4  # step 2 waits
+    for sid in ahead[0].router.samples_on("spot-0")[:3]:  # three of step 1's finish: step 1's two go first
+        ahead[0].router.finish(sid)
+    run_now(rnd.place_ahead(None, ahead))
+    assert [step for step, _, _ in mover.sent[1:]] == [1, 2]
+    assert not ahead[0].router.queued and len(ahead[1].router.queued) == 3
