@@ -14,6 +14,7 @@ from typing import ClassVar
 from rlboost.cluster.config import ClusterConfig, parse_injection
 from rlboost.cluster.cost import CostConfig
 from rlboost.controller.config import ControllerConfig
+from rlboost.environments.config import EnvironmentConfig
 from rlboost.rollout.config import RolloutConfig
 from rlboost.tasks.config import TaskConfig
 from rlboost.trainer.config import TrainerConfig
@@ -73,6 +74,7 @@ class RunConfig:
 
     model: ModelSource = field(default_factory=ModelSource)
     task: TaskConfig = field(default_factory=TaskConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)

@@ -97,6 +97,8 @@ class Intake:
                 if col.finished(d.sample_id):
                     self.router.finish(d.sample_id)
                     out.finished.append(d.sample_id)
+                elif col.awaiting(d.sample_id):  # an episode's turn ended: its environment answers next
+                    self.router.unassign(d.sample_id)
         if gaps:  # tokens went missing between engine and collector: resume from what we hold
             try:
                 await self.table.guard(slot.adapter.abort(gaps))

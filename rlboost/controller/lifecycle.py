@@ -54,6 +54,7 @@ class StepLifecycle:
         self.lengths, self.policy, self.signal = lengths, policy, signal
         self.tick_lock = asyncio.Lock()  # held by each tick of the loop, and by end_step() between ticks
         self.current: StepState | None = None
+        self.episodes = False  # samples are multi-turn episodes (RolloutService.attach_environments)
 
     def note(self, out: Outcome) -> Outcome:
         """Learn from a move: finished samples' lengths; each lost instance counts as a death
@@ -103,7 +104,7 @@ class StepLifecycle:
         min_samples = cfg.microbatch_min_samples or (groups[0].num_samples if groups else 1)
         collector = Collector(step, groups, weight_version, microbatch_min_samples=min_samples,
                               microbatch_max_samples=cfg.microbatch_max_samples,
-                              max_staleness=cfg.max_staleness)
+                              max_staleness=cfg.max_staleness, episodes=self.episodes)
         meter = StepMeter(step=step, weight_version=weight_version, started_at=self.clock.now())
         self.router.begin_step(collector.sample_ids)
         self.table.forget_held()
