@@ -142,10 +142,14 @@ class Collector:
     def trim(self, sample_id: int, keep: int) -> int:
         """Drop an unfinished sample's tokens past the first `keep` (it regenerates them where it
         resumes: the reference's group continuation); returns how many were dropped. An
-        episode keeps its earlier turns and observations: only its current turn is cut."""
+        episode keeps its earlier turns and observations (only its current turn is cut),
+        unless keep is 0: then it restarts from its prompt, as a whole."""
         p = self._samples[sample_id]
         if p.finish_reason is not None or p.awaiting:
             raise ValueError(f"sample {sample_id} is finished; only unfinished samples are trimmed")
+        if keep <= 0:
+            p.observed.clear()
+            p.turn_ends.clear()
         drop = max(0, len(p.ids) - max(p.turn_start(), keep))
         if drop:
             del p.ids[len(p.ids) - drop:]

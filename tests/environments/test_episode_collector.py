@@ -57,7 +57,18 @@ def test_a_trim_keeps_earlier_turns_and_observations():
     col.take_turn_ends()
     col.observe(0, (7,), done=False)
     col.apply(delta(3, [5, 6]))
-    assert col.trim(0, 0) == 2 and col.progress(0) == 3
+    assert col.trim(0, 1) == 2 and col.progress(0) == 3
+
+
+def test_a_trim_to_the_prompt_restarts_the_episode():
+    col = collector()
+    col.apply(delta(0, [3, 9], "stop"))
+    col.take_turn_ends()
+    col.observe(0, (7,), done=False)
+    col.apply(delta(3, [5, 6]))
+    assert col.trim(0, 0) == 5 and col.progress(0) == 0
+    col.apply(delta(0, [3, 9], "stop"))
+    assert col.turn(0) == (0, (3, 9), "stop")  # the first turn again: the host answers it from its record
 
 
 def test_single_turn_samples_are_unchanged():
