@@ -69,8 +69,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--turn-tokens", type=float, default=750.0, help="mean model tokens of one turn (real tokens)")
     p.add_argument("--tool-s", default="0.5,5.0", help="tool latency range, modelled seconds")
     p.add_argument("--spot", type=int, default=4, help="preemptible instances")
-    p.add_argument("--preempt-every-s", type=float, default=20.0, help="modelled seconds between preemptions")
-    p.add_argument("--replace-s", type=float, default=40.0, help="modelled seconds until a preempted one is replaced")
+    p.add_argument("--preempt-every-s", type=float, default=60.0, help="modelled seconds between preemptions")
+    p.add_argument("--replace-s", type=float, default=60.0, help="modelled seconds until a preempted one is replaced")
     p.add_argument("--grace-s", type=float, default=30.0, help="a notice's grace period, modelled seconds")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
@@ -221,9 +221,12 @@ def ceiling_tokens_per_usd(base: dict, ours: dict) -> float:
 def main() -> int:
     args = parse()
     t0 = time.perf_counter()
-    rows = [figures(args, "reserved only", run(args, spot=0), 0),
-            figures(args, "rlboost (resume from last token)", run(args, spot=args.spot), args.spot),
-            figures(args, "restart the episode", run(args, spot=args.spot, migration="recompute"), args.spot)]
+    rows = []
+    for name, spot, migration in (("reserved only", 0, "continue"),
+                                  ("rlboost (resume from last token)", args.spot, "continue"),
+                                  ("restart the episode", args.spot, "recompute")):
+        rows.append(figures(args, name, run(args, spot=spot, migration=migration), spot))
+        print(f"  ran {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - t0
     print(f"multi-turn episodes: {TURNS} turns, tool {args.tool_s} s, {args.groups}x{args.group_size} per step, "
           f"{args.steps - 1} steps counted; emulated (Qwen3-8B on H100, rlboost.timing), {elapsed:.1f} s wall")
