@@ -19,10 +19,10 @@ from rlboost.run.outcome import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 _BAD_INPUT = (ValueError, OSError, ModuleNotFoundError)
 # Named here rather than imported (the recipes import torch; `rlboost notice` starts in well
 # under a second); tests/test_newcomer.py checks them against rlboost.recipes and the scenarios.
-RECIPES = ("tiny_cpu", "tiny_vllm_cpu", "smollm2_cpu", "qwen3_gpu", "paper_qwen3_8b", "paper_qwen3_14b",
-           "paper_qwen3_32b")
+RECIPES = ("tiny_cpu", "tiny_vllm_cpu", "smollm2_cpu", "tiny_calculator_cpu", "qwen3_gpu", "paper_qwen3_8b",
+           "paper_qwen3_14b", "paper_qwen3_32b")
 RECIPE_HELP = ("tiny_cpu (default: a tiny model learns sums on a CPU), tiny_vllm_cpu (the same on vLLM's CPU build), "
-               "smollm2_cpu (a real 135M model), "
+               "smollm2_cpu (a real 135M model), tiny_calculator_cpu (multi-turn episodes with a calculator tool), "
                "qwen3_gpu (a GPU run with SGLang), paper_qwen3_8b (the RLBoost artifact's Qwen3-8B run, emulated), "
                "paper_qwen3_14b and paper_qwen3_32b (the paper's larger models, same setup)")
 SCENARIOS = ("paper", "paper-trace", "paper-trace-reference", "artifact", "saturation", "sweep", "sweep-14b",

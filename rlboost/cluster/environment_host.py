@@ -15,6 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.environments.config import EnvironmentConfig
 from rlboost.environments.host import EnvironmentHost
+from rlboost.environments.turns import EpisodeHost
 from rlboost.errors import ConfigError
 
 
@@ -37,13 +38,17 @@ def environment_node(nodes: Iterable[Mapping[str, Any]]) -> str:
 
 
 def start_environment_host(config: EnvironmentConfig, *, name: str = "rlboost-environments",
-                           node_id: str | None = None) -> Any:
+                           node_id: str | None = None, tokenizer_dir: str | None = None, chat: bool = False) -> Any:
     """The host as a Ray actor pinned to node_id (None: environment_node of the cluster's
     nodes). Its methods are async: calls from many drivers run concurrently, and its
     environments' steps run on its own worker threads. It asks for no CPU of Ray's (the
-    steps' threads are bounded by config.workers)."""
+    steps' threads are bounded by config.workers). tokenizer_dir: the host speaks token ids
+    with that tokenizer (an EpisodeHost, what a training run's episode driver calls; chat:
+    observations in its chat template)."""
     node_id = node_id or environment_node(ray.nodes())
-    actor = ray.remote(EnvironmentHost).options(
+    cls, extra = (EnvironmentHost, {}) if tokenizer_dir is None else \
+        (EpisodeHost, {"tokenizer_dir": tokenizer_dir, "chat": chat})
+    actor = ray.remote(cls).options(
         num_cpus=0, max_restarts=0, max_concurrency=max(1000, 4 * config.workers),
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-    return actor.remote(config, name=name)
+    return actor.remote(config, name=name, **extra)

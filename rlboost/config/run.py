@@ -14,6 +14,7 @@ from typing import ClassVar
 from rlboost.cluster.config import ClusterConfig, parse_injection
 from rlboost.cluster.cost import CostConfig
 from rlboost.controller.config import ControllerConfig
+from rlboost.environments.config import EnvironmentConfig
 from rlboost.rollout.config import RolloutConfig
 from rlboost.tasks.config import TaskConfig
 from rlboost.trainer.config import TrainerConfig
@@ -73,6 +74,7 @@ class RunConfig:
 
     model: ModelSource = field(default_factory=ModelSource)
     task: TaskConfig = field(default_factory=TaskConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
@@ -116,6 +118,10 @@ class RunConfig:
             require(step <= self.run.steps, "cluster.inject", f"steps within run.steps={self.run.steps}", item)
         if self.cluster.address:
             check_multi_node(self)
+        # an episode's next turn is queued on the running step's router; steps started ahead
+        # have routers of their own, which the episode driver does not feed yet
+        require(not (self.environment.multi_turn and self.controller.max_staleness), "controller.max_staleness",
+                "0 with a multi-turn environment (environment.name)", self.controller.max_staleness)
 
 
 def check_rollout(config: RunConfig) -> None:

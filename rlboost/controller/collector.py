@@ -3,6 +3,10 @@
 Deltas are deduplicated by their start offset and gaps are detected; a prompt group is
 released to the trainer only when all of its samples have finished, in micro-batches of at
 least a configured size (a multiple of the group size, so a group is never split).
+
+A multi-turn step (episodes=True) ends a sample's turn, not the sample, when it stops: the
+sample waits for its environment's answer (awaiting), whose observation tokens are then
+appended to its output, masked as not the model's, before it runs on (Collector.observe).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ APPLIED, DUPLICATE, GAP, FOREIGN = "applied", "duplicate", "gap", "foreign"
 
 
 class _Progress:
-    __slots__ = ("group", "ids", "logprobs", "finish_reason", "min_version", "changes")
+    __slots__ = ("group", "ids", "logprobs", "finish_reason", "min_version", "changes", "turn_ends", "observed",
+                 "awaiting", "turn_reason", "reward")
 
     def __init__(self, group: PromptGroup):
         self.group = group
@@ -29,6 +34,24 @@ class _Progress:
         self.finish_reason: str | None = None
         self.min_version: int | None = None
         self.changes: tuple[tuple[int, int], ...] = ()  # (token index, version) where the version changed
+        self.turn_ends: list[int] = []  # episodes: where each model turn ended (output index)
+        self.observed: list[tuple[int, int]] = []  # episodes: [start, end) of each observation in the output
+        self.awaiting = False  # episodes: the turn ended; its environment's answer is pending
+        self.turn_reason: str | None = None  # episodes: how the last turn ended
+        self.reward: float | None = None  # episodes: the reward the environment gave, if any
+
+    def turn_start(self) -> int:
+        """Where the model's current (or last) turn starts in the output."""
+        return self.observed[-1][1] if self.observed else 0
+
+    def model_mask(self) -> tuple[bool, ...]:
+        """One flag per output token: True where the model wrote it (empty: all of them)."""
+        if not self.observed:
+            return ()
+        mask = [True] * len(self.ids)
+        for start, end in self.observed:
+            mask[start:end] = [False] * (end - start)
+        return tuple(mask)
 
 
 class Collector:
@@ -36,7 +59,7 @@ class Collector:
 
     def __init__(self, step: int, groups: Sequence[PromptGroup], weight_version: int, *,
                  microbatch_min_samples: int, microbatch_max_samples: int | None = None,
-                 max_staleness: int = 0):
+                 max_staleness: int = 0, episodes: bool = False):
         if not groups:
             raise ValueError("a step needs at least one prompt group")
         ids = [g.group_id for g in groups]
@@ -63,6 +86,8 @@ class Collector:
         self.tokens = 0
         self.duplicates = 0
         self.gaps = 0
+        self.episodes = episodes
+        self._turns_ended: list[int] = []  # episodes: samples whose turn ended, for the episode driver
 
     # -- per-sample queries ------------------------------------------------------------------
 
@@ -118,11 +143,16 @@ class Collector:
 
     def trim(self, sample_id: int, keep: int) -> int:
         """Drop an unfinished sample's tokens past the first `keep` (it regenerates them where it
-        resumes: the reference's group continuation); returns how many were dropped."""
+        resumes: the reference's group continuation); returns how many were dropped. An
+        episode keeps its earlier turns and observations (only its current turn is cut),
+        unless keep is 0: then it restarts from its prompt, as a whole."""
         p = self._samples[sample_id]
-        if p.finish_reason is not None:
+        if p.finish_reason is not None or p.awaiting:
             raise ValueError(f"sample {sample_id} is finished; only unfinished samples are trimmed")
-        drop = max(0, len(p.ids) - max(0, keep))
+        if keep <= 0:
+            p.observed.clear()
+            p.turn_ends.clear()
+        drop = max(0, len(p.ids) - max(p.turn_start(), keep))
         if drop:
             del p.ids[len(p.ids) - drop:]
             del p.logprobs[len(p.logprobs) - drop:]
@@ -170,9 +200,9 @@ class Collector:
             raise ProtocolError(f"sample {sid} diverged at token {start}: an engine is not deterministic "
                                 f"for (seed, sample_id, position)")
         new_ids = ids[overlap:]
-        if p.finish_reason is not None and new_ids:
-            raise ProtocolError(f"sample {sid} got tokens after it finished ({p.finish_reason})")
-        if p.finish_reason is not None or (not new_ids and finish_reason is None):
+        if (p.finish_reason is not None or p.awaiting) and new_ids:
+            raise ProtocolError(f"sample {sid} got tokens after it finished ({p.finish_reason or p.turn_reason})")
+        if p.finish_reason is not None or p.awaiting or (not new_ids and finish_reason is None):
             self.duplicates += count_duplicate
             return DUPLICATE
         p.changes = extend_changes(p.changes, have, len(new_ids), version)
@@ -180,13 +210,60 @@ class Collector:
         p.logprobs.extend(logprobs[overlap:])
         self.tokens += len(new_ids)
         p.min_version = version if p.min_version is None else min(p.min_version, version)
-        if finish_reason is not None:
-            p.finish_reason = finish_reason
-            self._left[p.group.group_id] -= 1
-            if self._left[p.group.group_id] == 0:
-                self._ready.append(p.group.group_id)
-                self.completed_at[p.group.group_id] = now
+        if finish_reason is not None and self.episodes:
+            p.awaiting, p.turn_reason = True, finish_reason
+            p.turn_ends.append(len(p.ids))
+            self._turns_ended.append(sid)
+        elif finish_reason is not None:
+            self._finish(p, finish_reason, now)
         return APPLIED
+
+    def _finish(self, p: _Progress, finish_reason: str, now: float) -> None:
+        p.finish_reason = finish_reason
+        self._left[p.group.group_id] -= 1
+        if self._left[p.group.group_id] == 0:
+            self._ready.append(p.group.group_id)
+            self.completed_at[p.group.group_id] = now
+
+    # -- episodes (multi-turn) ------------------------------------------------------------------
+
+    def awaiting(self, sample_id: int) -> bool:
+        """Whether the sample's turn ended and its environment has not answered yet."""
+        return self._samples[sample_id].awaiting
+
+    def take_turn_ends(self) -> list[int]:
+        """Samples whose turn ended since the last call, each once per turn."""
+        out, self._turns_ended = self._turns_ended, []
+        return out
+
+    def turn(self, sample_id: int) -> tuple[int, tuple[int, ...], str]:
+        """The sample's last finished turn: its index, the tokens the model wrote in it, and
+        how it ended."""
+        p = self._samples[sample_id]
+        if not p.awaiting:
+            raise ValueError(f"sample {sample_id} has no turn waiting for its environment")
+        return len(p.turn_ends) - 1, tuple(p.ids[p.turn_start():p.turn_ends[-1]]), p.turn_reason
+
+    def observe(self, sample_id: int, ids: Sequence[int], *, done: bool, reward: float | None = None,
+                now: float = 0.0) -> None:
+        """The environment's answer to the sample's last turn: done ends the sample (with how
+        its last turn ended, and the reward the environment gave, if any); else the observation's tokens follow the turn, and the sample
+        runs on from them. Observation tokens are not generated tokens: they are not counted
+        in `tokens`, carry log-probability 0 and take the version of the turn before them."""
+        p = self._samples[sample_id]
+        if not p.awaiting:
+            raise ValueError(f"sample {sample_id} has no turn waiting for its environment")
+        p.awaiting = False
+        if done:
+            p.reward = reward
+            self._finish(p, p.turn_reason, now)
+            return
+        if not ids:
+            raise ValueError(f"sample {sample_id}: an episode that goes on needs observation tokens")
+        start = len(p.ids)
+        p.ids.extend(int(t) for t in ids)
+        p.logprobs.extend([0.0] * len(ids))
+        p.observed.append((start, len(p.ids)))
 
     # -- output ------------------------------------------------------------------------------
 
@@ -200,7 +277,8 @@ class Collector:
                                            weight_version=p.min_version if p.min_version is not None
                                            else self.weight_version,
                                            version_changes=p.changes if len(set(v for _, v in p.changes)) > 1
-                                           else ()))
+                                           else (), model_mask=p.model_mask(), turns=len(p.turn_ends),
+                                           answer_start=p.turn_start(), environment_reward=p.reward))
         return CompletedGroup(group_id=gid, prompt_ids=g.prompt_ids, samples=tuple(samples))
 
     def ready_samples(self) -> int:

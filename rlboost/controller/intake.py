@@ -102,6 +102,8 @@ class Intake:
                     router.finish(d.sample_id)
                     if step.router is None:  # the running step's (the caller learns its lengths)
                         out.finished.append(d.sample_id)
+                elif col.awaiting(d.sample_id):  # an episode's turn ended: its environment answers next
+                    router.unassign(d.sample_id)
         if gaps:  # tokens went missing between engine and collector: resume from what we hold
             try:
                 await self.table.guard(slot.adapter.abort([s for _, _, sids in gaps.values() for s in sids]))

@@ -58,6 +58,7 @@ class StepLifecycle:
         self.tick_lock = asyncio.Lock()  # held by each tick of the loop, and by end_step() between ticks
         self.current: StepState | None = None
         self.ahead: StepsAhead | None = None  # bounded staleness: the steps started ahead of the running one
+        self.episodes = False  # samples are multi-turn episodes (RolloutService.attach_environments)
 
     def note(self, out: Outcome) -> Outcome:
         """Learn from a move: finished samples' lengths; each lost instance counts as a death
@@ -140,7 +141,8 @@ class StepLifecycle:
         cfg = self.config
         min_samples = cfg.microbatch_min_samples or (groups[0].num_samples if groups else 1)
         return Collector(step, groups, weight_version, microbatch_min_samples=min_samples,
-                         microbatch_max_samples=cfg.microbatch_max_samples, max_staleness=cfg.max_staleness)
+                         microbatch_max_samples=cfg.microbatch_max_samples, max_staleness=cfg.max_staleness,
+                         episodes=self.episodes)
 
     def set_weight_version(self, version: int) -> None:
         """Make a published version current. Between steps always; during one only with

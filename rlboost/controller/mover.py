@@ -137,6 +137,9 @@ class SampleMover:
                 if st.router is None:
                     out.finished.append(sid)
                 continue
+            if col.awaiting(sid):  # an episode's turn ended: not moved, its environment answers next
+                router.unassign(sid)
+                continue
             st.meter.moved(len(state.output_ids), 0)
             router.unassign(sid)
             out.moved.append(sid)
@@ -145,7 +148,7 @@ class SampleMover:
         """Samples an export did not return: normally finished since the last poll, which then
         delivers them; any the engine no longer has resume from what was collected."""
         col, router = st.collector, self._router(st)
-        lost = [s for s in missing if not col.finished(s)]
+        lost = [s for s in missing if not col.finished(s) and not col.awaiting(s)]
         if lost and iid in self.table:
             try:
                 res = await self.table.guard(self.table.get(iid).adapter.poll())
@@ -153,7 +156,7 @@ class SampleMover:
                 res = exc
             await self.intake.take_poll(st, iid, res, self.table.held_on(iid), out)
         # a lost instance has requeued (and charged) its samples already: charge each once
-        lost = [s for s in lost if not col.finished(s) and router.owner(s) == iid]
+        lost = [s for s in lost if not col.finished(s) and not col.awaiting(s) and router.owner(s) == iid]
         if lost:
             router.requeue(lost, failed=True)
             st.meter.resumes += len(lost)

@@ -138,6 +138,12 @@ class CompletedSample:
     for a sample that spans a weight update (bounded staleness, controller.max_staleness):
     the (token index, version) points where the version changed (rlboost.controller.staleness);
     empty when one version produced every token.
+
+    An episode (a multi-turn sample) holds its model turns and the observations between them
+    in output_ids: model_mask flags the tokens the model wrote (empty: every token, as for a
+    single-turn sample), turns counts its model turns (0: not an episode) and answer_start is
+    where its last turn, the answer, starts. environment_reward: the reward its environment
+    gave when the episode ended (None: the task's reward scores the answer).
     """
 
     sample_id: int
@@ -146,12 +152,22 @@ class CompletedSample:
     finish_reason: str
     weight_version: int
     version_changes: tuple[tuple[int, int], ...] = ()
+    model_mask: tuple[bool, ...] = ()
+    turns: int = 0
+    answer_start: int = 0
+    environment_reward: float | None = None
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:
         _check_version(self)
         if self.version_changes:
             check_changes(self.version_changes, len(self.output_ids))
+        if self.model_mask and len(self.model_mask) != len(self.output_ids):
+            raise ValueError(f"sample {self.sample_id}: model_mask ({len(self.model_mask)}) and output_ids "
+                             f"({len(self.output_ids)}) differ in length")
+        if not 0 <= self.answer_start <= len(self.output_ids) or self.turns < 0:
+            raise ValueError(f"sample {self.sample_id}: answer_start must be in [0, {len(self.output_ids)}] and "
+                             f"turns >= 0, got {self.answer_start}, {self.turns}")
         if self.finish_reason not in ("stop", "length"):
             raise ValueError(f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
 
@@ -177,6 +193,11 @@ class CompletedGroup:
     @property
     def num_tokens(self) -> int:
         return sum(len(s.output_ids) for s in self.samples)
+
+    @property
+    def model_tokens(self) -> int:
+        """Tokens the model wrote (observations of episodes left out)."""
+        return sum(sum(s.model_mask) if s.model_mask else len(s.output_ids) for s in self.samples)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,6 +20,7 @@ from rlboost.controller.clock import Clock
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.decisions import StepDecisions
 from rlboost.controller.engines import EngineTable
+from rlboost.controller.episodes import EpisodeDriver
 from rlboost.controller.estimates import LengthModel
 from rlboost.controller.events import InstanceEvent
 from rlboost.controller.intake import Intake
@@ -73,6 +74,7 @@ class RolloutService:
             self.table.ahead = self.decisions.ahead = self.steps.ahead = StepsAhead(
                 cfg.max_staleness, registry=self.registry, table=self.table, router=cfg.router, lengths=self.lengths,
                 poll_interval_s=cfg.poll_interval_s)
+        self.episodes: EpisodeDriver | None = None  # multi-turn runs: attach_environments()
         self._task: asyncio.Task | None = None
         self._renew: dict[str, Callable[[Lease], Any]] = {}  # instance -> how its new leases reach it
         self._pushed = self.registry.current_version  # the version the instances were last told of
@@ -89,7 +91,15 @@ class RolloutService:
         self.signal.start()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="rlboost-controller")
 
+    def attach_environments(self, host: Any) -> None:
+        """Samples are episodes from the next step on: each turn's end goes to the environment
+        host (an EpisodeHost, or its Ray actor), whose answer the next turn reads."""
+        self.episodes = EpisodeDriver(self.clock, self.router, host, fail=self.steps.fail, wake=self.signal.wake)
+        self.steps.episodes = True
+
     async def close(self) -> None:
+        if self.episodes is not None:
+            await self.episodes.close()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -118,6 +128,8 @@ class RolloutService:
             await asyncio.sleep(0)  # in-process engines answer within this turn of the loop
             for iid in self.table.answered():
                 self.steps.note(await self.intake.settle(self.steps.current, iid))
+            if self.episodes is not None and self.steps.current is not None:
+                self.episodes.advance(self.steps.current)
             await self.round.drain_due(self.steps.current)
             if (st := self.steps.current) is not None:
                 await self.round.run(st)

@@ -16,6 +16,7 @@ from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.placement import check_local, local_gpus
 from rlboost.cluster.session import RaySession, join_address
 from rlboost.config.run import RunConfig, check_multi_node
+from rlboost.environments.factory import environment_kind
 from rlboost.errors import ConfigError, RlboostError, RunFailed, RunInterrupted
 from rlboost.models.checkpoint import verify_checkpoint_dir
 from rlboost.rollout.factory import check_installed
@@ -171,6 +172,8 @@ def prepare_launch(config: RunConfig, run: RunDirectory, first: int, carried: di
     try:
         start = prepare_checkpoint(config.model, config.task).resolve()  # built and cached once
         feed = task_feed(config.task, start)
+        if config.environment.multi_turn and (tool := environment_kind(config.environment).tool_call):
+            feed.stop_also_at(tool.stop_token_ids(feed.tokenizer))  # a turn also ends at a tool call
     except (ValueError, OSError, ModuleNotFoundError) as exc:
         raise ConfigError(str(exc)) from exc
     weights, optimizer_state = resume_weights(run, start, first)
@@ -190,6 +193,8 @@ def run_steps(config: RunConfig, run: RunDirectory, launch: Launch, terminal: Te
             cluster = Cluster(config, run, launch.ledger, weights=launch.weights, reference=launch.start,
                               optimizer_state=launch.optimizer_state, billed_from=launch.billed_from,
                               say=lambda line: print(line, file=terminal, flush=True))
+            if cluster.environments is not None:
+                launch.feed.episodes = cluster  # each step's episodes open on the environment host
             progress = StepProgress(launch.first, config.run.steps, config.run.progress, file=terminal)
             # resumed: the capacity (a trace) goes on from where the checkpoint left it
             cluster.begin(version=launch.first, resume=launch.state.get("trace"))

@@ -18,6 +18,7 @@ from rlboost.cluster.capacity.trace import TracePlan
 from rlboost.cluster.capacity.trace import plan_trace as plan_cluster_trace
 from rlboost.cluster.config import parse_injection
 from rlboost.cluster.cost import CostLedger
+from rlboost.cluster.environment_host import start_environment_host
 from rlboost.cluster.fleet import Fleet
 from rlboost.cluster.instance import InstanceSpec
 from rlboost.cluster.placement import GpuNeeds
@@ -80,7 +81,7 @@ class Cluster:
         self.config, self.run, self.ledger, self.say = config, run, ledger, say
         self.capacity: CapacitySource | None = None
         self.rendezvous: Path | None = None  # the file rendezvous, removed at close
-        self.controller = self.trainer = self.fleet = None
+        self.controller = self.trainer = self.fleet = self.environments = None
         self.injections: dict[int, list[str]] = {}
         self.started_ahead: set[int] = set()  # steps whose rollout started while an earlier one ran
         for item in config.cluster.inject:
@@ -111,6 +112,10 @@ class Cluster:
             node = ray.get(self.trainer.ranks[0].__ray_call__.remote(  # a lambda travels by value
                 lambda _rank: ray.get_runtime_context().get_node_id()), timeout=READY_TIMEOUT_S)
             self.controller = start_controller(config, node)
+        if config.environment.multi_turn:  # off the preemptible nodes, before any sample is placed
+            self.environments = start_environment_host(config.environment, tokenizer_dir=str(reference),
+                                                       chat=config.task.chat_template)
+            ray.get(self.controller.attach_environments.remote(self.environments), timeout=READY_TIMEOUT_S)
         self.fleet = Fleet(self.controller, instance_template(config, weights, publisher),
                            lambda kind: actor_options(kind, cpus=r.instance_cpus, gpus=r.instance_gpus),
                            self.ledger, run.append_event, run.elapsed)
@@ -197,6 +202,15 @@ class Cluster:
         ray.get(self.controller.set_weight_version.remote(version))
         return out
 
+    def open_episodes(self, groups: list) -> list[str]:
+        """Open every sample's episode on the environment host (a multi-turn run; see
+        trainer.feed.Episodes)."""
+        return ray.get(self.environments.open_groups.remote(groups), timeout=READY_TIMEOUT_S)
+
+    def environment_executions(self) -> int:
+        """Environment steps the host has executed so far (each tool call once)."""
+        return ray.get(self.environments.stats.remote(), timeout=READY_TIMEOUT_S).executions
+
     def save_checkpoint(self, directory: Path, tokenizer_dir: Path) -> None:
         self.trainer.save_checkpoint(str(directory), str(tokenizer_dir))
 
@@ -254,6 +268,8 @@ class Cluster:
             ray.kill(self.controller)
         if self.trainer is not None:
             self.trainer.close(timeout_s=2 * wait_s)
+        if self.environments is not None:
+            ray.kill(self.environments)
         if self.rendezvous is not None:  # the ranks have left their process group
             self.rendezvous.unlink(missing_ok=True)
         if "reserved-cluster" in self.ledger.running() and not failed:

@@ -26,7 +26,9 @@ class ArithmeticConfig:
     negative are redrawn. A correct answer earns 1.0 and text that is not an integer 0.0;
     a wrong integer earns format_reward + partial_weight * partial, where partial is the
     share of digit positions that match ("digits", right-aligned), closeness
-    1 - |error| / max(10, |answer|) ("distance"), or 0 ("exact").
+    1 - |error| / max(10, |answer|) ("distance"), or 0 ("exact"). tool_demos: the share of
+    warm-up pairs that show the calculator tool (rlboost.environments.calculator, default
+    tags): the completion calls it on the problem ("[3+5]"), reads its answer and repeats it.
     """
 
     min_operand: int = 0
@@ -45,6 +47,8 @@ class ArithmeticConfig:
     """reward for a wrong integer (the answer has the right form)"""
     partial_weight: float = 0.5
     """weight of the partial credit added to format_reward"""
+    tool_demos: float = 0.0
+    """share of warm-up pairs that call the calculator ("3+5=" -> "[3+5]" "8" "8")"""
 
     def __post_init__(self) -> None:
         if self.min_operand < 0:
@@ -68,6 +72,8 @@ class ArithmeticConfig:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {self.reward_mode!r}")
         if not 0.0 <= self.format_reward < 1.0:
             raise ValueError(f"format_reward must be in [0, 1), got {self.format_reward}")
+        if not 0.0 <= self.tool_demos <= 1.0:
+            raise ValueError(f"tool_demos must be in [0, 1], got {self.tool_demos}")
         if not 0.0 <= self.partial_weight < 1.0 - self.format_reward:
             raise ValueError(f"partial_weight must be in [0, 1 - format_reward), "
                              f"got {self.partial_weight}")
@@ -98,9 +104,13 @@ class ArithmeticTask:
         """(prompt, completion) pairs for supervised warm-up, from the same distribution.
 
         Train on prompt + completion + end-of-sequence, with the loss on the completion
-        and the end token, so the model learns both the answer and when to stop.
+        and the end token, so the model learns both the answer and when to stop. A share
+        tool_demos of them show an episode with the calculator instead: the call, the
+        calculator's answer (which the episode inserts) and the model's answer after it.
         """
-        return [(p.prompt, p.answer) for p in self.problems(n, seed=seed)]
+        rng = random.Random(seed ^ 0x70015)
+        return [(p.prompt, f"[{p.prompt[:-1]}]{p.answer}{p.answer}" if rng.random() < self.config.tool_demos
+                 else p.answer) for p in self.problems(n, seed=seed)]
 
     def reward(self, problem: Problem, completion: str) -> float:
         cfg = self.config

@@ -41,7 +41,10 @@ class ScoredSample:
     and the trainer scores its own model the same way so the importance ratio is 1 on policy.
     version_changes: where a sample that spans a weight update changed version, as
     (token index, version) points (rlboost.controller.staleness); empty when
-    weight_version produced every token.
+    weight_version produced every token. model_mask, for an episode (a multi-turn sample
+    whose output holds the environment's observations between the model's turns): True on
+    the output tokens the model wrote, the only ones the loss is taken on; empty: every
+    output token is the model's.
     """
 
     sample_id: int
@@ -53,10 +56,14 @@ class ScoredSample:
     weight_version: int = 0
     temperature: float = 1.0
     version_changes: tuple[tuple[int, int], ...] = ()
+    model_mask: tuple[bool, ...] = ()
     format_version: int = SAMPLE_FORMAT_VERSION
 
     def __post_init__(self) -> None:
         check_format_version(self, SAMPLE_FORMAT_VERSION)
+        if self.model_mask and (len(self.model_mask) != len(self.output_ids) or not any(self.model_mask)):
+            raise ValueError(f"sample {self.sample_id}: model_mask must hold one flag per output token "
+                             f"({len(self.output_ids)}), some of them True; got {len(self.model_mask)}")
         if self.version_changes:
             check_changes(self.version_changes, len(self.output_ids))
         if not self.prompt_ids:
@@ -75,6 +82,11 @@ class ScoredSample:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def model_tokens(self) -> int:
+        """Output tokens the model wrote (the loss is taken on these)."""
+        return sum(self.model_mask) if self.model_mask else len(self.output_ids)
 
     @property
     def changes(self) -> tuple[tuple[int, int], ...]:
@@ -212,8 +224,13 @@ def build_micro_batch(samples: Sequence[ScoredSample], *, pad_id: int,
         input_ids[row, :p] = torch.tensor(s.prompt_ids, dtype=torch.int64)
         input_ids[row, p:total] = torch.tensor(s.output_ids, dtype=torch.int64)
         attention_mask[row, :total] = 1
-        response_mask[row, p:total] = True
-        old_logprobs[row, p:total] = torch.tensor(s.output_logprobs, dtype=torch.float32)
+        if s.model_mask:
+            mask = torch.tensor(s.model_mask, dtype=torch.bool)
+            response_mask[row, p:total] = mask
+            old_logprobs[row, p:total] = torch.tensor(s.output_logprobs, dtype=torch.float32) * mask
+        else:
+            response_mask[row, p:total] = True
+            old_logprobs[row, p:total] = torch.tensor(s.output_logprobs, dtype=torch.float32)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     advantages = group_advantages(rewards, group_ids, normalize_std=config.normalize_std,
                                   eps=config.std_eps)

@@ -6,8 +6,10 @@ at a time.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from rlboost.controller.records import CompletedGroup, MicroBatch, PromptGroup
 from rlboost.controller.staleness import MAX_STALENESS
@@ -23,6 +25,16 @@ from rlboost.trainer.batch import ScoredSample
 from rlboost.trainer.sft import encode_prompt
 
 GROUPS_PER_STEP_LIMIT = 100_000  # group ids are step * this + index
+
+
+class Episodes(Protocol):
+    """Where a multi-turn run's episodes open (the environment host, through the run's cluster)."""
+
+    def open_episodes(self, groups: Sequence[tuple[Sequence[int], Problem]]) -> list[str]:
+        """Open every sample's episode of each (sample ids, problem); each group's first prompt."""
+
+    def environment_executions(self) -> int:
+        """Environment steps the host has executed so far (each call once)."""
 
 
 class TaskFeed:
@@ -61,6 +73,17 @@ class TaskFeed:
         self.rewards = rewards or TaskReward(task, extract=extract_answer)
         self.ledger = RewardLedger(reward_label)
         self._problems: dict[int, Problem] = {}
+        self._episodes: Counter[str] = Counter()  # multi-turn episodes scored this step
+        self.episodes: Episodes | None = None  # multi-turn: where each sample's episode opens
+
+    def stop_also_at(self, token_ids: Sequence[int]) -> None:
+        """Turns also end at these tokens (a tool call's closing tag)."""
+        stops = tuple(sorted({*self.params.stop_token_ids, *map(int, token_ids)}))
+        self.params = dataclasses.replace(self.params, stop_token_ids=stops)
+
+    def problem(self, group_id: int) -> Problem:
+        """The problem of one of the current step's groups."""
+        return self._problems[group_id]
 
     def groups(self, step: int) -> list[PromptGroup]:
         """The step's prompt groups (and remember their problems for scoring, with those of
@@ -76,6 +99,10 @@ class TaskFeed:
             out.append(PromptGroup(group_id=gid, prompt_ids=tuple(self.prompt_ids(problem)),
                                    params=self.params, num_samples=self.group_size,
                                    seed=self._seed(step, i + 1)))
+        if self.episodes is not None:  # every sample's episode opens; its environment words the prompt
+            texts = self.episodes.open_episodes([(g.sample_ids, self._problems[g.group_id]) for g in out])
+            out = [dataclasses.replace(g, prompt_ids=tuple(prompt_token_ids(
+                self.tokenizer, self.template, self.chat_template, text))) for g, text in zip(out, texts)]
         return out
 
     def prompt_ids(self, problem: Problem) -> list[int]:
@@ -96,15 +123,27 @@ class TaskFeed:
     def _score_groups(self, groups: Sequence[CompletedGroup]) -> list[ScoredSample]:
         problems = {g.group_id: self._problem(g) for g in groups}
         pairs = [(g, s) for g in groups for s in g.samples]
-        requests = [self._request(problems[g.group_id], s.output_ids, s.finish_reason, g.group_id, s.sample_id,
-                                  s.weight_version) for g, s in pairs]
+        # an episode's answer is its last model turn; the turns and observations before it are the work
+        requests = [self._request(problems[g.group_id], s.output_ids[s.answer_start:], s.finish_reason, g.group_id,
+                                  s.sample_id, s.weight_version) for g, s in pairs]
         results = self.rewards.score(requests)
         self.ledger.add(results)
+        self._count_episodes([s for _, s in pairs])
         return [ScoredSample(sample_id=s.sample_id, group_id=g.group_id, prompt_ids=g.prompt_ids,
-                             output_ids=s.output_ids, output_logprobs=s.output_logprobs, reward=r.score,
+                             output_ids=s.output_ids, output_logprobs=s.output_logprobs,
+                             reward=r.score if s.environment_reward is None else s.environment_reward,
                              weight_version=s.weight_version, temperature=self.params.temperature,
-                             version_changes=s.version_changes)
+                             version_changes=s.version_changes, model_mask=s.model_mask)
                 for (g, s), r in zip(pairs, results)]
+
+    def _count_episodes(self, samples: Sequence) -> None:
+        for s in samples:
+            if s.turns:
+                self._episodes["episodes"] += 1
+                self._episodes["turns"] += s.turns
+                self._episodes["episodes_calling_tool"] += s.turns > 1
+                self._episodes["observation_tokens"] += len(s.output_ids) - (sum(s.model_mask) if s.model_mask
+                                                                            else len(s.output_ids))
 
     def _problem(self, group: CompletedGroup) -> Problem:
         problem = self._problems.get(group.group_id)
@@ -132,7 +171,17 @@ class TaskFeed:
         self.ledger.check_step(step)
         refused = getattr(self.task, "refused", None)  # a data set's; generated problems have none
         return {**self.ledger.take(), "prompts_dropped": getattr(self.task, "dropped", 0),
-                **({"records_refused": refused} if refused is not None else {})}
+                **({"records_refused": refused} if refused is not None else {}), **self._take_episodes(),
+                **({"environment_executions": self.episodes.environment_executions()} if self.episodes else {})}
+
+    def _take_episodes(self) -> dict:
+        """Multi-turn steps: the share of episodes that called the tool, turns per episode and
+        observation tokens (then zeroed)."""
+        e, self._episodes = self._episodes, Counter()
+        if not e["episodes"]:
+            return {}
+        return {"episodes": e["episodes"], "tool_call_fraction": e["episodes_calling_tool"] / e["episodes"],
+                "turns_mean": e["turns"] / e["episodes"], "observation_tokens": e["observation_tokens"]}
 
     def close(self) -> None:
         self.rewards.close()

@@ -96,3 +96,21 @@ class GateForTests:
 
     async def open(self) -> None:
         self._open.set()
+
+
+class ToolByParityEnvForTests:
+    """An environment for episodes on a random model: a turn that stops on an even token is a
+    tool call, answered with "r<its length>"; any other turn is the answer. STEPS counts every
+    step executed in this process, the counter the exactly-once checks read."""
+
+    tool_call = None  # the test's stop tokens end every turn
+    STEPS: Counter = Counter()  # "steps" -> steps executed
+
+    def reset(self, problem: Problem) -> str:
+        return problem.prompt
+
+    def step(self, turn: ModelTurn) -> StepResult:
+        ToolByParityEnvForTests.STEPS["steps"] += 1
+        if turn.finish_reason == "stop" and turn.token_ids[-1] % 2 == 0:
+            return StepResult(observation=f"r{len(turn.token_ids)}", done=False)
+        return StepResult(done=True)

@@ -16,6 +16,8 @@ from rlboost.environments.adapters.openenv import OpenEnvEnvironment
 from rlboost.environments.host import EnvironmentHost
 from rlboost.tasks.base import Problem
 
+pytestmark = pytest.mark.openenv  # its packages are not in the test extra: .ci/run installs them for -m openenv
+
 CONTEXT = "The ONC201 trial enrolled 50 patients. The median survival was 13.7 months."
 QUESTION = "What was the median survival in the ONC201 trial?"
 # the rewards the environment's own server takes by default (med_safety_gym/app.py)
