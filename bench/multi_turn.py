@@ -73,7 +73,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--replace-s", type=float, default=60.0, help="modelled seconds until a preempted one is replaced")
     p.add_argument("--grace-s", type=float, default=30.0, help="a notice's grace period, modelled seconds")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
+    args = p.parse_args()
+    if args.steps < 2:
+        p.error(f"--steps must be at least 2 (the first step is a warm-up and not counted), got {args.steps}")
+    if min(args.groups, args.group_size, args.spot) < 1:
+        p.error("--groups, --group-size and --spot must be at least 1")
+    return args
 
 
 def run_s(modelled_s: float) -> float:

@@ -26,6 +26,7 @@ RUNS = {  # script -> the smallest arguments that still run its whole path
     "logprob_memory.py": ["--batch", "1", "--length", "64", "--vocab", "512", "--check-batch", "1"],
     "trainer_memory.py": ["--scale", "256", "--samples", "4"],
     "transfer_long_polls.py": ["--size", "4M", "--pollers", "2", "--repeats", "1"],
+    "multi_turn.py": ["--steps", "2", "--groups", "4", "--group-size", "2", "--turn-tokens", "32", "--spot", "1"],
 }
 IMPORTED = ("cost_efficiency.py", "delta_weights.py", "live_capacity.py", "gpu_transfer.py")
 # script -> (its JSON line's metric, peers it must report), where a reader relies on them
