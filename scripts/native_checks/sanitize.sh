@@ -29,6 +29,9 @@ if [ "$kind" = address ]; then
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 else
   runtime=$(g++ -print-file-name=libtsan.so)
+  # pymalloc reuses freed memory without telling the sanitizer, which then relates accesses
+  # to two different objects that shared an address: Python allocates with malloc here too.
+  export PYTHONMALLOC=malloc
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:die_after_fork=0:suppressions=$root/scripts/native_checks/tsan.supp}
   # die_after_fork=0: the fork-guard tests' children start threads after a multi-threaded
   # fork, which ThreadSanitizer otherwise refuses outright.
@@ -68,7 +71,14 @@ for m in (c, t):
 " || { echo "sanitize.sh: not running the instrumented build" >&2; exit 2; }
 # shellcheck disable=SC2086
 status=0
-LD_PRELOAD="$runtime" run_python -m pytest -p no:cacheprovider -n 0 -q \
+skip=()
+if [ "$kind" = thread ]; then
+  # ThreadSanitizer does not support a child that starts threads after a multi-threaded
+  # fork (its own limitation: the child's reports are about TSan's state, not ours); the
+  # fork guard is checked under AddressSanitizer and in the C++ unit tests instead.
+  skip=(--deselect tests/transfer/test_fork.py)
+fi
+LD_PRELOAD="$runtime" run_python -m pytest -p no:cacheprovider -n 0 -q "${skip[@]}" \
   -m 'not gpu and not slow and not netns' ${PYTEST_ARGS:-tests/transfer tests/migration} || status=$?
 if compgen -G "$reports/report*" >/dev/null; then
   cat "$reports"/report* >&2

@@ -62,6 +62,16 @@ def wait_for_bytes(handle, nbytes: int, timeout: float = 30.0) -> None:
         raise AssertionError("pull finished before the awaited point")
 
 
+def wait_for_chunks_from(handle, address: str, timeout: float = 30.0) -> None:
+    """Waits (on the pull itself, in short slices) until `address` has delivered a chunk."""
+    deadline = time.monotonic() + timeout
+    while not any(s["address"] == address and s["chunks"] > 0 for s in handle.stats()["sources"]):
+        if handle.poll(0.02):
+            raise AssertionError(f"pull finished before {address} served a chunk")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{address} served no chunk in {timeout} s")
+
+
 class ServerProcess:
     """A publisher in a child process serving `payload(nbytes, seed)` as version 1."""
 

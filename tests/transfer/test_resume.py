@@ -7,7 +7,7 @@ import torch
 from rlboost.errors import PeerLost
 from rlboost.transfer import WeightPuller
 
-from .helpers import CHUNK, make_config, wait_for_bytes
+from .helpers import CHUNK, make_config, wait_for_bytes, wait_for_chunks_from
 from .serve_weights import payload
 
 NBYTES = 64 * CHUNK
@@ -20,6 +20,9 @@ def test_killed_source_falls_back_to_the_other_without_refetching(server_process
     with WeightPuller([a.address, b.address], cfg) as puller:
         handle = puller.prepare(1).start()
         wait_for_bytes(handle, NBYTES // 4)
+        # Kill a only once it has served: on a slow machine (or under a sanitizer) b can
+        # carry the first quarter alone, and then the kill tests nothing.
+        wait_for_chunks_from(handle, a.address)
         a.kill()
         pulled = handle.wait(timeout=60)
     assert torch.equal(pulled["blob"], payload(NBYTES, 3))
