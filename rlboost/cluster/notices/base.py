@@ -9,6 +9,7 @@ Stdlib only: a notice watcher runs in a light actor on every preemptible node, a
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import os
@@ -172,13 +173,11 @@ def field(document: Any, name: str, kind: type | tuple[type, ...], what: str) ->
     return value
 
 
-class PollingNotices:
-    """A watcher that asks its service every config.poll_s (`_ask(timeout_s)`: a Notice or
-    None) until a notice comes, the timeout passes or close() is called. A service that does
-    not answer, or answers what its documentation does not say, is logged (once per kind of
-    trouble) and asked again at the next poll: nothing it answers stops the watcher."""
+class MetadataWatcher:
+    """What every cloud's watcher shares: its service's address, a stop event that close()
+    sets, and trouble logged once per kind. Subclasses give next(timeout_s)."""
 
-    name = "polling"
+    name = "metadata"
     cloud = "the"
 
     def __init__(self, config: NoticeConfig, base_url: str):
@@ -187,16 +186,28 @@ class PollingNotices:
         self._stop = threading.Event()
         self._said: set[str] = set()
 
-    def request_s(self, deadline: float) -> float:
-        """How long one request may take: what is left of the watch (at least MIN_REQUEST_S),
-        at most one poll and 5 s."""
-        return min(self.config.poll_s + 5.0, max(MIN_REQUEST_S, deadline - time.monotonic()))
-
     def trouble(self, kind: str, message: str, *args: object) -> None:
         """Log a kind of trouble with the service once (later ones at debug level)."""
         level = logging.DEBUG if kind in self._said else logging.WARNING
         self._said.add(kind)
         log.log(level, message, *args)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class PollingNotices(MetadataWatcher, abc.ABC):
+    """A watcher that asks its service every config.poll_s (`_ask(timeout_s)`: a Notice or
+    None) until a notice comes, the timeout passes or close() is called. A service that does
+    not answer, or answers what its documentation does not say, is logged (once per kind of
+    trouble) and asked again at the next poll: nothing it answers stops the watcher."""
+
+    name = "polling"
+
+    def request_s(self, deadline: float) -> float:
+        """How long one request may take: what is left of the watch (at least MIN_REQUEST_S),
+        at most one poll and 5 s."""
+        return min(self.config.poll_s + 5.0, max(MIN_REQUEST_S, deadline - time.monotonic()))
 
     def next(self, timeout_s: float) -> Notice | None:
         deadline = time.monotonic() + timeout_s
@@ -218,8 +229,7 @@ class PollingNotices:
                 return None
         return None
 
+    @abc.abstractmethod
     def _ask(self, timeout_s: float) -> Notice | None:
-        raise NotImplementedError
+        """One request to the service: a Notice, or None when it says none is coming."""
 
-    def close(self) -> None:
-        self._stop.set()

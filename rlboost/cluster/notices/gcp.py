@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from urllib.parse import quote
 
-from rlboost.cluster.notices.base import Notice, NoticeConfig, PollingNotices, http
+from rlboost.cluster.notices.base import MetadataWatcher, Notice, NoticeConfig, http
 
 PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 PROBE_PATH = "/computeMetadata/v1/instance/id"
@@ -16,7 +16,7 @@ MAX_ETAG = 256
 log = logging.getLogger(__name__)
 
 
-class GcpNotices(PollingNotices):
+class GcpNotices(MetadataWatcher):
     """Not polled: each next() is one long request that the server answers on a change."""
 
     name, cloud = "gcp", "GCP"
