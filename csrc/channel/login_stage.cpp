@@ -37,14 +37,6 @@ std::string HostOf(const struct sockaddr_storage& addr, socklen_t len) {
   return host;
 }
 
-Status SetBlocking(int fd, bool blocking) {
-  int flags = fcntl(fd, F_GETFL, 0);
-  if (flags < 0) return ErrnoIo("fcntl(F_GETFL)");
-  flags = blocking ? (flags & ~O_NONBLOCK) : (flags | O_NONBLOCK);
-  if (fcntl(fd, F_SETFL, flags) != 0) return ErrnoIo("fcntl(F_SETFL)");
-  return Status::Ok();
-}
-
 // Sends a whole small frame on a nonblocking socket, or fails: a peer whose receive
 // window cannot take a hundred bytes is not worth waiting for.
 bool SendNow(int fd, FrameType type, const std::string& body) {

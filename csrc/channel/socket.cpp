@@ -56,6 +56,7 @@ Status ResolveOne(const std::string& host, int port, bool passive, struct addrin
 Status PeerClosed() { return Status(Code::kPeerLost, "peer closed the connection mid-frame"); }
 
 constexpr int kLoopbackSendBuffer = 1 << 20;  // the kernel doubles it for its bookkeeping
+constexpr int kDeferAcceptSeconds = 5;  // see ListenTcp
 
 
 }  // namespace
@@ -206,17 +207,30 @@ bool Socket::HungUp() const {
   return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
-void TuneForBulk(int fd) {
+Status TuneForBulk(int fd) {
   int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    return ErrnoStatus("setsockopt(TCP_NODELAY)", errno);
+  }
   // A loopback path has no round trip to cover, so deep send buffers only hold more bytes
   // in flight, which then leave the cache before the receiver copies them (measured: ~1.5x
   // the throughput of 4 streams with a 1 MiB cap). Remote peers keep kernel autotuning,
   // which sizes the buffer to the path's bandwidth-delay product.
   if (PeerIsLoopback(fd)) {
     int bytes = kLoopbackSendBuffer;
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes)) != 0) {
+      return ErrnoStatus("setsockopt(SO_SNDBUF)", errno);
+    }
   }
+  return Status::Ok();
+}
+
+Status SetBlocking(int fd, bool blocking) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0) return ErrnoStatus("fcntl(F_GETFL)", errno);
+  flags = blocking ? (flags & ~O_NONBLOCK) : (flags | O_NONBLOCK);
+  if (fcntl(fd, F_SETFL, flags) != 0) return ErrnoStatus("fcntl(F_SETFL)", errno);
+  return Status::Ok();
 }
 
 Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out, Interrupt* interrupt) {
@@ -229,8 +243,11 @@ Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out, In
       last = ErrnoStatus("socket", errno);
       continue;
     }
-    int flags = fcntl(s.fd(), F_GETFL, 0);
-    fcntl(s.fd(), F_SETFL, flags | O_NONBLOCK);
+    Status nonblocking = SetBlocking(s.fd(), false);
+    if (!nonblocking.ok()) {
+      last = nonblocking;
+      continue;
+    }
     int rc = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
     int err = rc == 0 ? 0 : errno;
     // Registered once the connect has begun: a shutdown before that would not abort it.
@@ -260,8 +277,12 @@ Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out, In
                                          " failed: " + std::strerror(err));
       continue;
     }
-    fcntl(s.fd(), F_SETFL, flags & ~O_NONBLOCK);
-    TuneForBulk(s.fd());
+    Status tuned = SetBlocking(s.fd(), true);
+    if (tuned.ok()) tuned = TuneForBulk(s.fd());
+    if (!tuned.ok()) {
+      last = tuned;
+      continue;
+    }
     *out = std::move(s);
     freeaddrinfo(res);
     return Status::Ok();
@@ -278,7 +299,19 @@ Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port
     Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
     if (!s.valid()) continue;
     int one = 1;
-    setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
+      last = ErrnoStatus("setsockopt(SO_REUSEADDR)", errno);
+      continue;
+    }
+    // Clients speak first (their hello), so the kernel hands over a connection only once its
+    // first bytes arrive (or kDeferAcceptSeconds pass): connections held open without a
+    // byte wait in the kernel's handshake queue instead of filling the accept queue, where
+    // they would crowd out honest logins.
+    int defer = kDeferAcceptSeconds;
+    if (setsockopt(s.fd(), IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer, sizeof(defer)) != 0) {
+      last = ErrnoStatus("setsockopt(TCP_DEFER_ACCEPT)", errno);
+      continue;
+    }
     if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(s.fd(), SOMAXCONN) != 0) {
       int err = errno;
       last = Status(Code::kIo, "cannot listen on " + host + ":" + std::to_string(port) + ": " +
@@ -288,7 +321,10 @@ Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port
     }
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
-    getsockname(s.fd(), reinterpret_cast<struct sockaddr*>(&ss), &len);
+    if (getsockname(s.fd(), reinterpret_cast<struct sockaddr*>(&ss), &len) != 0) {
+      last = ErrnoStatus("getsockname", errno);
+      continue;
+    }
     *bound_port = ss.ss_family == AF_INET6
                       ? ntohs(reinterpret_cast<struct sockaddr_in6*>(&ss)->sin6_port)
                       : ntohs(reinterpret_cast<struct sockaddr_in*>(&ss)->sin_port);
@@ -304,8 +340,9 @@ Status AcceptTcp(Socket& listener, Socket* out) {
   while (true) {
     int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) {
-      TuneForBulk(fd);
-      *out = Socket(fd);
+      Socket accepted(fd);
+      RLB_RETURN_IF_ERROR(TuneForBulk(fd));
+      *out = std::move(accepted);
       return Status::Ok();
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;

@@ -70,6 +70,8 @@ Status AcceptTcp(Socket& listener, Socket* out);
 // Whether the connection's peer is this machine's loopback (127/8, ::1).
 bool PeerIsLoopback(int fd);
 // TCP_NODELAY, and a shallow send buffer toward loopback peers.
-void TuneForBulk(int fd);
+Status TuneForBulk(int fd);
+// Sets or clears O_NONBLOCK.
+Status SetBlocking(int fd, bool blocking);
 
 }  // namespace rlboost

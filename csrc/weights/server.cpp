@@ -119,8 +119,9 @@ void WeightServer::AcceptLoop() {
 void WeightServer::OnLogin(Socket s, uint64_t client_id, const std::string& host, const std::string& welcome,
                            std::shared_ptr<FrameSeal> seal) {
   // A proven client: it takes an authenticated slot (closing an idle or stalled connection
-  // if a cap is reached) and gets a thread of its own, which sends the welcome.
-  TuneForBulk(s.fd());
+  // if a cap is reached) and gets a thread of its own, which sends the welcome. A socket the
+  // kernel will not tune is broken: it is closed here, as a connection that went away.
+  if (!TuneForBulk(s.fd()).ok()) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_) return;
   ReapLocked();
