@@ -9,12 +9,9 @@ Run with `-m vllm` where a CPU build of vLLM is installed (.ci/run)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_runs import jsonl, train
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -32,22 +29,12 @@ SHORT = ["--recipe", "tiny_calculator_cpu", "--set", "rollout.backend=vllm",
          "--set", "cluster.notice_s=3", "--set", "cluster.preempt_busy_wait_s=120"]
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def test_calculator_episodes_on_vllm_survive_a_notice_and_a_sudden_death_with_each_call_run_once(tmp_path):
-    env = {**os.environ, "RLBOOST_RUN_ROOT": str(tmp_path / "runs"), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    env.pop("RLBOOST_RAY_ADDRESS", None)
-    # cwd=tmp_path: the installed package is imported, not the source tree
-    proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *SHORT], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=1700)
-    assert proc.returncode == 0, f"rlboost train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    run = Path(proc.stdout.strip().splitlines()[-1])
+    run = train(tmp_path, SHORT)
     config = json.loads((run / "config.json").read_text())
     assert config["rollout"]["backend"] == "vllm" and config["environment"]["name"] == "calculator"
 
-    metrics = _jsonl(run / "metrics.jsonl")
+    metrics = jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     turns = 0
     for m in metrics:
@@ -56,7 +43,7 @@ def test_calculator_episodes_on_vllm_survive_a_notice_and_a_sudden_death_with_ea
         turns += round(m["turns_mean"] * m["episodes"])
         assert m["environment_executions"] == turns, (m["step"], m["environment_executions"], turns)
     assert turns > sum(m["episodes"] for m in metrics), "no episode called the tool"
-    kinds = [(e["kind"], e.get("instance")) for e in _jsonl(run / "events.jsonl")]
+    kinds = [(e["kind"], e.get("instance")) for e in jsonl(run / "events.jsonl")]
     assert ("notice", "spot-s0") in kinds and ("death", "spot-s1") in kinds
     summary = (run / "summary.md").read_text()
     assert "| samples lost | 0 |" in summary and "| samples duplicated | 0 |" in summary

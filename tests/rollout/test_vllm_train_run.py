@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_runs import jsonl, train
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -29,29 +26,19 @@ SHORT = ["--recipe", "tiny_vllm_cpu",
 SAMPLES_PER_STEP = 8 * 4
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def test_a_short_run_on_vllm_survives_a_notice_and_a_sudden_death(tmp_path):
-    env = {**os.environ, "RLBOOST_RUN_ROOT": str(tmp_path / "runs"), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    env.pop("RLBOOST_RAY_ADDRESS", None)
-    # cwd=tmp_path: the installed package is imported, not the source tree
-    proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", *SHORT], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=1700)
-    assert proc.returncode == 0, f"rlboost train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    run = Path(proc.stdout.strip().splitlines()[-1])
+    run = train(tmp_path, SHORT)
     config = json.loads((run / "config.json").read_text())
     assert config["rollout"]["backend"] == "vllm" and config["rollout"]["vllm"]["device"] == "cpu"
 
-    metrics = _jsonl(run / "metrics.jsonl")
+    metrics = jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert m["samples"] == m["samples_trained"] == m["samples_unique"] == SAMPLES_PER_STEP
         assert m["duplicates"] == 0 and m["gaps"] == 0
         assert m["weight_version"] == m["step"] and m["sample_versions"] == [m["step"]]
         assert math.isfinite(m["reward_mean"]) and m["tokens_per_s"] > 0
-    events = _jsonl(run / "events.jsonl")
+    events = jsonl(run / "events.jsonl")
     kinds = [(e["kind"], e.get("instance")) for e in events]
     assert ("notice", "spot-s0") in kinds and ("gone", "spot-s0") in kinds
     deaths = [e for e in events if e["kind"] == "death"]
