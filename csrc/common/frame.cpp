@@ -172,7 +172,7 @@ std::string PrintableText(const uint8_t* p, size_t n) {
 
 Status DecodeErrorBody(const uint8_t* body, size_t n) {
   ByteReader r(body, n);
-  uint32_t wire;
+  uint32_t wire = 0;
   RLB_RETURN_IF_ERROR(r.U32(&wire));
   // A peer's words are untrusted bytes: escaped, so they are always valid text (no
   // decoding error, no terminal control sequence) wherever the message ends up.

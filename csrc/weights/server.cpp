@@ -285,7 +285,7 @@ Status WeightServer::ServeChunk(const FrameHeader& h, const std::string& body, S
 Status WeightServer::ServeHave(const FrameHeader& h, const std::string& body, ServerConn* c) {
   Socket& s = c->socket;
   ByteReader r(reinterpret_cast<const uint8_t*>(body.data()), body.size());
-  int64_t version;
+  int64_t version = 0;
   uint64_t known = 0;
   uint32_t wait_ms = 0;
   RLB_RETURN_IF_ERROR(r.I64(&version));
