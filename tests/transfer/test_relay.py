@@ -50,6 +50,10 @@ def test_newcomer_pulls_from_a_peer_that_is_still_pulling():
             assert h2.bytes_done < blob.numel()
             p2, p1 = h2.wait(timeout=60), h1.wait(timeout=60)
             assert torch.equal(p1["blob"], blob) and torch.equal(p2["blob"], blob)
+            # a server counts what it sent once its send returns, which may be just after the
+            # puller has the bytes: wait for the whole version before taking the figures
+            assert wait_until(lambda: pub.stats()["bytes_sent"] >= blob.numel())
+            assert wait_until(lambda: first.stats()["bytes_sent"] >= blob.numel())
             assert pub.stats()["bytes_sent"] == blob.numel()  # only the first puller used the trainer
             assert first.stats()["bytes_sent"] == blob.numel()
 
