@@ -106,6 +106,11 @@ class Collector:
     def progress(self, sample_id: int) -> int:
         return len(self._samples[sample_id].ids)
 
+    def model_tokens(self, sample_id: int) -> int:
+        """Output tokens the model wrote (an episode's observations left out)."""
+        p = self._samples[sample_id]
+        return len(p.ids) - sum(end - start for start, end in p.observed)
+
     def position(self, sample_id: int) -> int:
         p = self._samples[sample_id]
         return len(p.group.prompt_ids) + len(p.ids)
@@ -149,6 +154,7 @@ class Collector:
         p = self._samples[sample_id]
         if p.finish_reason is not None or p.awaiting:
             raise ValueError(f"sample {sample_id} is finished; only unfinished samples are trimmed")
+        written = self.model_tokens(sample_id)
         if keep <= 0:
             p.observed.clear()
             p.turn_ends.clear()
@@ -156,7 +162,7 @@ class Collector:
         if drop:
             del p.ids[len(p.ids) - drop:]
             del p.logprobs[len(p.logprobs) - drop:]
-            self.tokens -= drop
+            self.tokens -= written - self.model_tokens(sample_id)  # observations were never counted
             p.changes = truncate_changes(p.changes, len(p.ids))
         return drop
 

@@ -68,13 +68,13 @@ class StepLifecycle:
         for sid in out.finished:
             self.lengths.observe(st.collector.progress(sid))
         if out.lost and st is not None:
-            col, recompute = st.collector, self.config.migration == "recompute"
+            col = st.collector
             for loss in out.lost:
                 st.meter.deaths += 1
                 st.meter.resumes += len(loss.samples)
-                if recompute:  # they restart from their prompt
-                    st.meter.trimmed_tokens += sum(col.trim(s, 0) for s in loss.samples
-                                                   if col.knows(s) and not col.finished(s))
+                st.meter.displace(s for s in loss.samples if col.knows(s) and not col.finished(s))
+                if self.config.migration == "recompute":  # they restart from their prompt
+                    self.mover.restart(st, loss.samples)
             self.signal.wake()
         return out
 

@@ -28,6 +28,12 @@ class StepMetrics:
     an instance was lost. reprefill_tokens are prompt + output tokens targets had to prefill.
     kv_migrations counts moved samples whose KV pages went engine to engine (no re-prefill).
     trimmed_tokens are output tokens a trim_group continuation discarded (to be generated again).
+    What preemptions alone cost (window handovers, steals and an episode's next turn excluded):
+    preempted_samples counts samples taken off an instance that was preempted (drained after a
+    notice, or lost), preempted_reprefill_tokens the prompt + output tokens their next
+    placement prefilled again (part of reprefill_tokens), and preempted_regenerated_tokens the
+    model-written tokens a preemption discarded (migration="recompute" or trim_group: to be
+    generated again).
     early_s and early_tokens: a step started ahead (bounded staleness) rolled out for early_s
     on preemptible instances, and collected early_tokens, before the reserved instances
     joined it; its other times count from when they did.
@@ -59,6 +65,9 @@ class StepMetrics:
     trimmed_tokens: int = 0
     early_s: float = 0.0
     early_tokens: int = 0
+    preempted_samples: int = 0
+    preempted_reprefill_tokens: int = 0
+    preempted_regenerated_tokens: int = 0
     format_version: int = RECORD_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -91,6 +100,10 @@ class StepMeter:
     last_microbatch_tokens: int = 0
     early_s: float = 0.0
     early_tokens: int = 0
+    preempted_samples: int = 0
+    preempted_reprefill_tokens: int = 0
+    preempted_regenerated_tokens: int = 0
+    displaced: set = field(default_factory=set)  # samples a preemption moved, until their next placement
     # per micro-batch after the window: (taken at, ((group ready at, group tokens), ...)), step-relative
     deliveries: list = field(default_factory=list)
 
@@ -103,6 +116,26 @@ class StepMeter:
         self.migrations += 1
         self.migrated_tokens += output_tokens
         self.reprefill_tokens += reprefill_tokens
+
+    def displace(self, sample_ids) -> None:
+        """The samples left an instance because it was preempted (a notice's drain or a loss)."""
+        sids = list(sample_ids)
+        self.displaced.update(sids)
+        self.preempted_samples += len(sids)
+
+    def placed(self, sample_id: int, reprefill_tokens: int) -> None:
+        """The sample starts on an instance again, prefilling reprefill_tokens of what it holds
+        (0 with its KV pages): charged to its preemption if one moved it."""
+        if sample_id in self.displaced:
+            self.displaced.discard(sample_id)
+            self.preempted_reprefill_tokens += reprefill_tokens
+
+    def discarded(self, sample_id: int, tokens: int, model_tokens: int) -> None:
+        """tokens of the sample's output were cut (model_tokens of them the model's), to be
+        generated again: charged to its preemption if one moved it."""
+        self.trimmed_tokens += tokens
+        if sample_id in self.displaced:
+            self.preempted_regenerated_tokens += model_tokens
 
     def freeze(self, *, now: float, samples: int, total_tokens: int, duplicates: int, gaps: int) -> StepMetrics:
         done = self.rollout_done_at if self.rollout_done_at is not None else now
@@ -118,4 +151,6 @@ class StepMeter:
             rollout_idle_s=max(0.0, now - done), rollout_time_s=done - self.started_at,
             step_time_s=now - self.started_at, reopened=self.reopened, duplicates=duplicates, gaps=gaps,
             kv_migrations=self.kv_migrations, trimmed_tokens=self.trimmed_tokens, early_s=self.early_s,
-            early_tokens=self.early_tokens)
+            early_tokens=self.early_tokens, preempted_samples=self.preempted_samples,
+            preempted_reprefill_tokens=self.preempted_reprefill_tokens,
+            preempted_regenerated_tokens=self.preempted_regenerated_tokens)

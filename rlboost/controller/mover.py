@@ -18,7 +18,7 @@ from rlboost.controller.config import ControllerConfig
 from rlboost.controller.continuation import from_prompt, trim_resumed
 from rlboost.controller.engines import CallTimeout, EngineTable
 from rlboost.controller.intake import Intake
-from rlboost.controller.registry import ACTIVE, InstanceRecord, Registry
+from rlboost.controller.registry import ACTIVE, DRAINING, InstanceRecord, Registry
 from rlboost.controller.router import Router
 from rlboost.controller.step import Outcome, StepState
 from rlboost.errors import RolloutError
@@ -41,12 +41,14 @@ class SampleMover:
     async def evacuate(self, st: StepState, iid: str) -> Outcome:
         """Take every sample off a live instance and queue the unfinished ones again (from
         their prompt where config.seeding or config.migration says so: continuation.from_prompt)."""
-        slot, cfg = self.table.get(iid), self.config
+        slot, cfg, rec = self.table.get(iid), self.config, self.registry.get(iid)
         restart = slot is not None and from_prompt(slot.kind, seeding=cfg.seeding, migration=cfg.migration)
         router = self._router(st)
         out = await self.take_back(st, iid, router.samples_on(iid), with_kv=not restart)
+        if rec is not None and rec.state == DRAINING:  # a notice's drain: what follows is the preemption's
+            st.meter.displace(out.moved)
         if restart:
-            st.meter.trimmed_tokens += sum(st.collector.trim(s, 0) for s in out.moved)
+            self.restart(st, out.moved)
         router.requeue(out.moved, failed=False)
         if st.router is None:  # the running step's: the steps ahead's samples leave it too
             await self._evacuate_ahead(iid, restart=cfg.migration == "recompute" and slot is not None
@@ -62,8 +64,17 @@ class SampleMover:
             if sids and iid in self.table:
                 out = await self.take_back(lane.st, iid, sids, with_kv=not restart)
                 if restart:
-                    lane.st.meter.trimmed_tokens += sum(lane.st.collector.trim(s, 0) for s in out.moved)
+                    self.restart(lane.st, out.moved)
                 lane.router.requeue(out.moved, failed=False)
+
+    @staticmethod
+    def restart(st: StepState, sids: Sequence[int]) -> None:
+        """Unfinished samples start again from their prompt; their tokens are charged as discarded."""
+        col = st.collector
+        for sid in sids:
+            if col.knows(sid) and not col.finished(sid) and not col.awaiting(sid):
+                model = col.model_tokens(sid)
+                st.meter.discarded(sid, col.trim(sid, 0), model)
 
     async def make_room(self, iid: str, excess: int) -> None:
         """Free `excess` slots on the instance for the running step's samples, taking the
@@ -222,6 +233,8 @@ class SampleMover:
             return group
         await self._release(src, ticket, group)
         st.meter.kv_migrations += len(group)
+        for sid in group:
+            st.meter.placed(sid, 0)
         return []
 
     async def _refused_pages(self, st: StepState, src: str, ticket: Any, group: list[int], out: Outcome) -> None:
@@ -257,12 +270,25 @@ class SampleMover:
         except Exception as exc:
             out.add_loss(self.table.lose(iid, f"submit() failed: {exc!r}"))
             return
-        st.meter.reprefill_tokens += sum(s.position for s in states if s.output_ids)
+        for state in states:
+            self._prefilled(st, state)
+
+    @staticmethod
+    def _prefilled(st: StepState, state) -> None:
+        """A sample started by re-prefill of what it holds (nothing to prefill again if it is new)."""
+        again = state.position if state.output_ids else 0
+        st.meter.reprefill_tokens += again
+        st.meter.placed(state.sample_id, again)
 
     def _trim(self, st: StepState, sids: Sequence[int]) -> None:
         """Cut resumed samples back to where the continuation resumes them (trim_group: their
         group's shortest member, finished ones included), before they are resubmitted."""
-        st.meter.trimmed_tokens += trim_resumed(st.collector, sids, self.config.continuation)
+        col = st.collector
+        before = {s: (col.progress(s), col.model_tokens(s)) for s in sids}
+        trim_resumed(col, sids, self.config.continuation)
+        for sid, (tokens, model) in before.items():
+            if tokens > col.progress(sid):
+                st.meter.discarded(sid, tokens - col.progress(sid), model - col.model_tokens(sid))
 
     async def _refused(self, st: StepState, iid: str, sids: list[int], why: RolloutError, out: Outcome) -> None:
         """The engine refused a batch (which admits none of it). If the registry's view of it
@@ -290,8 +316,7 @@ class SampleMover:
             except Exception as exc:
                 out.add_loss(self.table.lose(iid, f"submit() failed: {exc!r}"))
                 return
-            if state.output_ids:
-                st.meter.reprefill_tokens += state.position
+            self._prefilled(st, state)
 
     def _routable(self, iid: str) -> bool:
         """Whether the instance may be given samples now (Registry.takes_work)."""

@@ -22,7 +22,7 @@ from rlboost.controller.config import ControllerConfig
 from rlboost.controller.continuation import from_prompt, trim_resumed
 from rlboost.controller.decisions import StepDecisions
 from rlboost.controller.estimates import LengthModel
-from rlboost.controller.registry import GONE, Registry
+from rlboost.controller.registry import DRAINING, GONE, Registry
 from rlboost.controller.router import Router
 from rlboost.controller.step import Outcome, StepState
 from rlboost.sim.nodes import SimNode, SimTable
@@ -66,7 +66,9 @@ class SimMover:
         if lane is not None:  # a step ahead's samples alone
             return Outcome(moved=self.take_off(st, iid, lane.router.samples_on(iid), router=lane.router,
                                                restart=self.recompute and preemptible))
-        moved = self.take_off(st, iid, self.ctl.router.samples_on(iid), restart=restart)
+        rec = self.ctl.registry.get(iid)
+        moved = self.take_off(st, iid, self.ctl.router.samples_on(iid), restart=restart,
+                              preempted=rec is not None and rec.state == DRAINING)
         for lane in self.ctl.ahead:
             self.take_off(lane.st, iid, lane.router.samples_on(iid), router=lane.router,
                           restart=self.recompute and preemptible)
@@ -120,11 +122,13 @@ class SimMover:
     # -- the moves -------------------------------------------------------------------------------
 
     def take_off(self, st: StepState, iid: str, sids, *, requeue: bool = True, advance: bool = True,
-                 router: Router | None = None, restart: bool = False, lost: bool = False) -> list[int]:
+                 router: Router | None = None, restart: bool = False, lost: bool = False,
+                 preempted: bool = False) -> list[int]:
         """Take samples off an instance with their progress; finished ones are collected first;
         returns the unfinished ones (queued again unless told otherwise). Without advance,
         what the engine made since it was last collected is lost; with restart, all of it.
-        lost: the instance died (its samples are resumed, not migrated)."""
+        lost: the instance died (its samples are resumed, not migrated); preempted: it drains
+        after a notice (what the samples lose is the preemption's, as when lost)."""
         ctl = self.ctl
         router = router or ctl.router
         node = ctl.table.nodes.get(iid)
@@ -141,12 +145,14 @@ class SimMover:
             node.schedule.drop(sid)
             st.meter.add_tokens(iid, node.kind, moved[sid] - node.bases.pop(sid, 0))
         ctl.table.touch(node)
+        if lost or preempted:
+            st.meter.displace(moved)
         for sid, n in moved.items():
             if not lost:
                 st.meter.moved(n, 0)
             router.unassign(sid)
             if restart and n:
-                st.meter.trimmed_tokens += n
+                st.meter.discarded(sid, n, n)
                 col.lift(sid, 0)
         if requeue:
             router.requeue(list(moved), failed=False)
@@ -166,8 +172,11 @@ class SimMover:
             self.collect(node, ctl.clock.now())
         if ctl.ahead:
             self.make_room(iid, len(sched) + len(sids) - rec.info.capacity, st.meter.step)
-        st.meter.trimmed_tokens += trim_resumed(col, sids, ctl.config.continuation)
+        before = {sid: col.progress(sid) for sid in sids}
+        trim_resumed(col, sids, ctl.config.continuation)
         for sid in sids:
+            if (cut := before[sid] - col.progress(sid)) > 0:
+                st.meter.discarded(sid, cut, cut)
             router.assign(sid, iid)
             progress = col.progress(sid)
             position = col.prompt_len(sid) + progress
@@ -175,8 +184,8 @@ class SimMover:
             sched.admit(sid, prompt_len=col.prompt_len(sid), base=progress, length=col.length(sid), prefill_s=prefill)
             col.place(sid, sched, node.version)
             node.bases[sid] = progress
-            if progress:
-                st.meter.reprefill_tokens += position
+            st.meter.reprefill_tokens += position if progress else 0
+            st.meter.placed(sid, position if progress else 0)
         ctl.table.touch(node)
 
     def make_room(self, iid: str, excess: int, step: int) -> None:

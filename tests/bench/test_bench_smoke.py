@@ -26,13 +26,25 @@ RUNS = {  # script -> the smallest arguments that still run its whole path
     "logprob_memory.py": ["--batch", "1", "--length", "64", "--vocab", "512", "--check-batch", "1"],
     "trainer_memory.py": ["--scale", "256", "--samples", "4"],
     "transfer_long_polls.py": ["--size", "4M", "--pollers", "2", "--repeats", "1"],
-    "multi_turn.py": ["--steps", "2", "--groups", "4", "--group-size", "2", "--turn-tokens", "32", "--spot", "1"],
+    "multi_turn.py": ["--steps", "2", "--groups", "4", "--group-size", "2", "--turn-tokens", "32", "--spot", "2",
+                      "--preemptions", "2", "--preempt-every-s", "5"],
 }
 IMPORTED = ("cost_efficiency.py", "delta_weights.py", "live_capacity.py", "gpu_transfer.py")
 # script -> (its JSON line's metric, peers it must report), where a reader relies on them
 EXPECTED = {
     "migration_cost.py": ("kv_resume_speedup_tiny_256", {"reprefill_ms_256", "kv_ms_256", "scratch_ms_256"}),
+    "multi_turn.py": ("multi_turn_tokens_per_usd", {"preemptions", "lost_s_per_preemption", "tool_reruns"}),
 }
+
+
+def _same_schedule_met_whole(peers):
+    """Both preemptible runs met the whole schedule (a notice, then a sudden death) in their
+    counted steps, and resuming from the last token ran no tool call twice."""
+    assert set(map(tuple, peers["preemptions"].values())) == {(1, 1)}, peers["preemptions"]
+    assert peers["tool_reruns"]["rlboost (resume from last token)"] == 0, peers["tool_reruns"]
+
+
+CHECKS = {"multi_turn.py": _same_schedule_met_whole}  # script -> what its peers must show
 
 
 def test_every_bench_script_is_named_by_a_smoke_test():
@@ -53,6 +65,8 @@ def test_a_light_script_runs_and_ends_with_its_json_line(script, tmp_path):
         metric, peers = EXPECTED[script]
         assert result["metric"] == metric and result["value"] > 0 and result["ceiling"] > 0, result
         assert peers <= set(result["peers"]), result["peers"]
+    if script in CHECKS:
+        CHECKS[script](result["peers"])
 
 
 def _module(script: str, monkeypatch):

@@ -193,6 +193,11 @@ def test_the_simulator_and_the_live_controller_decide_the_same(groups, max_new, 
         assert m.resumes > 0
     assert sim.total_tokens == live.total_tokens
     fields = ("window_s", "rollout_time_s", "resumes", "migrations", "migrated_tokens", "reprefill_tokens",
-              "trimmed_tokens", "tokens_per_instance", "num_preemptible")
+              "trimmed_tokens", "tokens_per_instance", "num_preemptible", "preempted_samples",
+              "preempted_reprefill_tokens", "preempted_regenerated_tokens")
     assert [getattr(sim, f) for f in fields] == [getattr(live, f) for f in fields]
     assert (live.trimmed_tokens > 0) == bool(modes)  # without seeding and with recompute, moves restart
+    # what the notice and the death cost, apart from the window's handover: resumed, or restarted
+    assert live.preempted_samples > 0
+    assert (live.preempted_regenerated_tokens > 0, live.preempted_reprefill_tokens > 0) == (bool(modes), not modes)
+    assert live.preempted_reprefill_tokens < live.reprefill_tokens or modes  # the handover's are not counted
