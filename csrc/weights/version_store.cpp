@@ -69,8 +69,12 @@ std::shared_ptr<void> VersionStore::Pin(const std::shared_ptr<Entry>& e, std::fu
     std::lock_guard<std::mutex> lock(sync->mu);
     --e->pins;
     if (lease != 0) e->revokers.erase(lease);
-    if (e->pins == 0 && e->retired && sync->on_unpinned) sync->on_unpinned();
-    sync->cv.notify_all();
+    if (e->pins == 0 && e->retired) {
+      if (sync->on_unpinned) sync->on_unpinned();
+      // Only Retire() waits on a pin count (for a retired version's to reach 0): a chunk's
+      // lease ending wakes no one else (every long-poll waiter would wake for nothing).
+      sync->cv.notify_all();
+    }
   });
 }
 
