@@ -336,20 +336,4 @@ Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port
   return last;
 }
 
-Status AcceptTcp(Socket& listener, Socket* out) {
-  while (true) {
-    int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) {
-      Socket accepted(fd);
-      RLB_RETURN_IF_ERROR(TuneForBulk(fd));
-      *out = std::move(accepted);
-      return Status::Ok();
-    }
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    if (errno == EINVAL || errno == EBADF) return Status(Code::kClosed, "listener closed");
-    if (errno == EMFILE || errno == ENFILE) return Status(Code::kIo, "out of file descriptors");
-    return ErrnoStatus("accept", errno);
-  }
-}
-
 }  // namespace rlboost

@@ -65,8 +65,6 @@ Status ConnectTcp(const std::string& host, int port, Deadline d, Socket* out,
                   Interrupt* interrupt = nullptr);
 // Binds only the given address (never a wildcard unless asked for one explicitly).
 Status ListenTcp(const std::string& host, int port, Socket* out, int* bound_port);
-// Blocks until a connection arrives or the listener is shut down (then kClosed).
-Status AcceptTcp(Socket& listener, Socket* out);
 // Whether the connection's peer is this machine's loopback (127/8, ::1).
 bool PeerIsLoopback(int fd);
 // TCP_NODELAY, and a shallow send buffer toward loopback peers.
