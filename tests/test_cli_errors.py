@@ -230,3 +230,23 @@ def test_a_gpu_run_on_a_machine_without_gpus_or_its_engine_names_both_gpus_first
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     line = _one_line_exit_2(["train", "--recipe", "qwen3_gpu", "--set", "rollout.backend=sglang"], capsys)
     assert line.index("GPUs") < line.index("sglang") and "pip install 'rlboost[sglang]'" in line
+
+
+def test_a_local_ray_cluster_that_does_not_start_is_one_line_and_leaves_no_run(user_env, monkeypatch, capsys):
+    """Ray raises a bare Exception when its GCS or raylet misses the start deadline (seen on
+    this 2-core machine at load 20); the user gets one line saying nothing started, not Ray's
+    40-line traceback."""
+    import rlboost.cluster.session as session
+
+    def ray_init_that_times_out_for_tests(**_):
+        raise Exception("The current node timed out during startup. This could happen because some of "
+                        "the raylet failed to startup or the GCS has become overloaded.")
+
+    monkeypatch.setattr(session.ray, "init", ray_init_that_times_out_for_tests)
+    assert main(["train", "--set", "run.steps=1"]) == 2
+    lines = _lines(capsys)
+    assert len(lines) == 1, lines
+    assert "Ray's local cluster did not start" in lines[0] and "timed out during startup" in lines[0]
+    assert "cluster.address" in lines[0] and "Traceback" not in lines[0]
+    runs = user_env / "runs"
+    assert not runs.exists() or not any(runs.iterdir())

@@ -102,6 +102,11 @@ class RaySession:
                              resources={"reserved": s.reserved, "preemptible": s.preemptible},
                              object_store_memory=s.object_store_mb << 20, include_dashboard=False,
                              log_to_driver=False)
+            except Exception as exc:
+                self.__exit__()
+                if type(exc) in (Exception, RuntimeError, TimeoutError):  # how Ray says its processes did not start
+                    raise ConfigError(_local_start_failed(exc)) from exc
+                raise
             except BaseException:
                 self.__exit__()
                 raise
@@ -115,6 +120,15 @@ class RaySession:
         if self._node_constant is not None:
             ray_constants.ENABLE_RAY_CLUSTER = self._node_constant
             self._node_constant = None
+
+
+def _local_start_failed(exc: Exception) -> str:
+    """The line for a local Ray cluster whose processes did not start (Ray raises a bare
+    Exception when its GCS or raylet misses the start deadline, most often on a loaded machine)."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"Ray's local cluster did not start: {' '.join(str(exc).split())[:300]} (load average {load:.1f} "
+            f"on {os.cpu_count()} cores); nothing of the run has started: run it again when the machine is less "
+            "busy, or start a cluster with `ray start --head` and set cluster.address to it")
 
 
 def _token_auth_by_default() -> None:
