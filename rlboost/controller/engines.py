@@ -57,6 +57,7 @@ class Loss:
     instance_id: str
     reason: str
     samples: tuple[int, ...]
+    ahead: tuple[tuple[Any, tuple[int, ...]], ...] = ()  # (a step ahead's StepState, its samples that went back)
 
 
 class EngineTable:
@@ -208,8 +209,12 @@ class EngineTable:
         if call is not None:
             call[0].cancel()
         sids = self.router.release(instance_id, failed=True)
+        ahead = []
         for lane in self.ahead or ():  # the steps ahead's samples resume elsewhere too
-            lane.st.meter.resumes += len(lane.router.release(instance_id, failed=True))
+            released = lane.router.release(instance_id, failed=True)
+            lane.st.meter.resumes += len(released)
+            if released:
+                ahead.append((lane.st, released))
         if end is not None:
             self.registry.end(instance_id, end[0], samples=len(sids), **end[1])
         else:
@@ -219,7 +224,7 @@ class EngineTable:
                 del self._held[sid]
         if slot is not None and sids:
             self.in_background(slot.adapter.abort(list(sids)))
-        return Loss(instance_id, reason, sids)
+        return Loss(instance_id, reason, sids, tuple(ahead))
 
     def lose_now(self, instance_id: str, reason: str, *, cause: str = "",
                  end: tuple[str, dict] | None = None) -> list[Loss]:

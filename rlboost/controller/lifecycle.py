@@ -62,19 +62,20 @@ class StepLifecycle:
 
     def note(self, out: Outcome) -> Outcome:
         """Learn from a move: finished samples' lengths; each lost instance counts as a death
-        (its samples as resumes, from their prompt with config.migration="recompute") and
-        wakes the trainer's waiting calls."""
+        (its samples as resumes, from their prompt with config.migration="recompute", the
+        steps ahead's as the running step's) and wakes the trainer's waiting calls."""
         st = self.current
         for sid in out.finished:
             self.lengths.observe(st.collector.progress(sid))
         if out.lost and st is not None:
-            col = st.collector
             for loss in out.lost:
                 st.meter.deaths += 1
                 st.meter.resumes += len(loss.samples)
-                st.meter.displace(s for s in loss.samples if col.knows(s) and not col.finished(s))
-                if self.config.migration == "recompute":  # they restart from their prompt
-                    self.mover.restart(st, loss.samples)
+                for owner, sids in ((st, loss.samples), *loss.ahead):
+                    col = owner.collector
+                    owner.meter.displace(s for s in sids if col.knows(s) and not col.finished(s))
+                    if self.config.migration == "recompute":  # they restart from their prompt
+                        self.mover.restart(owner, sids)
             self.signal.wake()
         return out
 

@@ -215,6 +215,42 @@ def test_staleness_0_keeps_no_steps_ahead():
     assert check_steps(groups_for, results, 0)[0] == sum(m.total_tokens for _, m in results)
 
 
+def _ahead_tokens_on(svc, iid):
+    """Tokens the steps ahead's unfinished samples on the instance have collected."""
+    return sum(lane.st.collector.progress(sid) for lane in svc.steps.ahead or ()
+               for sid in lane.router.samples_on(iid) if not lane.st.collector.finished(sid))
+
+
+def _death_with_a_step_ahead_on_it(migration):
+    """spot-0 dies while it decodes step 1's samples (the step ahead); the step's metrics."""
+    async def body(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        fleet.spawn(spot("spot-0"))
+        fleet.spawn(spot("spot-1"))
+        await clock.asleep(1.0)
+
+        async def kill_when_it_holds_step_ahead_tokens():
+            await until(clock, lambda: _ahead_tokens_on(svc, "spot-0") > 0, "step 1's tokens on spot-0")
+            fleet.kill("spot-0")
+        killer = asyncio.ensure_future(kill_when_it_holds_step_ahead_tokens())
+        out = await train_in_flight(svc, clock, 3, 1, train_s=4.0)
+        await killer
+        return out
+    groups_for, results = run(body, migration=migration)
+    check_steps(groups_for, results, 1)
+    return results[1][1]
+
+
+def test_a_death_restarts_the_steps_ahead_samples_from_their_prompt_under_recompute():
+    """migration="recompute" (the paper's baseline): the dead instance's samples of a step
+    ahead start again from their prompt, as the running step's do, and their discarded tokens
+    are the preemption's; with "continue" they resume from their last token, nothing discarded."""
+    recompute, resume = _death_with_a_step_ahead_on_it("recompute"), _death_with_a_step_ahead_on_it("continue")
+    assert recompute.preempted_samples > 0 and resume.preempted_samples > 0
+    assert recompute.preempted_regenerated_tokens > 0
+    assert resume.preempted_regenerated_tokens == 0
+
+
 @st.composite
 def preemptions(draw):
     """Spot instances and a schedule of notices (with a grace period), sudden deaths and joins."""
