@@ -2,42 +2,15 @@
 while the trainer trains, takes the new version when it is published, and under any schedule
 of notices and deaths every sample completes exactly once with every token within the bound."""
 
-import asyncio
 
 import pytest
-from controller_fakes import engine_config, outputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from staleness_harness import RESERVED, SHAPE, check_steps, run, spot, until
 
-from rlboost.controller.clock import run_virtual
-from rlboost.controller.config import ControllerConfig
-from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
-from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.router import RouterConfig
-from rlboost.controller.service import RolloutService
-from rlboost.controller.staleness import accepted_versions, token_versions
 from rlboost.errors import RolloutError
-from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance, make_groups
-
-WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
-SHAPE = dict(num_groups=4, group_size=2, prompt_len=3, max_new_tokens=30)
-
-
-def spot(name, speed=20.0, pull_s=0.5, capacity=4):
-    return SimInstance(instance_id=name, pull_s=pull_s,
-                       engine=engine_config(max_running=capacity, sample_tokens_per_s=speed,
-                                            decode_tokens_per_s=10 * speed))
-
-
-RESERVED = SimInstance(instance_id="reserved-0", kind="reserved", pull_s=0.0,
-                       engine=engine_config(max_running=4, sample_tokens_per_s=40.0, decode_tokens_per_s=400.0))
-
-
-async def until(clock, cond, what, limit_s=600.0):
-    deadline = clock.now() + limit_s
-    while not cond():
-        assert clock.now() < deadline, f"never happened: {what}"
-        await clock.asleep(0.1)
+from rlboost.sim import FleetEvent, make_groups
 
 
 async def train_ahead(svc, clock, steps, train_s, log=None, shape=SHAPE):
@@ -64,39 +37,6 @@ async def train_ahead(svc, clock, steps, train_s, log=None, shape=SHAPE):
             await clock.asleep(train_s)  # the trainer trains the step it just took, then publishes
             svc.set_weight_version(step + 1)
     return groups_for, results
-
-
-def run(body, **cfg):
-    async def main(clock):
-        config = ControllerConfig(**{**dict(poll_interval_s=0.1, idle_timeout_s=60.0, call_timeout_s=2.0,
-                                            max_staleness=1,
-                                            registry=RegistryConfig(heartbeat_interval_s=0.5, drain_margin_s=1.0)),
-                                     **cfg})
-        svc = RolloutService(config, clock=clock,
-                             window_policy=ReferenceWindowRule(ReferenceWindowConfig(initial_window_s=1.0, floor_s=0)))
-        await svc.start()
-        fleet = EmulatedFleet(svc, clock)
-        try:
-            return await body(svc, clock, fleet)
-        finally:
-            await fleet.close()
-            await svc.close()
-
-    async def guarded(clock):
-        return await asyncio.wait_for(main(clock), WATCHDOG_S)
-    return run_virtual(guarded)
-
-
-def check_steps(groups_for, results, bound=1):
-    for step, (batches, metrics) in enumerate(results):
-        got = outputs(batches)  # asserts no sample is delivered twice
-        assert got.keys() == {sid for g in groups_for[step] for sid in g.sample_ids}
-        window = accepted_versions(step, bound)
-        for mb in batches:
-            for s in (s for g in mb.groups for s in g.samples):
-                changes = s.version_changes or ((0, s.weight_version),)
-                assert set(token_versions(changes, len(s.output_ids))) <= set(window)
-        assert metrics.gaps == 0 and [mb.last for mb in batches].count(True) == 1
 
 
 def test_the_next_step_runs_ahead_on_preemptible_instances_while_the_trainer_trains():

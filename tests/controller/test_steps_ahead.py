@@ -7,38 +7,22 @@ within the bound."""
 
 import asyncio
 
-from controller_fakes import engine_config, outputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from staleness_harness import RESERVED, SHAPE, check_steps, run, spot, until
 
 from rlboost.controller.ahead import AFTER_ROLLOUT, FREE_SLOTS, StepsAhead
-from rlboost.controller.clock import ManualClock, run_virtual
-from rlboost.controller.config import ControllerConfig
+from rlboost.controller.clock import ManualClock
 from rlboost.controller.estimates import LengthModel, RateModel
-from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.records import InstanceInfo
 from rlboost.controller.registry import Registry, RegistryConfig
 from rlboost.controller.round import StepRound, run_now
 from rlboost.controller.router import Router, RouterConfig
-from rlboost.controller.service import RolloutService
-from rlboost.controller.staleness import accepted_versions, token_versions
 from rlboost.controller.step import Outcome
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
-from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance, make_groups
+from rlboost.sim import FleetEvent, make_groups
 from rlboost.sim.collector import SimCollector
 from rlboost.sim.workload import sim_groups
-
-WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
-SHAPE = dict(num_groups=4, group_size=2, prompt_len=3, max_new_tokens=30)
-RESERVED = SimInstance(instance_id="reserved-0", kind="reserved", pull_s=0.0,
-                       engine=engine_config(max_running=4, sample_tokens_per_s=40.0, decode_tokens_per_s=400.0))
-
-
-def spot(name, speed=20.0, pull_s=0.5, capacity=4):
-    return SimInstance(instance_id=name, pull_s=pull_s,
-                       engine=engine_config(max_running=capacity, sample_tokens_per_s=speed,
-                                            decode_tokens_per_s=10 * speed))
-
 
 # -- the rules, on a registry of its own ------------------------------------------------------------
 
@@ -111,13 +95,6 @@ def test_only_engines_that_may_start_the_step_take_its_prompts_and_reserved_ones
 
 # -- the schedule in the controller, over emulated engines on virtual time ----------------------------
 
-async def until(clock, cond, what, limit_s=600.0):
-    deadline = clock.now() + limit_s
-    while not cond():
-        assert clock.now() < deadline, f"never happened: {what}"
-        await clock.asleep(0.1)
-
-
 async def train_in_flight(svc, clock, steps, n, train_s, shape=SHAPE, log=None):
     """The driver's loop with max_staleness n: at each step's start the next n steps are in
     flight; the step ends as soon as its last micro-batch is taken (the next one runs on), the
@@ -147,44 +124,6 @@ async def train_in_flight(svc, clock, steps, n, train_s, shape=SHAPE, log=None):
             await clock.asleep(train_s)  # the trainer trains the step it just took, then publishes
             svc.set_weight_version(step + 1)
     return groups_for, results
-
-
-def run(body, **cfg):
-    async def main(clock):
-        config = ControllerConfig(**{**dict(poll_interval_s=0.1, idle_timeout_s=60.0, call_timeout_s=2.0,
-                                            max_staleness=1,
-                                            registry=RegistryConfig(heartbeat_interval_s=0.5, drain_margin_s=1.0)),
-                                     **cfg})
-        svc = RolloutService(config, clock=clock,
-                             window_policy=ReferenceWindowRule(ReferenceWindowConfig(initial_window_s=1.0, floor_s=0)))
-        await svc.start()
-        fleet = EmulatedFleet(svc, clock)
-        try:
-            return await body(svc, clock, fleet)
-        finally:
-            await fleet.close()
-            await svc.close()
-
-    async def guarded(clock):
-        return await asyncio.wait_for(main(clock), WATCHDOG_S)
-    return run_virtual(guarded)
-
-
-def check_steps(groups_for, results, bound):
-    lags = [0] * (bound + 1)
-    for step, (batches, metrics) in enumerate(results):
-        got = outputs(batches)  # asserts no sample is delivered twice
-        assert got.keys() == {sid for g in groups_for[step] for sid in g.sample_ids}
-        window = accepted_versions(step, bound)
-        for mb in batches:
-            for s in (s for g in mb.groups for s in g.samples):
-                changes = s.version_changes or ((0, s.weight_version),)
-                versions = token_versions(changes, len(s.output_ids))
-                assert set(versions) <= set(window)
-                for v in versions:
-                    lags[step - v] += 1
-        assert metrics.gaps == 0 and metrics.duplicates == 0 and [mb.last for mb in batches].count(True) == 1
-    return lags
 
 
 def test_with_staleness_2_two_later_steps_take_free_slots_and_tokens_two_versions_old_are_trained():

@@ -1,0 +1,74 @@
+"""What the bounded-staleness tests share: emulated spot and reserved instances, a controller on
+virtual time with a fleet of them, waiting on a condition, and the check every step's samples
+pass (each sample trained once, every token within the bound)."""
+
+import asyncio
+
+from controller_fakes import engine_config, outputs
+
+from rlboost.controller.clock import run_virtual
+from rlboost.controller.config import ControllerConfig
+from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
+from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.service import RolloutService
+from rlboost.controller.staleness import accepted_versions, token_versions
+from rlboost.sim import EmulatedFleet, SimInstance
+
+WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
+SHAPE = dict(num_groups=4, group_size=2, prompt_len=3, max_new_tokens=30)
+RESERVED = SimInstance(instance_id="reserved-0", kind="reserved", pull_s=0.0,
+                       engine=engine_config(max_running=4, sample_tokens_per_s=40.0, decode_tokens_per_s=400.0))
+
+
+def spot(name, speed=20.0, pull_s=0.5, capacity=4):
+    return SimInstance(instance_id=name, pull_s=pull_s,
+                       engine=engine_config(max_running=capacity, sample_tokens_per_s=speed,
+                                            decode_tokens_per_s=10 * speed))
+
+
+async def until(clock, cond, what, limit_s=600.0):
+    deadline = clock.now() + limit_s
+    while not cond():
+        assert clock.now() < deadline, f"never happened: {what}"
+        await clock.asleep(0.1)
+
+
+def run(body, **cfg):
+    """body(svc, clock, fleet) on virtual time, with max_staleness 1 unless cfg says otherwise."""
+    async def main(clock):
+        config = ControllerConfig(**{**dict(poll_interval_s=0.1, idle_timeout_s=60.0, call_timeout_s=2.0,
+                                            max_staleness=1,
+                                            registry=RegistryConfig(heartbeat_interval_s=0.5, drain_margin_s=1.0)),
+                                     **cfg})
+        svc = RolloutService(config, clock=clock,
+                             window_policy=ReferenceWindowRule(ReferenceWindowConfig(initial_window_s=1.0, floor_s=0)))
+        await svc.start()
+        fleet = EmulatedFleet(svc, clock)
+        try:
+            return await body(svc, clock, fleet)
+        finally:
+            await fleet.close()
+            await svc.close()
+
+    async def guarded(clock):
+        return await asyncio.wait_for(main(clock), WATCHDOG_S)
+    return run_virtual(guarded)
+
+
+def check_steps(groups_for, results, bound=1):
+    """Every step's samples trained once, no gap or duplicate, every token inside the step's
+    window of versions; returns the trained tokens by lag (0..bound)."""
+    lags = [0] * (bound + 1)
+    for step, (batches, metrics) in enumerate(results):
+        got = outputs(batches)  # asserts no sample is delivered twice
+        assert got.keys() == {sid for g in groups_for[step] for sid in g.sample_ids}
+        window = accepted_versions(step, bound)
+        for mb in batches:
+            for s in (s for g in mb.groups for s in g.samples):
+                changes = s.version_changes or ((0, s.weight_version),)
+                versions = token_versions(changes, len(s.output_ids))
+                assert set(versions) <= set(window)
+                for v in versions:
+                    lags[step - v] += 1
+        assert metrics.gaps == 0 and metrics.duplicates == 0 and [mb.last for mb in batches].count(True) == 1
+    return lags
