@@ -5,6 +5,7 @@ pass (each sample trained once, every token within the bound)."""
 import asyncio
 
 from controller_fakes import engine_config, outputs
+from hypothesis import strategies as st
 
 from rlboost.controller.clock import run_virtual
 from rlboost.controller.config import ControllerConfig
@@ -12,7 +13,7 @@ from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRul
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.service import RolloutService
 from rlboost.controller.staleness import accepted_versions, token_versions
-from rlboost.sim import EmulatedFleet, SimInstance
+from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance
 
 WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
 SHAPE = dict(num_groups=4, group_size=2, prompt_len=3, max_new_tokens=30)
@@ -72,3 +73,22 @@ def check_steps(groups_for, results, bound=1):
                     lags[step - v] += 1
         assert metrics.gaps == 0 and metrics.duplicates == 0 and [mb.last for mb in batches].count(True) == 1
     return lags
+
+
+@st.composite
+def preemptions(draw):
+    """Spot instances and a schedule of notices (with a grace period), sudden deaths and joins."""
+    names = [f"spot-{i}" for i in range(draw(st.integers(1, 3)))]
+    initial = [spot(n, speed=draw(st.floats(5.0, 40.0)), pull_s=draw(st.floats(0.0, 2.0))) for n in names]
+    events = []
+    for k in range(draw(st.integers(1, 5))):
+        at = draw(st.floats(0.0, 20.0))
+        kind = draw(st.sampled_from(["notice", "death", "join"]))
+        if kind == "join":
+            spec = spot(f"late-{k}", speed=draw(st.floats(5.0, 40.0)))
+            names.append(spec.instance_id)
+            events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
+        else:
+            events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
+                                     grace_s=draw(st.floats(0.0, 8.0))))
+    return initial, events

@@ -6,11 +6,11 @@ of notices and deaths every sample completes exactly once with every token withi
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from staleness_harness import RESERVED, SHAPE, check_steps, run, spot, until
+from staleness_harness import RESERVED, SHAPE, check_steps, preemptions, run, spot, until
 
 from rlboost.controller.router import RouterConfig
 from rlboost.errors import RolloutError
-from rlboost.sim import FleetEvent, make_groups
+from rlboost.sim import make_groups
 
 
 async def train_ahead(svc, clock, steps, train_s, log=None, shape=SHAPE):
@@ -96,25 +96,6 @@ def test_ahead_needs_a_bound_and_the_reserved_instances_join_only_once_it_is_pub
         with pytest.raises(RolloutError, match="max_staleness >= 1"):
             svc.start_step(1, make_groups(1, **SHAPE), 1, ahead=True)
     run(strict, max_staleness=0)
-
-
-@st.composite
-def preemptions(draw):
-    """Spot instances and a schedule of notices (with a grace period) and sudden deaths."""
-    names = [f"spot-{i}" for i in range(draw(st.integers(1, 3)))]
-    initial = [spot(n, speed=draw(st.floats(5.0, 40.0)), pull_s=draw(st.floats(0.0, 2.0))) for n in names]
-    events = []
-    for k in range(draw(st.integers(1, 5))):
-        at = draw(st.floats(0.0, 20.0))
-        kind = draw(st.sampled_from(["notice", "death", "join"]))
-        if kind == "join":
-            spec = spot(f"late-{k}", speed=draw(st.floats(5.0, 40.0)))
-            names.append(spec.instance_id)
-            events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
-        else:
-            events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
-                                     grace_s=draw(st.floats(0.0, 8.0))))
-    return initial, events
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

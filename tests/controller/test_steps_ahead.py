@@ -9,7 +9,7 @@ import asyncio
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from staleness_harness import RESERVED, SHAPE, check_steps, run, spot, until
+from staleness_harness import RESERVED, SHAPE, check_steps, preemptions, run, spot, until
 
 from rlboost.controller.ahead import AFTER_ROLLOUT, FREE_SLOTS, StepsAhead
 from rlboost.controller.clock import ManualClock
@@ -20,7 +20,7 @@ from rlboost.controller.round import StepRound, run_now
 from rlboost.controller.router import Router, RouterConfig
 from rlboost.controller.step import Outcome
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
-from rlboost.sim import FleetEvent, make_groups
+from rlboost.sim import make_groups
 from rlboost.sim.collector import SimCollector
 from rlboost.sim.workload import sim_groups
 
@@ -188,25 +188,6 @@ def test_a_death_restarts_the_steps_ahead_samples_from_their_prompt_under_recomp
     assert recompute.preempted_samples > 0 and resume.preempted_samples > 0
     assert recompute.preempted_regenerated_tokens > 0
     assert resume.preempted_regenerated_tokens == 0
-
-
-@st.composite
-def preemptions(draw):
-    """Spot instances and a schedule of notices (with a grace period), sudden deaths and joins."""
-    names = [f"spot-{i}" for i in range(draw(st.integers(1, 3)))]
-    initial = [spot(n, speed=draw(st.floats(5.0, 40.0)), pull_s=draw(st.floats(0.0, 2.0))) for n in names]
-    events = []
-    for k in range(draw(st.integers(1, 5))):
-        at = draw(st.floats(0.0, 20.0))
-        kind = draw(st.sampled_from(["notice", "death", "join"]))
-        if kind == "join":
-            spec = spot(f"late-{k}", speed=draw(st.floats(5.0, 40.0)))
-            names.append(spec.instance_id)
-            events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
-        else:
-            events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
-                                     grace_s=draw(st.floats(0.0, 8.0))))
-    return initial, events
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
