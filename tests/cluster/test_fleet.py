@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 
 import pytest
 import ray
 import ray.cloudpickle
 import torch
+from fleet_lines import FleetLinesForTests
 from own_processes import wait_until
 
 from rlboost.cluster.cost import CostLedger
@@ -37,24 +37,6 @@ TOK = ByteTokenizer()
 def ray_cluster():
     with RaySession(RaySettings(num_cpus=2, reserved=2, preemptible=4, object_store_mb=128)):
         yield
-
-
-class Recorder:
-    """Collects fleet events; wait(kind, instance) blocks until that event is recorded."""
-
-    def __init__(self):
-        self.events, self._cond = [], threading.Condition()
-
-    def __call__(self, kind, **fields):
-        with self._cond:
-            self.events.append({"kind": kind, **fields})
-            self._cond.notify_all()
-
-    def wait(self, kind, instance, timeout=60.0):
-        with self._cond:
-            assert self._cond.wait_for(
-                lambda: any(e["kind"] == kind and e["instance"] == instance for e in self.events), timeout), \
-                f"no {kind} event for {instance}: {self.events}"
 
 
 def _groups(step, prompts, params=None):
@@ -135,7 +117,7 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
     ctl = RolloutController.options(num_cpus=0).remote(ControllerConfig(
         poll_interval_s=0.02, registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=10,
                                                       drain_margin_s=0.2)), "reference")
-    rec, ledger, clock = Recorder(), CostLedger(), [0.0]
+    rec, ledger, clock = FleetLinesForTests(), CostLedger(), [0.0]
     with _running_fleet(ctl, ckpt, weights, ledger, rec, lambda: clock[0]) as (fleet, pub):
         # a joined instance starts empty and pulls before its first sample: what it
         # generates is what the published weights generate
@@ -168,15 +150,15 @@ def test_instances_pull_each_version_generate_with_it_and_get_preempted(ray_clus
         rec.wait("death", "spot-2")
         assert fleet.up() == 0 and fleet.preemptions == {"notice": 2, "sudden": 1}
         for iid, end in (("spot-0", "gone"), ("spot-1", "gone"), ("spot-2", "death")):
-            mine = [e["kind"] for e in rec.events if e["instance"] == iid]
+            mine = [e["kind"] for e in rec.lines if e["instance"] == iid]
             # first_sample when the controller had samples on it; drained once its samples left
             core = [k for k in mine if k not in ("first_sample", "drained")]
             assert core == ["join", "active"] + (["notice"] if end == "gone" else []) + [end], (iid, mine)
             assert "drained" not in mine or mine.index("drained") == len(mine) - 2, mine
             assert "first_sample" not in mine or mine.index("first_sample") > mine.index("active"), mine
         assert all(e["pool"] in ("reserved", "preemptible") and e["preemptible_up"] <= 1 and e["reserved_up"] == 1
-                   for e in rec.events)
-        assert [e["reason"] for e in rec.events if e["kind"] == "gone"] == ["reclaimed", "reclaimed"]
+                   for e in rec.lines)
+        assert [e["reason"] for e in rec.lines if e["kind"] == "gone"] == ["reclaimed", "reclaimed"]
         # preemptible instances bill from join to their end; the reserved engine is
         # part of the reserved cluster, which the launcher bills as a whole
         assert ledger.running() == {}
@@ -230,7 +212,7 @@ def test_samples_leave_the_reserved_instance_with_their_kv_pages(ray_cluster, tm
     ctl = TokenGatedControllerForTests.remote(
         ControllerConfig(poll_interval_s=0.02, migrate_with_kv=True,
                          registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=20)), 8)
-    rec, ledger = Recorder(), CostLedger()
+    rec, ledger = FleetLinesForTests(), CostLedger()
     with _running_fleet(ctl, ckpt, weights, ledger, rec, lambda: 0.0) as (fleet, pub):
         metrics = []
         out = _rollout(ctl, 1, 1, prompts, long, metrics)
@@ -248,15 +230,15 @@ def test_an_instance_a_wait_reports_active_has_its_active_event_already(ray_clus
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=5)
     weights = load_pretrained(ckpt).named_weights()
     ctl = RolloutController.options(num_cpus=0).remote(ControllerConfig(poll_interval_s=0.02), "reference")
-    rec = Recorder()
+    rec = FleetLinesForTests()
     with _fleet(ctl, ckpt, weights, CostLedger(), rec, lambda: 0.0) as (fleet, _):
         fleet.join("spot-0")
         fleet.wait_version(1, "preemptible", 120)
-        assert [e["kind"] for e in rec.events] == ["join", "active"]
+        assert [e["kind"] for e in rec.lines] == ["join", "active"]
         fleet.kill("spot-0")
         rec.wait("death", "spot-0")
-        assert [e["kind"] for e in rec.events] == ["join", "active", "death"]
-        assert rec.events[1]["preemptible_up"] == 1 and rec.events[2]["preemptible_up"] == 0
+        assert [e["kind"] for e in rec.lines] == ["join", "active", "death"]
+        assert rec.lines[1]["preemptible_up"] == 1 and rec.lines[2]["preemptible_up"] == 0
 
 
 def test_a_local_cluster_s_one_node_takes_the_controller_as_the_trainer_ranks_start(ray_cluster, monkeypatch):

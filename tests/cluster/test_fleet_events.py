@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import threading
 
 import pytest
 import ray
 import ray.cloudpickle
+from fleet_lines import FleetLinesForTests
 
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
@@ -37,25 +37,6 @@ CONFIG = ControllerConfig(poll_interval_s=0.02, registry=RegistryConfig(heartbea
 def ray_cluster():
     with RaySession(RaySettings(num_cpus=2, reserved=2, preemptible=4, object_store_mb=128)):
         yield
-
-
-class LinesForTests:
-    """The fleet's events.jsonl lines; wait(kind, instance) blocks until that line is written."""
-
-    def __init__(self):
-        self.lines, self._cond = [], threading.Condition()
-
-    def __call__(self, kind, **fields):
-        with self._cond:
-            self.lines.append({"kind": kind, **fields})
-            self._cond.notify_all()
-
-    def wait(self, kind, instance, timeout=120.0):
-        with self._cond:
-            assert self._cond.wait_for(lambda: self.of(instance, kind), timeout), self.lines
-
-    def of(self, instance, kind=None):
-        return [e for e in self.lines if e.get("instance") == instance and kind in (None, e["kind"])]
 
 
 # Ray's workers cannot import a test module: its actor classes travel by value.
@@ -107,7 +88,7 @@ def test_an_instance_s_events_arrive_in_order_and_versions_reach_it_from_the_con
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=3)
     weights = load_pretrained(ckpt).named_weights()
     ctl = RolloutController.remote(CONFIG, "reference")
-    lines = LinesForTests()
+    lines = FleetLinesForTests()
     with fleet_of(ctl, ckpt, weights, lines) as (fleet, pub):
         fleet.join("spot-0")
         fleet.wait_version(1, "preemptible", 120)
@@ -125,7 +106,7 @@ def test_an_instance_s_events_arrive_in_order_and_versions_reach_it_from_the_con
 def test_a_controller_slow_to_answer_holds_up_no_join_and_no_notice(ray_cluster, tmp_path):
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=4)
     ctl = HeldControllerForTests.remote(CONFIG)
-    lines = LinesForTests()
+    lines = FleetLinesForTests()
     with fleet_of(ctl, ckpt, load_pretrained(ckpt).named_weights(), lines) as (fleet, _):
         # the controller answers neither the placement nor the notice until released: both
         # calls return anyway, and the instance starts and registers on its own meanwhile
@@ -146,7 +127,7 @@ def test_an_engine_whose_load_fails_reaches_the_driver_with_its_cause(ray_cluste
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=5)
     other = build_tiny_checkpoint(tmp_path / "wide", arch="qwen3", seed=5, hidden_size=96)
     ctl = RolloutController.remote(CONFIG, "reference")
-    lines = LinesForTests()
+    lines = FleetLinesForTests()
     # the trainer serves weights of another shape than the engine's model: its load raises
     with fleet_of(ctl, ckpt, load_pretrained(other).named_weights(), lines) as (fleet, _):
         fleet.join("reserved-0", "reserved")
