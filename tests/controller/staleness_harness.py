@@ -5,6 +5,7 @@ pass (each sample trained once, every token within the bound)."""
 import asyncio
 
 from controller_fakes import engine_config, outputs
+from fleet_schedules import fleet_schedules
 from hypothesis import strategies as st
 
 from rlboost.controller.clock import run_virtual
@@ -13,7 +14,7 @@ from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRul
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.service import RolloutService
 from rlboost.controller.staleness import accepted_versions, token_versions
-from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance
+from rlboost.sim import EmulatedFleet, SimInstance
 
 WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
 SHAPE = dict(num_groups=4, group_size=2, prompt_len=3, max_new_tokens=30)
@@ -75,20 +76,8 @@ def check_steps(groups_for, results, bound=1):
     return lags
 
 
-@st.composite
-def preemptions(draw):
+def preemptions():
     """Spot instances and a schedule of notices (with a grace period), sudden deaths and joins."""
-    names = [f"spot-{i}" for i in range(draw(st.integers(1, 3)))]
-    initial = [spot(n, speed=draw(st.floats(5.0, 40.0)), pull_s=draw(st.floats(0.0, 2.0))) for n in names]
-    events = []
-    for k in range(draw(st.integers(1, 5))):
-        at = draw(st.floats(0.0, 20.0))
-        kind = draw(st.sampled_from(["notice", "death", "join"]))
-        if kind == "join":
-            spec = spot(f"late-{k}", speed=draw(st.floats(5.0, 40.0)))
-            names.append(spec.instance_id)
-            events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
-        else:
-            events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
-                                     grace_s=draw(st.floats(0.0, 8.0))))
-    return initial, events
+    make = lambda name: st.builds(lambda speed, pull_s: spot(name, speed=speed, pull_s=pull_s),  # noqa: E731
+                                  st.floats(5.0, 40.0), st.floats(0.0, 2.0))
+    return fleet_schedules(make, initial=(1, 3), events=(1, 5), horizon_s=20.0, grace_s=8.0)

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 from controller_fakes import engine_config, outputs, uninterrupted
+from fleet_schedules import fleet_schedules
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,7 @@ from rlboost.controller.router import RouterConfig
 from rlboost.controller.service import RolloutService
 from rlboost.models import build_tiny_checkpoint
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance, make_groups
+from rlboost.sim import EmulatedFleet, SimInstance, make_groups
 
 WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
 
@@ -33,22 +34,9 @@ def instance_specs(draw, name, kind="preemptible"):
                              decode_tokens_per_s=draw(st.floats(10.0, 200.0))))
 
 
-@st.composite
-def schedules(draw):
-    initial = [draw(instance_specs(f"spot-{i}")) for i in range(draw(st.integers(0, 3)))]
-    names = [s.instance_id for s in initial]
-    events = []
-    for k in range(draw(st.integers(0, 10))):
-        at = draw(st.floats(0.0, 6.0))
-        kind = draw(st.sampled_from(["join", "notice", "death", "speed"] if names else ["join"]))
-        if kind == "join":
-            spec = draw(instance_specs(f"late-{k}"))
-            names.append(spec.instance_id)
-            events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
-        else:
-            events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
-                                     grace_s=draw(st.floats(0.0, 12.0)), factor=draw(st.floats(0.1, 3.0))))
-    return initial, events
+def schedules():
+    return fleet_schedules(instance_specs, initial=(0, 3), events=(0, 10), horizon_s=6.0, grace_s=12.0,
+                           speed_factor=(0.1, 3.0))
 
 
 def losses(events) -> int:
@@ -139,22 +127,10 @@ def embedded_reference(model_dir, groups):
         engine.close()
 
 
-@st.composite
-def real_time_schedules(draw):
-    spot = lambda name: SimInstance(instance_id=name, pull_s=0.0, capacity=draw(st.integers(1, 4)))  # noqa: E731
-    initial = [spot(f"spot-{i}") for i in range(draw(st.integers(0, 2)))]
-    names, events = [s.instance_id for s in initial], []
-    for k in range(draw(st.integers(1, 4))):
-        at = draw(st.floats(0.0, 0.1))
-        kind = draw(st.sampled_from(["join", "notice", "death"] if names else ["join"]))
-        if kind == "join":
-            spec = spot(f"late-{k}")
-            names.append(spec.instance_id)
-            events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
-        else:
-            events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
-                                     grace_s=draw(st.floats(0.0, 0.2))))
-    return initial, events
+def real_time_schedules():
+    spot = lambda name: st.builds(lambda c: SimInstance(instance_id=name, pull_s=0.0, capacity=c),  # noqa: E731
+                                  st.integers(1, 4))
+    return fleet_schedules(spot, initial=(0, 2), events=(1, 4), horizon_s=0.1, grace_s=0.2)
 
 
 @settings(max_examples=4, deadline=None,

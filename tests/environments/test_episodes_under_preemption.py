@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fleet_schedules import fleet_schedules
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,7 @@ from rlboost.environments.config import EnvironmentConfig
 from rlboost.environments.turns import EpisodeHost
 from rlboost.models import build_tiny_checkpoint
 from rlboost.rollout.embedded.engine import EmbeddedEngine, EmbeddedEngineConfig
-from rlboost.sim import EmulatedFleet, FleetEvent, SimInstance, make_groups
+from rlboost.sim import EmulatedFleet, SimInstance, make_groups
 from rlboost.tasks.base import Problem
 
 ENV = f"{Path(__file__).with_name('envs_for_tests.py')}:ToolByParityEnvForTests"
@@ -89,22 +90,10 @@ def run_episodes(model_dir, groups, initial=(), events=(), retry_budget=0):
     return samples, stats, steps
 
 
-@st.composite
-def schedules(draw):
-    spot = lambda name: SimInstance(instance_id=name, pull_s=0.0, capacity=draw(st.integers(1, 4)))  # noqa: E731
-    initial = [spot(f"spot-{i}") for i in range(draw(st.integers(1, 2)))]
-    names, events = [s.instance_id for s in initial], []
-    for k in range(draw(st.integers(1, 4))):
-        at = draw(st.floats(0.0, 0.3))
-        kind = draw(st.sampled_from(["join", "notice", "death"]))
-        if kind == "join":
-            spec = spot(f"late-{k}")
-            names.append(spec.instance_id)
-            events.append(FleetEvent(at_s=at, kind="join", instance_id=spec.instance_id, spec=spec))
-        else:
-            events.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
-                                     grace_s=draw(st.floats(0.0, 0.2))))
-    return initial, events
+def schedules():
+    spot = lambda name: st.builds(lambda c: SimInstance(instance_id=name, pull_s=0.0, capacity=c),  # noqa: E731
+                                  st.integers(1, 4))
+    return fleet_schedules(spot, initial=(1, 2), events=(1, 4), horizon_s=0.3, grace_s=0.2)
 
 
 @settings(max_examples=4, deadline=None,
