@@ -14,7 +14,7 @@ from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRul
 from rlboost.controller.registry import RegistryConfig
 from rlboost.controller.service import RolloutService
 from rlboost.controller.staleness import accepted_versions, token_versions
-from rlboost.sim import EmulatedFleet, SimInstance
+from rlboost.sim import EmulatedFleet, SimInstance, make_groups
 
 WATCHDOG_S = 5000.0  # virtual seconds; a schedule taking longer is a hang
 SHAPE = dict(num_groups=4, group_size=2, prompt_len=3, max_new_tokens=30)
@@ -33,6 +33,43 @@ async def until(clock, cond, what, limit_s=600.0):
     while not cond():
         assert clock.now() < deadline, f"never happened: {what}"
         await clock.asleep(0.1)
+
+
+async def train_in_flight(svc, clock, steps, n, train_s, shape=SHAPE, log=None, open_after_end=False):
+    """The driver's loop with max_staleness n: at each step's start the next n steps are in
+    flight (open_after_end: the next one only, started as soon as the running step's last
+    micro-batch is taken, as the driver did before the free-slots schedule); the step ends as
+    soon as its last micro-batch is taken (the next one runs on), the trainer trains for
+    train_s, publishes, and the reserved instance joins the next step. Returns
+    (groups by step, [(micro-batches, metrics)] per step)."""
+    groups_for = {s: make_groups(s, **shape) for s in range(steps)}
+    svc.start_step(0, groups_for[0], 0)
+    started, results = {0}, []
+    for step in range(steps):
+        if step and n:
+            await until(clock, lambda: svc.registry.get("reserved-0").weight_version == step, "reserved pulls")
+            svc.join_reserved()
+        elif step:  # strict on-policy: the step starts once its version is published
+            svc.start_step(step, groups_for[step], step)
+        for later in range(step + 1, min(step + n, steps - 1) + 1):
+            if later not in started and not open_after_end:
+                svc.start_step(later, groups_for[later], later, ahead=True)
+                started.add(later)
+        if log is not None:
+            log.append((step, {lane.step: len(lane.router.queued) for lane in svc.steps.ahead}))
+        batches = []
+        while not batches or not batches[-1].last:
+            mb = await svc.next_microbatch(30.0)
+            if mb is not None:
+                batches.append(mb)
+        results.append((batches, await svc.end_step()))
+        if step + 1 < steps:
+            if open_after_end and n:
+                svc.start_step(step + 1, groups_for[step + 1], step + 1, ahead=True)
+                started.add(step + 1)
+            await clock.asleep(train_s)  # the trainer trains the step it just took, then publishes
+            svc.set_weight_version(step + 1)
+    return groups_for, results
 
 
 def run(body, **cfg):

@@ -6,48 +6,20 @@ of notices and deaths every sample completes exactly once with every token withi
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from staleness_harness import RESERVED, SHAPE, check_steps, preemptions, run, spot, until
+from staleness_harness import RESERVED, SHAPE, check_steps, preemptions, run, spot, train_in_flight
 
 from rlboost.controller.router import RouterConfig
 from rlboost.errors import RolloutError
 from rlboost.sim import make_groups
 
 
-async def train_ahead(svc, clock, steps, train_s, log=None, shape=SHAPE):
-    """The trainer's side with bounded staleness: each next step starts ahead as soon as the
-    last micro-batch is taken, the trainer trains for train_s and publishes, the reserved
-    instance pulls and joins. Returns [(micro-batches, metrics)] per step."""
-    groups_for = {s: make_groups(s, **shape) for s in range(steps)}
-    svc.start_step(0, groups_for[0], 0)
-    results = []
-    for step in range(steps):
-        if step:
-            await until(clock, lambda: svc.registry.get("reserved-0").weight_version == step, "reserved pulls")
-            if log is not None:
-                log.append((clock.now(), "join"))
-            svc.join_reserved()
-        batches = []
-        while not batches or not batches[-1].last:
-            mb = await svc.next_microbatch(30.0)
-            if mb is not None:
-                batches.append(mb)
-        results.append((batches, await svc.end_step()))
-        if step + 1 < steps:
-            svc.start_step(step + 1, groups_for[step + 1], step + 1, ahead=True)
-            await clock.asleep(train_s)  # the trainer trains the step it just took, then publishes
-            svc.set_weight_version(step + 1)
-    return groups_for, results
-
-
 def test_the_next_step_runs_ahead_on_preemptible_instances_while_the_trainer_trains():
-    log = []
-
     async def body(svc, clock, fleet):
         fleet.spawn(RESERVED)
         for i in range(2):
             fleet.spawn(spot(f"spot-{i}"))
         await clock.asleep(1.0)
-        return await train_ahead(svc, clock, 3, train_s=4.0, log=log)
+        return await train_in_flight(svc, clock, 3, 1, train_s=4.0, open_after_end=True)
     groups_for, results = run(body)
     check_steps(groups_for, results)
     later = [m for _, m in results[1:]]
@@ -63,7 +35,8 @@ def test_a_sample_that_moves_across_an_update_records_where_its_version_changed(
         for i in range(2):
             fleet.spawn(spot(f"spot-{i}", speed=8.0))
         await clock.asleep(1.0)
-        return await train_ahead(svc, clock, 3, train_s=1.0, shape={**SHAPE, "max_new_tokens": 80, "num_groups": 6})
+        return await train_in_flight(svc, clock, 3, 1, train_s=1.0, open_after_end=True,
+                                     shape={**SHAPE, "max_new_tokens": 80, "num_groups": 6})
     groups_for, results = run(body)
     check_steps(groups_for, results)
     spans = [s.version_changes for _, (batches, _) in enumerate(results) for mb in batches
@@ -111,6 +84,6 @@ def test_under_any_preemption_schedule_no_sample_is_lost_or_duplicated_and_every
             fleet.spawn(spec)
         await clock.asleep(0.5)
         fleet.schedule(events)
-        return await train_ahead(svc, clock, 3, train_s=train_s)
+        return await train_in_flight(svc, clock, 3, 1, train_s=train_s, open_after_end=True)
     groups_for, results = run(body, router=RouterConfig(retry_budget=losses, min_steal_gain_s=0.5))
     check_steps(groups_for, results)

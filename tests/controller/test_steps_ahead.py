@@ -9,7 +9,7 @@ import asyncio
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from staleness_harness import RESERVED, SHAPE, check_steps, preemptions, run, spot, until
+from staleness_harness import RESERVED, check_steps, preemptions, run, spot, train_in_flight, until
 
 from rlboost.controller.ahead import AFTER_ROLLOUT, FREE_SLOTS, StepsAhead
 from rlboost.controller.clock import ManualClock
@@ -20,7 +20,6 @@ from rlboost.controller.round import StepRound, run_now
 from rlboost.controller.router import Router, RouterConfig
 from rlboost.controller.step import Outcome
 from rlboost.rollout.emulated.config import EmulatedEngineConfig
-from rlboost.sim import make_groups
 from rlboost.sim.collector import SimCollector
 from rlboost.sim.workload import sim_groups
 
@@ -94,37 +93,6 @@ def test_only_engines_that_may_start_the_step_take_its_prompts_and_reserved_ones
 
 
 # -- the schedule in the controller, over emulated engines on virtual time ----------------------------
-
-async def train_in_flight(svc, clock, steps, n, train_s, shape=SHAPE, log=None):
-    """The driver's loop with max_staleness n: at each step's start the next n steps are in
-    flight; the step ends as soon as its last micro-batch is taken (the next one runs on), the
-    trainer trains for train_s, publishes, and the reserved instance joins the next step."""
-    groups_for = {s: make_groups(s, **shape) for s in range(steps)}
-    svc.start_step(0, groups_for[0], 0)
-    started, results = {0}, []
-    for step in range(steps):
-        if step and n:
-            await until(clock, lambda: svc.registry.get("reserved-0").weight_version == step, "reserved pulls")
-            svc.join_reserved()
-        elif step:  # strict on-policy: the step starts once its version is published
-            svc.start_step(step, groups_for[step], step)
-        for later in range(step + 1, min(step + n, steps - 1) + 1):
-            if later not in started:
-                svc.start_step(later, groups_for[later], later, ahead=True)
-                started.add(later)
-        if log is not None:
-            log.append((step, {lane.step: len(lane.router.queued) for lane in svc.steps.ahead}))
-        batches = []
-        while not batches or not batches[-1].last:
-            mb = await svc.next_microbatch(30.0)
-            if mb is not None:
-                batches.append(mb)
-        results.append((batches, await svc.end_step()))
-        if step + 1 < steps:
-            await clock.asleep(train_s)  # the trainer trains the step it just took, then publishes
-            svc.set_weight_version(step + 1)
-    return groups_for, results
-
 
 def test_with_staleness_2_two_later_steps_take_free_slots_and_tokens_two_versions_old_are_trained():
     log = []
