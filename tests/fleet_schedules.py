@@ -30,3 +30,8 @@ def fleet_schedules(draw, spot: Callable[[str], st.SearchStrategy[SimInstance]],
             schedule.append(FleetEvent(at_s=at, kind=kind, instance_id=draw(st.sampled_from(names)),
                                        grace_s=draw(st.floats(0.0, grace_s)), **extra))
     return first, schedule
+
+
+def real_engine_spots(name: str) -> st.SearchStrategy[SimInstance]:
+    """An instance of a real engine (no emulated speeds): it pulls at once and runs 1-4 samples."""
+    return st.builds(lambda capacity: SimInstance(instance_id=name, pull_s=0.0, capacity=capacity), st.integers(1, 4))

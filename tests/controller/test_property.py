@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 from controller_fakes import engine_config, outputs, uninterrupted
-from fleet_schedules import fleet_schedules
+from fleet_schedules import fleet_schedules, real_engine_spots
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -128,9 +128,7 @@ def embedded_reference(model_dir, groups):
 
 
 def real_time_schedules():
-    spot = lambda name: st.builds(lambda c: SimInstance(instance_id=name, pull_s=0.0, capacity=c),  # noqa: E731
-                                  st.integers(1, 4))
-    return fleet_schedules(spot, initial=(0, 2), events=(1, 4), horizon_s=0.1, grace_s=0.2)
+    return fleet_schedules(real_engine_spots, initial=(0, 2), events=(1, 4), horizon_s=0.1, grace_s=0.2)
 
 
 @settings(max_examples=4, deadline=None,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fleet_schedules import fleet_schedules
+from fleet_schedules import fleet_schedules, real_engine_spots
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -91,9 +91,7 @@ def run_episodes(model_dir, groups, initial=(), events=(), retry_budget=0):
 
 
 def schedules():
-    spot = lambda name: st.builds(lambda c: SimInstance(instance_id=name, pull_s=0.0, capacity=c),  # noqa: E731
-                                  st.integers(1, 4))
-    return fleet_schedules(spot, initial=(1, 2), events=(1, 4), horizon_s=0.3, grace_s=0.2)
+    return fleet_schedules(real_engine_spots, initial=(1, 2), events=(1, 4), horizon_s=0.3, grace_s=0.2)
 
 
 @settings(max_examples=4, deadline=None,
