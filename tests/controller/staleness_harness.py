@@ -12,6 +12,7 @@ from rlboost.controller.clock import run_virtual
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.offload import ReferenceWindowConfig, ReferenceWindowRule
 from rlboost.controller.registry import RegistryConfig
+from rlboost.controller.router import RouterConfig
 from rlboost.controller.service import RolloutService
 from rlboost.controller.staleness import accepted_versions, token_versions
 from rlboost.sim import EmulatedFleet, SimInstance, make_groups
@@ -118,3 +119,21 @@ def preemptions():
     make = lambda name: st.builds(lambda speed, pull_s: spot(name, speed=speed, pull_s=pull_s),  # noqa: E731
                                   st.floats(5.0, 40.0), st.floats(0.0, 2.0))
     return fleet_schedules(make, initial=(1, 3), events=(1, 5), horizon_s=20.0, grace_s=8.0)
+
+
+def run_under_preemptions(schedule, train_s, *, bound, steps, open_after_end=False):
+    """A reserved instance and the schedule's spot instances, notices, deaths and joins, under
+    the driver's loop with max_staleness bound; every step passes check_steps (returned: the
+    trained tokens by lag)."""
+    initial, events = schedule
+    losses = len({e.instance_id for e in events if e.kind in ("death", "notice")})
+
+    async def body(svc, clock, fleet):
+        fleet.spawn(RESERVED)
+        for spec in initial:
+            fleet.spawn(spec)
+        await clock.asleep(0.5)
+        fleet.schedule(events)
+        return await train_in_flight(svc, clock, steps, bound, train_s=train_s, open_after_end=open_after_end)
+    groups_for, results = run(body, max_staleness=bound, router=RouterConfig(retry_budget=losses, min_steal_gain_s=0.5))
+    return check_steps(groups_for, results, bound)

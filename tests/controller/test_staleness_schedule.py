@@ -6,9 +6,17 @@ of notices and deaths every sample completes exactly once with every token withi
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from staleness_harness import RESERVED, SHAPE, check_steps, preemptions, run, spot, train_in_flight
+from staleness_harness import (
+    RESERVED,
+    SHAPE,
+    check_steps,
+    preemptions,
+    run,
+    run_under_preemptions,
+    spot,
+    train_in_flight,
+)
 
-from rlboost.controller.router import RouterConfig
 from rlboost.errors import RolloutError
 from rlboost.sim import make_groups
 
@@ -75,15 +83,4 @@ def test_ahead_needs_a_bound_and_the_reserved_instances_join_only_once_it_is_pub
 @given(schedule=preemptions(), train_s=st.floats(0.5, 8.0))
 def test_under_any_preemption_schedule_no_sample_is_lost_or_duplicated_and_every_token_is_within_the_bound(
         schedule, train_s):
-    initial, events = schedule
-    losses = len({e.instance_id for e in events if e.kind in ("death", "notice")})
-
-    async def body(svc, clock, fleet):
-        fleet.spawn(RESERVED)
-        for spec in initial:
-            fleet.spawn(spec)
-        await clock.asleep(0.5)
-        fleet.schedule(events)
-        return await train_in_flight(svc, clock, 3, 1, train_s=train_s, open_after_end=True)
-    groups_for, results = run(body, router=RouterConfig(retry_budget=losses, min_steal_gain_s=0.5))
-    check_steps(groups_for, results)
+    run_under_preemptions(schedule, train_s, bound=1, steps=3, open_after_end=True)

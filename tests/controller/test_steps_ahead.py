@@ -9,7 +9,16 @@ import asyncio
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from staleness_harness import RESERVED, check_steps, preemptions, run, spot, train_in_flight, until
+from staleness_harness import (
+    RESERVED,
+    check_steps,
+    preemptions,
+    run,
+    run_under_preemptions,
+    spot,
+    train_in_flight,
+    until,
+)
 
 from rlboost.controller.ahead import AFTER_ROLLOUT, FREE_SLOTS, StepsAhead
 from rlboost.controller.clock import ManualClock
@@ -162,19 +171,7 @@ def test_a_death_restarts_the_steps_ahead_samples_from_their_prompt_under_recomp
 @given(schedule=preemptions(), train_s=st.floats(0.5, 8.0), bound=st.integers(1, 2))
 def test_under_any_preemption_schedule_nothing_is_lost_or_duplicated_and_every_token_is_within_the_bound(
         schedule, train_s, bound):
-    initial, events = schedule
-    losses = len({e.instance_id for e in events if e.kind in ("death", "notice")})
-
-    async def body(svc, clock, fleet):
-        fleet.spawn(RESERVED)
-        for spec in initial:
-            fleet.spawn(spec)
-        await clock.asleep(0.5)
-        fleet.schedule(events)
-        return await train_in_flight(svc, clock, 4, bound, train_s=train_s)
-    groups_for, results = run(body, max_staleness=bound,
-                              router=RouterConfig(retry_budget=losses, min_steal_gain_s=0.5))
-    check_steps(groups_for, results, bound)
+    run_under_preemptions(schedule, train_s, bound=bound, steps=4)
 
 
 class RecordingMoverForTests:
