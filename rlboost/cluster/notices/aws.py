@@ -14,6 +14,7 @@ from rlboost.cluster.notices.base import (
     Notice,
     NoticeConfig,
     PollingNotices,
+    answers,
     field,
     grace_until,
     http,
@@ -37,12 +38,9 @@ class AwsNotices(PollingNotices):
 
     @classmethod
     def probe(cls, config: NoticeConfig) -> bool:
-        try:
-            status, body, _ = http("PUT", config.aws_url.rstrip("/") + TOKEN_PATH,
-                                   {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, config.probe_timeout_s)
-        except OSError:
-            return False
-        return status == 200 and bool(body.strip())
+        answer = answers("PUT", config.aws_url.rstrip("/") + TOKEN_PATH, {"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+                         config.probe_timeout_s)
+        return answer is not None and answer[0] == 200 and bool(answer[1].strip())
 
     def _ask(self, timeout_s: float) -> Notice | None:
         status, body, _ = http("GET", self.base + ACTION_PATH, {"X-aws-ec2-metadata-token": self._session(timeout_s)},

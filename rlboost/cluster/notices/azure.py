@@ -14,6 +14,7 @@ from rlboost.cluster.notices.base import (
     Notice,
     NoticeConfig,
     PollingNotices,
+    answers,
     field,
     grace_until,
     http,
@@ -36,11 +37,8 @@ class AzureNotices(PollingNotices):
 
     @classmethod
     def probe(cls, config: NoticeConfig) -> bool:
-        try:
-            status, body, _ = http("GET", config.azure_url.rstrip("/") + NAME_PATH, HEADERS, config.probe_timeout_s)
-        except OSError:
-            return False
-        return status == 200 and bool(body.strip())
+        answer = answers("GET", config.azure_url.rstrip("/") + NAME_PATH, HEADERS, config.probe_timeout_s)
+        return answer is not None and answer[0] == 200 and bool(answer[1].strip())
 
     def _ask(self, timeout_s: float) -> Notice | None:
         if self._vm is None:

@@ -137,6 +137,15 @@ def http(method: str, url: str, headers: dict[str, str], timeout_s: float) -> tu
     return request(method, url, headers, timeout_s)
 
 
+def answers(method: str, url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, str, dict] | None:
+    """http(), or None when nothing answers there in time (a probe's question: is this cloud's
+    metadata server here at all?)."""
+    try:
+        return http(method, url, headers, timeout_s)
+    except OSError:
+        return None
+
+
 def json_or_none(text: str) -> dict | None:
     try:
         value = json.loads(text)

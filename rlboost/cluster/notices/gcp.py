@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from urllib.parse import quote
 
-from rlboost.cluster.notices.base import MetadataWatcher, Notice, NoticeConfig, http
+from rlboost.cluster.notices.base import MetadataWatcher, Notice, NoticeConfig, answers, http
 
 PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 PROBE_PATH = "/computeMetadata/v1/instance/id"
@@ -27,13 +27,9 @@ class GcpNotices(MetadataWatcher):
 
     @classmethod
     def probe(cls, config: NoticeConfig) -> bool:
-        try:
-            status, _, headers = http("GET", config.gcp_url.rstrip("/") + PROBE_PATH, HEADERS,
-                                      config.probe_timeout_s)
-        except OSError:
-            return False
+        answer = answers("GET", config.gcp_url.rstrip("/") + PROBE_PATH, HEADERS, config.probe_timeout_s)
         # the metadata server names itself in its answers; anything else at the address is not it
-        return status == 200 and headers.get("Metadata-Flavor") == "Google"
+        return answer is not None and answer[0] == 200 and answer[2].get("Metadata-Flavor") == "Google"
 
     def next(self, timeout_s: float) -> Notice | None:
         if self._stop.is_set():
