@@ -50,6 +50,11 @@ class RolloutError(RlboostError):
     """A rollout engine could not do what was asked of it."""
 
 
+class EngineBusy(RolloutError):
+    """The engine holds samples: weights load only into an idle engine. Nothing was changed;
+    load again once its samples have finished, moved or been aborted."""
+
+
 class HandoffFailed(RolloutError):
     """Samples drained from one engine did not resume on the other (refused, or lost in
     transit). `batch` holds them with every generated token; `returned_to_source` says

@@ -25,7 +25,7 @@ import ray
 
 from rlboost.cluster.session import process_info
 from rlboost.controller.records import InstanceInfo, Lease
-from rlboost.errors import InstanceFailed, RlboostError, TransferTimeout
+from rlboost.errors import EngineBusy, InstanceFailed, RlboostError, TransferTimeout
 from rlboost.transfer.config import on_this_node
 from rlboost.validate import check_format_version
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rlboost.transfer.config import TransferConfig
 
 SPEC_FORMAT_VERSION = 2
+IDLE_CHECK_S = 0.02  # how often a pulled version waits for the engine to go idle
 PULL_RECORD_FORMAT_VERSION = 2
 log = logging.getLogger(__name__)
 
@@ -235,11 +236,30 @@ class RolloutInstance:
                     self._errors.append(f"version {lease.weight_version}: {exc!r}")
                 continue
             try:
-                self._load(pulled, lease.weight_version, pull_s)
+                if not self._load_once_idle(pulled, lease.weight_version, pull_s):
+                    return
             except Exception as exc:  # noqa: BLE001 - whatever the engine raised is the cause
                 self._fail(f"its engine failed to load weight version {lease.weight_version}: {one_line(exc)}")
                 return
             self._nudged.set()  # report the new version now
+
+    def _load_once_idle(self, pulled: Any, version: int, pull_s: float) -> bool:
+        """Load the pulled version as soon as the engine is idle; False if the instance stops
+        first. The engine may still hold samples when the pull ends: finished ones the
+        controller has not collected yet (an emulated or server engine keeps them until
+        polled), or ones it sent just before the version was published. It sends nothing more
+        to an instance a version behind, so they finish, are collected or move off, and the
+        load follows."""
+        while True:
+            try:
+                self._load(pulled, version, pull_s)
+                return True
+            except EngineBusy:  # running, or done and not yet collected (engine.load() counts only the former)
+                while True:
+                    if self._stop.wait(IDLE_CHECK_S):
+                        return False
+                    if not self._busy():
+                        break
 
     def _busy(self) -> bool:
         """Samples still run (one version behind, under bounded staleness): load once idle."""

@@ -143,8 +143,8 @@ class RolloutEngine(Protocol):
 
     def load_weights(self, named_tensors: Mapping[str, object], version: int) -> None:
         """Replace the weights (named tensors, HF names) and tag later tokens with version.
-        Raises RolloutError, changing nothing, while samples are admitted or when the
-        names or shapes do not match the model."""
+        Raises EngineBusy (a RolloutError), changing nothing, while samples are admitted,
+        and RolloutError when the names or shapes do not match the model."""
 
     def load(self) -> EngineLoad:
         """Report the current load."""

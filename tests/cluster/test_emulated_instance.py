@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from rlboost.errors import EngineBusy
 from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.models import ByteTokenizer, build_tiny_checkpoint
 from rlboost.rollout.config import RolloutConfig
@@ -78,3 +79,21 @@ def test_preemptible_instances_run_at_their_own_speed(checkpoint):
 def test_a_bad_speed_is_refused():
     with pytest.raises(ValueError, match="preemptible_speed"):
         EmulatedEngineConfig(preemptible_speed=0.0)
+
+
+def test_weights_load_only_into_an_engine_that_holds_no_sample(checkpoint):
+    """A finished sample stays in the engine until polled, though load() counts it neither
+    running nor queued: load_weights refuses with EngineBusy, changing nothing, until then."""
+    engine = _engine(checkpoint, emulated=EmulatedEngineConfig(sample_tokens_per_s=1e6, decode_tokens_per_s=1e6))
+    engine.load_weights({}, version=0)
+    engine.submit([RequestState(sample_id=1, prompt_ids=(1, 2), params=SamplingParams(max_new_tokens=2), seed=0,
+                                weight_version=0)])
+    load = engine.load()
+    assert load.running + load.queued == 0
+    with pytest.raises(EngineBusy, match="1 samples"):
+        engine.load_weights({}, version=1)
+    assert engine.load().weight_version == 0
+    assert [d.finish_reason for d in engine.poll(1.0)][-1] is not None
+    engine.load_weights({}, version=1)
+    assert engine.load().weight_version == 1
+    engine.close()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
+import time
 
 import pytest
 import ray
@@ -17,15 +19,17 @@ from fleet_lines import FleetLinesForTests
 
 from rlboost.cluster.cost import CostLedger
 from rlboost.cluster.fleet import Fleet
-from rlboost.cluster.instance import InstanceSpec
+from rlboost.cluster.instance import InstanceSpec, RolloutInstance
 from rlboost.cluster.session import RaySession, RaySettings, actor_options
 from rlboost.controller.actor import ControllerActor, RolloutController
 from rlboost.controller.config import ControllerConfig
 from rlboost.controller.registry import RegistryConfig
 from rlboost.errors import InstanceFailed, StepFailed
+from rlboost.migration.state import RequestState, SamplingParams
 from rlboost.models import build_tiny_checkpoint, load_pretrained
 from rlboost.rollout.config import RolloutConfig
 from rlboost.rollout.embedded.engine import EmbeddedEngineConfig
+from rlboost.rollout.emulated.config import EmulatedEngineConfig
 from rlboost.run.outcome import RecoverableFailure, RestartsExhausted, ending_lines, recoverable
 from rlboost.transfer import TransferConfig, WeightPublisher, new_secret
 
@@ -138,6 +142,61 @@ def test_an_engine_whose_load_fails_reaches_the_driver_with_its_cause(ray_cluste
         assert death["reason"] == "failed" and death["cause"] in str(failed.value)
         assert "\n" not in str(failed.value)
         assert fleet.up("reserved") == 0  # not restarted in place: the run restarts, as for other failures
+
+
+def _loaded(ctl, instance_id, version, timeout_s):
+    """Whether the controller reports the instance holding `version` within timeout_s (its
+    event stream, long-polled: no sleeping)."""
+    seq, deadline = 0, time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        for e in ray.get(ctl.next_events.remote(seq, left)):
+            seq = e.seq
+            if e.instance_id == instance_id and e.kind in ("loaded", "lost", "death", "gone"):
+                if e.kind != "loaded":
+                    return False
+                if e.details.get("weight_version") == version:
+                    return True
+    return False
+
+
+def test_a_pulled_version_waits_for_samples_the_engine_still_holds_and_loads_once_they_leave(ray_cluster, tmp_path):
+    """Samples the controller sent just before a publish can still be in the engine when the
+    new version has been pulled (done, not yet collected: an emulated or server engine keeps
+    them until polled). The instance loads once they have left, instead of failing as an
+    engine that cannot load."""
+    ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=6)
+    weights = load_pretrained(ckpt).named_weights()
+    # a round a minute: the controller collects nothing from the engine while the test looks
+    ctl = RolloutController.remote(dataclasses.replace(CONFIG, poll_interval_s=60.0), "reference")
+    transfer = TransferConfig(secret=new_secret())
+    fast = EmulatedEngineConfig(sample_tokens_per_s=1e6, decode_tokens_per_s=1e6, startup_s=0.0)
+    with WeightPublisher(transfer) as pub:
+        pub.publish(1, weights)
+        ray.get(ctl.set_weight_version.remote(1))
+        spec = InstanceSpec(instance_id="spot-0", kind="preemptible", transfer=transfer, model_dir=str(ckpt),
+                            rollout=RolloutConfig(backend="emulated", capacity=4, emulated=fast),
+                            sources=(pub.address,))
+        ray.get(ctl.place.remote("spot-0", "preemptible", {"source": "trace"}))
+        instance = ray.remote(RolloutInstance).options(**actor_options("preemptible")).remote(spec, ctl)
+        try:
+            ray.get(instance.ready.remote())
+            assert _loaded(ctl, "spot-0", 1, 60)
+            state = RequestState(sample_id=7, prompt_ids=(1, 2, 3), params=SamplingParams(max_new_tokens=2), seed=0,
+                                 weight_version=1)
+            ray.get(instance.engine_call.remote("submit", [state]))
+            load = ray.get(instance.engine_call.remote("load"))
+            assert load.running + load.queued == 0  # done at once, and still held until polled
+            pub.publish(2, {n: t + 1.0 for n, t in weights.items()})
+            ray.get(ctl.set_weight_version.remote(2))
+            assert not _loaded(ctl, "spot-0", 2, 3.0)  # pulled (a tiny model: milliseconds), not loaded, alive
+            assert ray.get(instance.engine_call.remote("load")).weight_version == 1
+            deltas = ray.get(instance.engine_call.remote("poll", 0.0))  # what the controller's next round does
+            assert [d.sample_id for d in deltas if d.finish_reason] == [7]
+            assert _loaded(ctl, "spot-0", 2, 30)
+        finally:
+            ray.kill(instance)
+            ray.get(ctl.close.remote())
+            ray.kill(ctl)
 
 
 def test_a_failed_reserved_engine_ends_the_run_with_one_line():

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence, TypeVar
 
 import torch
 
-from rlboost.errors import RolloutError
+from rlboost.errors import EngineBusy, RolloutError
 from rlboost.migration.state import RequestState
 from rlboost.models.checkpoint import load_pretrained
 from rlboost.models.decoder import DecoderLM
@@ -282,7 +282,7 @@ class EmbeddedEngine(ThreadedEngineState):
 
     def _load_weights(self, named_tensors: Mapping[str, object], version: int) -> None:
         if self._sched.by_id:
-            raise RolloutError(f"cannot load weights while {len(self._sched.by_id)} samples are in "
+            raise EngineBusy(f"cannot load weights while {len(self._sched.by_id)} samples are in "
                                "flight; export or abort them first")
         load_named_tensors(self._model, named_tensors, version)
         with self._cond:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rlboost.errors import RolloutError
+from rlboost.errors import EngineBusy, RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState
 from rlboost.rollout.admission import validate_states
@@ -264,7 +264,7 @@ picks the KV capacity (reserved engines may hold less, sharing their GPUs with t
         with self._lock:
             self._check_open()
             if self._samples:
-                raise RolloutError(f"cannot load weights while {len(self._samples)} samples are admitted")
+                raise EngineBusy(f"cannot load weights while {len(self._samples)} samples are admitted")
             if self._schema is not None and schema != self._schema:
                 raise RolloutError("weight names or shapes differ from the loaded model's")
             self._schema, self._weights, self._version = schema, fingerprint, version

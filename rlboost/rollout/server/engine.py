@@ -18,7 +18,7 @@ import uuid
 import weakref
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from rlboost.errors import EngineFailed, RolloutError
+from rlboost.errors import EngineBusy, EngineFailed, RolloutError
 from rlboost.migration.batch import MigrationBatch
 from rlboost.migration.state import RequestState
 from rlboost.rollout.admission import validate_states
@@ -202,7 +202,7 @@ class StreamedEngine(ThreadedEngineState, metaclass=abc.ABCMeta):
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise RolloutError(f"version must be a non-negative int, got {version!r}")
         if self._samples:
-            raise RolloutError(f"cannot load weights while {len(self._samples)} samples are in "
+            raise EngineBusy(f"cannot load weights while {len(self._samples)} samples are in "
                                "flight; export or abort them first")
 
     def _loaded(self, version: int) -> None:
