@@ -5,7 +5,8 @@ import threading
 
 class FleetLinesForTests:
     """Stands in for the run's events.jsonl writer: keeps every line; wait(kind, instance)
-    blocks until the instance has a line of that kind, of(instance, kind) lists its lines."""
+    blocks until the instance has a line of that kind, first(predicate) until some line
+    matches (returned), of(instance, kind) lists its lines."""
 
     def __init__(self):
         self.lines, self._cond = [], threading.Condition()
@@ -19,6 +20,12 @@ class FleetLinesForTests:
         with self._cond:
             assert self._cond.wait_for(lambda: self.of(instance, kind), timeout), \
                 f"no {kind} line for {instance}: {self.lines}"
+
+    def first(self, predicate, timeout=120.0):
+        """The first line predicate(line) holds for, once there is one."""
+        with self._cond:
+            assert self._cond.wait_for(lambda: any(predicate(e) for e in self.lines), timeout), self.lines
+            return next(e for e in self.lines if predicate(e))
 
     def of(self, instance, kind=None):
         return [e for e in self.lines if e.get("instance") == instance and kind in (None, e["kind"])]

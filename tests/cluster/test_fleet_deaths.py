@@ -5,10 +5,10 @@ its own name, so the next step finds a reserved engine at the current weights.""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 import ray
+from fleet_lines import FleetLinesForTests
 from own_processes import kill_below
 
 from rlboost.cluster.cost import CostLedger
@@ -24,27 +24,6 @@ from rlboost.rollout.embedded.engine import EmbeddedEngineConfig
 from rlboost.transfer import TransferConfig, WeightPublisher, new_secret
 
 
-class EventsForTests:
-    """Collects fleet events; wait(predicate) blocks until one matches (returned)."""
-
-    def __init__(self):
-        self.events, self._cond = [], threading.Condition()
-
-    def __call__(self, kind, **fields):
-        with self._cond:
-            self.events.append({"kind": kind, **fields})
-            self._cond.notify_all()
-
-    def wait(self, predicate, timeout=90.0):
-        with self._cond:
-            assert self._cond.wait_for(lambda: any(predicate(e) for e in self.events), timeout), self.events
-            return next(e for e in self.events if predicate(e))
-
-    def of(self, instance):
-        with self._cond:
-            return [e["kind"] for e in self.events if e["instance"] == instance]
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
     with RaySession(RaySettings(num_cpus=2, reserved=2, preemptible=4, object_store_mb=128)):
@@ -55,7 +34,7 @@ def test_a_dead_reserved_engine_is_replaced_and_every_death_is_recorded(ray_clus
     ckpt = build_tiny_checkpoint(tmp_path / "tiny", arch="qwen3", seed=5)
     ctl = RolloutController.options(num_cpus=0).remote(ControllerConfig(
         poll_interval_s=0.02, registry=RegistryConfig(heartbeat_interval_s=0.5, missed_beats=4)))
-    rec, ledger = EventsForTests(), CostLedger()
+    rec, ledger = FleetLinesForTests(), CostLedger()
     transfer = TransferConfig(secret=new_secret())  # the run's secret, shared with its instances
     with WeightPublisher(transfer) as pub:
         pub.publish(1, load_pretrained(ckpt).named_weights())
@@ -69,24 +48,24 @@ def test_a_dead_reserved_engine_is_replaced_and_every_death_is_recorded(ray_clus
                 fleet.join(iid, kind)
             fleet.wait_version(1, "reserved", 120)
             fleet.wait_version(1, "preemptible", 120)
-            active = {i: rec.wait(lambda e, i=i: e["kind"] == "active" and e["instance"] == i)
+            active = {i: rec.first(lambda e, i=i: e["kind"] == "active" and e["instance"] == i)
                       for i in ("reserved-0", "spot-0")}
             assert all(a["pid"] > 0 and a["node"] for a in active.values())  # which process each one is
 
             kill_below(os.getpid(), [active["reserved-0"]["pid"], active["spot-0"]["pid"]])
             for iid in ("reserved-0", "spot-0"):
-                death = rec.wait(lambda e, i=iid: e["kind"] == "death" and e["instance"] == i)
+                death = rec.first(lambda e, i=iid: e["kind"] == "death" and e["instance"] == i)
                 assert death["reason"] == "lost" and death["samples_resumed"] == 0
             # a new reserved engine under the same name, at the current weights; the lost
             # preemptible instance is not replaced (the trace decides what joins)
             fleet.wait_version(1, "reserved", 120)
-            rec.wait(lambda e: e["kind"] == "active" and e["instance"] == "reserved-0"
+            rec.first(lambda e: e["kind"] == "active" and e["instance"] == "reserved-0"
                      and e["pid"] != active["reserved-0"]["pid"])
-            assert rec.of("reserved-0") == ["join", "active", "death", "join", "active"]
-            assert rec.of("spot-0") == ["join", "active", "death"] and fleet.up("reserved") == 1
+            assert [e["kind"] for e in rec.of("reserved-0")] == ["join", "active", "death", "join", "active"]
+            assert [e["kind"] for e in rec.of("spot-0")] == ["join", "active", "death"] and fleet.up("reserved") == 1
 
             fleet.kill("spot-1")  # a sudden preemption: the run killed it
-            assert rec.wait(lambda e: e["kind"] == "death" and e["instance"] == "spot-1")["reason"] == "killed"
+            assert rec.first(lambda e: e["kind"] == "death" and e["instance"] == "spot-1")["reason"] == "killed"
             assert fleet.up() == 0 and "spot-0" not in ledger.running()  # billing stopped at its death
         finally:
             fleet.close()

@@ -7,6 +7,7 @@ import asyncio
 from controller_fakes import engine_config, outputs
 from fleet_schedules import fleet_schedules
 from hypothesis import strategies as st
+from steps import take_step
 
 from rlboost.controller.clock import run_virtual
 from rlboost.controller.config import ControllerConfig
@@ -58,12 +59,7 @@ async def train_in_flight(svc, clock, steps, n, train_s, shape=SHAPE, log=None, 
                 started.add(later)
         if log is not None:
             log.append((step, {lane.step: len(lane.router.queued) for lane in svc.steps.ahead}))
-        batches = []
-        while not batches or not batches[-1].last:
-            mb = await svc.next_microbatch(30.0)
-            if mb is not None:
-                batches.append(mb)
-        results.append((batches, await svc.end_step()))
+        results.append(await take_step(svc))
         if step + 1 < steps:
             if open_after_end and n:
                 svc.start_step(step + 1, groups_for[step + 1], step + 1, ahead=True)

@@ -11,6 +11,7 @@ from controller_fakes import engine_config, outputs, uninterrupted
 from fleet_schedules import fleet_schedules, real_engine_spots
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from steps import take_step
 
 from rlboost.controller.clock import MonotonicClock, run_virtual
 from rlboost.controller.config import ControllerConfig
@@ -65,12 +66,7 @@ def run_schedule(reserved, initial, events, policy, shape, steps=2):
             for step in range(steps):
                 svc.set_weight_version(step)
                 svc.start_step(step, groups_for[step], step)
-                batches = []
-                while not batches or not batches[-1].last:
-                    mb = await svc.next_microbatch(30.0)
-                    if mb is not None:
-                        batches.append(mb)
-                results.append((batches, await svc.end_step()))
+                results.append(await take_step(svc))
         finally:
             await fleet.close()
             await svc.close()
@@ -161,12 +157,7 @@ def test_embedded_engine_samples_complete_exactly_once_under_preemption(tiny_mod
                 fleet.spawn(spec)
             fleet.schedule(events)
             svc.start_step(0, groups, 0)
-            batches = []
-            while not batches or not batches[-1].last:
-                mb = await svc.next_microbatch(5.0)
-                if mb is not None:
-                    batches.append(mb)
-            return batches, await svc.end_step()
+            return await take_step(svc, 5.0)
         finally:
             await fleet.close()
             await svc.close()

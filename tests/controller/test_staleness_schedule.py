@@ -16,6 +16,7 @@ from staleness_harness import (
     spot,
     train_in_flight,
 )
+from steps import take_step
 
 from rlboost.errors import RolloutError
 from rlboost.sim import make_groups
@@ -60,12 +61,7 @@ def test_ahead_needs_a_bound_and_the_reserved_instances_join_only_once_it_is_pub
         svc.start_step(0, make_groups(0, **SHAPE), 0)
         with pytest.raises(RolloutError, match="end the running step"):
             svc.set_weight_version(1)  # past the running step's own version
-        batches = []
-        while not batches or not batches[-1].last:
-            mb = await svc.next_microbatch(30.0)
-            if mb is not None:
-                batches.append(mb)
-        await svc.end_step()
+        await take_step(svc)
         svc.start_step(1, make_groups(1, **SHAPE), 1, ahead=True)
         with pytest.raises(RolloutError, match="publish it"):
             svc.join_reserved()

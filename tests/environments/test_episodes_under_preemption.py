@@ -12,6 +12,7 @@ import torch
 from fleet_schedules import fleet_schedules, real_engine_spots
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from steps import take_step
 
 from rlboost.controller.clock import MonotonicClock
 from rlboost.controller.config import ControllerConfig
@@ -68,12 +69,7 @@ def run_episodes(model_dir, groups, initial=(), events=(), retry_budget=0):
                 fleet.spawn(spec)
             fleet.schedule(list(events))
             svc.start_step(0, groups, 0)
-            batches = []
-            while not batches or not batches[-1].last:
-                mb = await svc.next_microbatch(5.0)
-                if mb is not None:
-                    batches.append(mb)
-            await svc.end_step()
+            batches, _ = await take_step(svc, 5.0)
             return batches, host.stats(), host.kind.make.func.STEPS["steps"]
         finally:
             await fleet.close()
