@@ -1,5 +1,6 @@
 """Test-wide settings: keep Ray on loopback and small; tiny models on one torch thread."""
 
+import compileall
 import importlib.util
 import os
 from pathlib import Path
@@ -21,6 +22,18 @@ def pytest_configure(config):
     if importlib.util.find_spec("rlboost._C") and not importlib.util.find_spec("rlboost._C_testing"):
         raise pytest.UsageError("rlboost._C_testing is not installed: the tests need the editable install "
                                 "(pip install torch==2.13.0 -e '.[test]'), or a build with RLBOOST_TESTING_MODULE=ON")
+    if not hasattr(config, "workerinput"):  # once, in the process that starts the workers
+        _compile_the_package()
+
+
+def _compile_the_package() -> None:
+    """Write the package's bytecode before any process of the session imports it. The tests
+    run the editable install from the source tree, and where PYTHONDONTWRITEBYTECODE is set
+    (it is on this project's machines) no process writes it: every one a whole run starts
+    (the driver, the trainer ranks, the controller, each instance) would compile the sources
+    it imports again. Python reads bytecode that is there whatever that variable says.
+    __pycache__ is ignored by git."""
+    compileall.compile_dir(Path(importlib.util.find_spec("rlboost").origin).parent, quiet=1)
 
 
 @pytest.fixture(scope="session", autouse=True)
