@@ -20,9 +20,10 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_simulated_table_with_breakdown_sensitivity_and_json_line(tmp_path):
     out = tmp_path / "paper.md"
-    # steps 3..5 counted: rlboost's window policy makes its first adjustment in step 2
+    # steps 3..5 counted: rlboost's window policy makes its first adjustment in step 2; the
+    # staleness rows at 4 instances only (at 1-3 instances they run the same path)
     proc = _run(tmp_path, "--fidelity", "simulated", "--steps", "5", "--skip", "2", "--seeds", "2",
-                "--trace-steps", "4", "--out", str(out))
+                "--trace-steps", "4", "--staleness-counts", "4", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["metric"] == "tokens_per_dollar_gain_4_instances" and result["unit"] == "x"
@@ -36,6 +37,9 @@ def test_simulated_table_with_breakdown_sensitivity_and_json_line(tmp_path):
     four = sim["rlboost, 4 instances"]
     assert 0 < four["window_s"] < four["rollout_end_s"] <= four["step_s"]
     assert set(peers["trace_rlboost_over_reference"]) == {"mean", "sd", "seeds"}
+    for schedule in ("rlboost", "after rollout"):  # both schedules of the steps ahead, both bounds
+        for bound in (1, 2):
+            assert 0 < peers[f"{schedule}, staleness {bound}, 4 inst."]["simulated"]["stale_share"] <= 1
     assert len(peers["sensitivity_4_instances"]) == 4
     # the artifact's measured curve is printed beside the reference mode's prediction, first
     assert set(peers["artifact_curve"]) == {"0", "1", "2", "3", "4"}
