@@ -39,8 +39,8 @@ def _jsonl(path: Path) -> list[dict]:
 
 @pytest.mark.parametrize("bound", [1, 2])
 def test_bounded_staleness_run_trains_every_sample_once_through_notice_and_sudden_preemptions(tmp_path, bound):
-    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RLBOOST_CACHE=str(tmp_path / "cache"),
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    # the session's RLBOOST_CACHE (tests/conftest.py): both bounds start from the one tiny checkpoint
+    env = dict(os.environ, RLBOOST_RUN_ROOT=str(tmp_path / "runs"), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RLBOOST_RAY_ADDRESS", None)
     args = [a.replace("run.steps=3", "run.steps=4").replace("max_preemptible=1", "max_preemptible=2")
             .replace("initial_preemptible=1", "initial_preemptible=2").replace("notice@2", "notice@2,kill@3")
