@@ -153,6 +153,7 @@ class Events:
 
     def __init__(self, runs: Path):
         self.runs = runs
+        self._seen: list[dict] = []  # what the running wait() read last, for matchers that look around
 
     def all(self) -> list[dict]:
         found = sorted(self.runs.glob("*/events.jsonl"))
@@ -165,21 +166,26 @@ class Events:
         return [json.loads(line) for line in found[-1].read_text().splitlines() if line.strip()] if found else []
 
     def wait(self, match: Callable[[dict], bool], timeout_s: float, what: str) -> dict:
-        """The first event that matches (polled every 20 ms); TimeoutError naming what after timeout_s."""
+        """The first event that matches (the file read every 50 ms); TimeoutError naming what
+        after timeout_s."""
         deadline = time.monotonic() + timeout_s
         while True:
-            hit = next((e for e in self.all() if match(e)), None)
+            self._seen = self.all()
+            hit = next((e for e in self._seen if match(e)), None)
             if hit is not None:
                 return hit
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {what} within {timeout_s:g} s")
-            time.sleep(0.02)
+            time.sleep(0.05)
 
     def on_node(self, node_id: str, kind: str) -> Callable[[dict], bool]:
-        """Matches an instance event of the instance the run placed on node_id."""
+        """Matches an instance event of the instance the run placed on node_id (its join among
+        the events wait() read: once per read, not once per event)."""
         def match(e: dict) -> bool:
-            iids = {x["instance"] for x in self.all() if x.get("kind") == "join" and x.get("node") == node_id}
-            return e.get("kind") == kind and e.get("instance") in iids
+            if e.get("kind") != kind:
+                return False
+            return e.get("instance") in {x["instance"] for x in self._seen
+                                         if x.get("kind") == "join" and x.get("node") == node_id}
         return match
 
     def steps_done(self) -> int:
