@@ -59,15 +59,21 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-# Files whose tests start whole runs (tens of seconds apiece), longest file first. They are
+# Files that take ten seconds or more (whole runs, Ray clusters of their own, two-rank
+# trainers), longest first, as measured in quiet runs of the suite on 2 cores. They are
 # collected first: two workers take the first files in turn and then the rest as they free
-# up, so the long runs are shared out at the start, and the suite does not end with one
-# worker alone on a run while the other idles. Within a module the order is kept.
-_LONG_FIRST = ("test_train_cli.py", "cluster/test_live_capacity.py", "test_train_emulated.py", "test_two_nodes.py",
-               "test_supervision.py", "tasks/test_own_task_run.py", "cluster/test_fleet.py",
-               "test_outsider.py", "test_train_transformers.py", "bench/test_paper_table_smoke.py",
-               "cluster/test_egress_run.py", "controller/test_actor.py", "cluster/test_fleet_deaths.py",
-               "tasks/test_hostile_run.py")
+# up, so the long ones are shared out early and the suite ends on short files, not with one
+# worker alone on a long one while the other idles. Within a module the order is kept.
+_LONG_FIRST = ("test_train_cli.py", "cluster/test_live_capacity.py", "test_train_emulated.py", "bench/test_bench_smoke.py",
+               "test_supervision.py", "tasks/test_own_task_run.py", "test_two_nodes.py", "cluster/test_fleet.py",
+               "test_outsider.py", "test_train_transformers.py", "cluster/test_fleet_events.py",
+               "tasks/test_hostile_run.py", "cluster/test_egress_run.py", "cluster/test_instance_agent.py",
+               "bench/test_paper_table_smoke.py", "cluster/test_fleet_deaths.py", "controller/test_actor.py",
+               "trainer/test_rank_rng.py", "rollout/test_handoff.py", "trainer/test_fsdp_two_ranks.py",
+               "transfer/test_idle_sources.py", "test_multi_node.py", "cluster/test_hostile_metadata.py",
+               "sim/test_simulate_cli.py", "trainer/test_exactness_two_ranks.py", "transfer/test_relay.py",
+               "test_cli_errors.py", "transfer/test_resume.py", "environments/test_host_actor.py",
+               "bench/test_transfer_bench_smoke.py")
 
 
 def pytest_collection_modifyitems(config, items):
