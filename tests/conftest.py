@@ -29,7 +29,7 @@ def pytest_configure(config):
 def _compile_the_package() -> None:
     """Write the package's bytecode before any process of the session imports it. The tests
     run the editable install from the source tree, and where PYTHONDONTWRITEBYTECODE is set
-    (it is on this project's machines) no process writes it: every one a whole run starts
+    (it is on the 2-core reference machine) no process writes it: every one a whole run starts
     (the driver, the trainer ranks, the controller, each instance) would compile the sources
     it imports again. Python reads bytecode that is there whatever that variable says.
     __pycache__ is ignored by git."""
