@@ -24,6 +24,9 @@ def pytest_configure(config):
                                 "(pip install torch==2.13.0 -e '.[test]'), or a build with RLBOOST_TESTING_MODULE=ON")
     if not hasattr(config, "workerinput"):  # once, in the process that starts the workers
         _compile_the_package()
+        gone = [name for name in _LONG_FIRST if not (Path(__file__).parent / name).is_file()]
+        if gone:  # a renamed file would silently lose its place at the front
+            raise pytest.UsageError(f"tests/conftest.py _LONG_FIRST names files that are not there: {gone}")
 
 
 def _compile_the_package() -> None:
