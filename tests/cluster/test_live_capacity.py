@@ -32,26 +32,72 @@ def _instance_events(events: list[dict], node: str) -> tuple[str, list[dict]]:
     return iid, [e for e in events if e.get("instance") == iid]
 
 
-def test_live_nodes_join_are_drained_by_their_shutdown_hook_and_die_with_no_sample_lost(tmp_path):
+def test_live_capacity_on_a_local_cluster_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    from rlboost.cli import main
+
+    monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path))
+    monkeypatch.delenv("RLBOOST_RAY_ADDRESS", raising=False)
+    assert main(["train", "--set", "cluster.capacity=live"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cluster.capacity=live" in err[0] and "cluster.address" in err[0]
+    assert not any(tmp_path.iterdir()) and not ray.is_initialized()
+
+
+@pytest.mark.parametrize("value", ["cloud", "", "AWS"])
+def test_a_notice_source_that_is_none_of_them_is_refused_by_name(value):
+    with pytest.raises(ValueError, match="cluster.notice_source|notice_source"):
+        apply_overrides(get_recipe("tiny_cpu"), [f"cluster.notice_source={value}"])
+
+
+@pytest.fixture(scope="module")
+def one_cluster(tmp_path_factory):
+    """One token-authenticated cluster for the module's tests that need one (a start and stop
+    is some 9 CPU-seconds on 2 cores). They come after the tests that need Ray down in this
+    process."""
+    with local_cluster(tmp_path_factory.mktemp("work")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(one_cluster):
+    """The module's cluster, its head alone: the nodes a test added leave after it."""
+    yield one_cluster
+    for node in list(one_cluster.nodes):
+        one_cluster.remove(node)
+
+
+def test_a_driver_without_the_cluster_s_token_is_refused_in_one_line(cluster, tmp_path):
+    env = dict(run_env(cluster, tmp_path / "runs"), HOME=str(tmp_path / "home"))  # no ~/.ray/auth_token
+    del env["RAY_AUTH_TOKEN"]
+    proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train",
+                           *[a for o in [f"cluster.address={cluster.address}", *live_overrides(tmp_path / "n", 2)]
+                             for a in ("--set", o)]],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "token authentication" in lines[-1] and "RAY_AUTH_MODE=token" in lines[-1], lines
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_live_nodes_join_are_drained_by_their_shutdown_hook_and_die_with_no_sample_lost(cluster, tmp_path):
     runs, hooks = tmp_path / "runs", tmp_path / "n"
-    with local_cluster(tmp_path / "work") as cluster:
-        overrides = [*live_overrides(hooks, steps=60), "controller.registry.drain_margin_s=15"]  # 20 s notice: drain after 5
-        proc = start_run(cluster, runs, overrides, tmp_path / "cwd")
-        events = Events(runs)
-        try:
-            events.wait(lambda e: e["kind"] == "capacity", 400, "the live capacity's start")
-            requested = autoscaler_request()
-            a = cluster.add()
-            events.wait(events.on_node(a, "first_sample"), 120, "a first sample on the node that joined")
-            hook = notice(hooks, 20.0, wait=True)  # returns once the node has drained
-            b = cluster.add()
-            events.wait(events.on_node(b, "first_sample"), 120, "a first sample on the second node")
-            cluster.remove(b)  # mid-step: it holds samples
-            events.wait(events.on_node(b, "death"), 60, "the removed node's instance ended")
-            events.wait(events.on_node(a, "gone"), 60, "the noticed node's instance reclaimed at its deadline")
-        finally:  # the step in progress (with the dead node's samples resumed) completes first
-            code, out, err = stop_run(proc)
-        assert autoscaler_request() == []  # withdrawn when Ctrl-C stopped the run
+    overrides = [*live_overrides(hooks, steps=60), "controller.registry.drain_margin_s=15"]  # 20 s notice: drain after 5
+    proc = start_run(cluster, runs, overrides, tmp_path / "cwd")
+    events = Events(runs)
+    try:
+        events.wait(lambda e: e["kind"] == "capacity", 400, "the live capacity's start")
+        requested = autoscaler_request()
+        a = cluster.add()
+        events.wait(events.on_node(a, "first_sample"), 120, "a first sample on the node that joined")
+        hook = notice(hooks, 20.0, wait=True)  # returns once the node has drained
+        b = cluster.add()
+        events.wait(events.on_node(b, "first_sample"), 120, "a first sample on the second node")
+        cluster.remove(b)  # mid-step: it holds samples
+        events.wait(events.on_node(b, "death"), 60, "the removed node's instance ended")
+        events.wait(events.on_node(a, "gone"), 60, "the noticed node's instance reclaimed at its deadline")
+    finally:  # the step in progress (with the dead node's samples resumed) completes first
+        code, out, err = stop_run(proc)
+    assert autoscaler_request() == []  # withdrawn when Ctrl-C stopped the run
     assert code == 130, err[-3000:]  # stopped by Ctrl-C after a checkpoint
     assert requested == [{"preemptible": 1.0}] * 3  # max_preemptible bundles while it ran
     assert hook.returncode == 0, hook.stderr
@@ -78,46 +124,14 @@ def test_live_nodes_join_are_drained_by_their_shutdown_hook_and_die_with_no_samp
     assert "| notices by source | 1 hook |" in summary and "| preemptible pool empty |" in summary
 
 
-def test_live_capacity_on_a_local_cluster_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
-    from rlboost.cli import main
-
-    monkeypatch.setenv("RLBOOST_RUN_ROOT", str(tmp_path))
-    monkeypatch.delenv("RLBOOST_RAY_ADDRESS", raising=False)
-    assert main(["train", "--set", "cluster.capacity=live"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "cluster.capacity=live" in err[0] and "cluster.address" in err[0]
-    assert not any(tmp_path.iterdir()) and not ray.is_initialized()
-
-
-@pytest.mark.parametrize("value", ["cloud", "", "AWS"])
-def test_a_notice_source_that_is_none_of_them_is_refused_by_name(value):
-    with pytest.raises(ValueError, match="cluster.notice_source|notice_source"):
-        apply_overrides(get_recipe("tiny_cpu"), [f"cluster.notice_source={value}"])
-
-
-def test_a_driver_without_the_cluster_s_token_is_refused_in_one_line(tmp_path):
-    with local_cluster(tmp_path / "work") as cluster:
-        env = dict(run_env(cluster, tmp_path / "runs"), HOME=str(tmp_path / "home"))  # no ~/.ray/auth_token
-        del env["RAY_AUTH_TOKEN"]
-        proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train",
-                               *[a for o in [f"cluster.address={cluster.address}", *live_overrides(tmp_path / "n", 2)]
-                                 for a in ("--set", o)]],
-                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "token authentication" in lines[-1] and "RAY_AUTH_MODE=token" in lines[-1], lines
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-
-
 @pytest.mark.slow
-def test_two_nodes_join_one_dies_and_aws_and_gcp_notices_drain_theirs_before_the_deadline(tmp_path):
+def test_two_nodes_join_one_dies_and_aws_and_gcp_notices_drain_theirs_before_the_deadline(cluster, tmp_path):
     """Two preemptible nodes join mid-run and serve; a third is removed mid-step; one of the
     two gets its notice from a fake AWS metadata server (IMDSv2 token, then instance-action),
     the other from a fake GCP one (instance/preempted). Each noticed node drains before its
     deadline, and no sample is lost or duplicated."""
     runs, hooks = tmp_path / "runs", tmp_path / "n"
-    with FakeAwsMetadataForTests() as aws, FakeGcpMetadataForTests() as gcp, \
-            local_cluster(tmp_path / "work") as cluster:
+    with FakeAwsMetadataForTests() as aws, FakeGcpMetadataForTests() as gcp:
         overrides = [*live_overrides(hooks, steps=80), f"cluster.notices.aws_url={aws.url}",
                      f"cluster.notices.gcp_url={gcp.url}", "cluster.notices.gcp_grace_s=20",
                      "controller.registry.drain_margin_s=10"]
