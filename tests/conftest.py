@@ -79,12 +79,15 @@ _LONG_FIRST = ("test_train_cli.py", "cluster/test_live_capacity.py", "test_train
                "bench/test_transfer_bench_smoke.py")
 
 
-# Files whose tests use one local Ray cluster of the same shape (each module's own
-# RaySession finds it up and leaves it up): one start instead of three, some 9 CPU-seconds
-# each on 2 cores. They go to one worker as one unit of work (pytest_xdist_make_scheduler),
-# one after the other, and the cluster stops after the last of their tests.
-_ONE_RAY = ("cluster/test_fleet.py", "cluster/test_fleet_events.py", "cluster/test_fleet_deaths.py")
-_ONE_RAY_SETTINGS = dict(num_cpus=2, reserved=2, preemptible=4, object_store_mb=128)
+# Files whose tests need a local Ray cluster and nothing of its start (none of them starts a
+# run, whose RaySession would join it): they share one that offers what each module's own
+# RaySession asks for (which finds it up and leaves it up), one start instead of five, some
+# 9 CPU-seconds each on 2 cores. They go to one worker as one unit of work
+# (pytest_xdist_make_scheduler), one after the other, and the cluster stops after the last
+# of their tests.
+_ONE_RAY = ("cluster/test_fleet.py", "cluster/test_fleet_events.py", "cluster/test_fleet_deaths.py",
+            "cluster/test_instance_agent.py", "controller/test_actor.py")
+_ONE_RAY_SETTINGS = dict(num_cpus=2, reserved=2, preemptible=4, object_store_mb=200)
 _one_ray = None  # its RaySession while open
 
 
@@ -94,13 +97,16 @@ def _in_one_ray(item) -> bool:
     return path.is_relative_to(root) and path.relative_to(root).as_posix() in _ONE_RAY
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
+@pytest.fixture(scope="module")
+def one_ray(starting_weights_cache):
+    """Set up first for the tests of the _ONE_RAY files (after the session's settings, which
+    the cluster's workers inherit); stopped by pytest_runtest_teardown after the last of them."""
     global _one_ray
-    if _one_ray is None and _in_one_ray(item):
+    if _one_ray is None:
         from rlboost.cluster.session import RaySession, RaySettings
 
         _one_ray = RaySession(RaySettings(**_ONE_RAY_SETTINGS)).__enter__()
+    yield
 
 
 @pytest.hookimpl(trylast=True)
@@ -135,6 +141,8 @@ def pytest_collection_modifyitems(config, items):
         path = Path(item.fspath)
         if path.is_relative_to(root) and path.relative_to(root).parts[0] in _ONE_THREAD:
             item.fixturenames.insert(0, "one_torch_thread")
+        if _in_one_ray(item):
+            item.fixturenames.insert(0, "one_ray")
 
     def first(item) -> int:
         path = Path(item.fspath)

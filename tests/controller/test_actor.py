@@ -1,11 +1,10 @@
 """The controller as a Ray actor driving emulated engines that are Ray actors themselves."""
 
-import os
-
 import pytest
 import ray
 from controller_fakes import engine_config, uninterrupted
 
+from rlboost.cluster.session import RaySession, RaySettings
 from rlboost.controller.actor import RolloutController
 from rlboost.controller.clock import MonotonicClock
 from rlboost.controller.config import ControllerConfig
@@ -20,12 +19,9 @@ from rlboost.transfer import TransferConfig, new_secret
 
 @pytest.fixture(scope="module")
 def ray_session():
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    # address="local": always a fresh cluster of our own, never one already running on the machine
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024 ** 2, include_dashboard=False,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
+    # a local cluster of our own (tests/conftest.py may have one up for several modules)
+    with RaySession(RaySettings(num_cpus=2, reserved=1, preemptible=0, object_store_mb=200)):
+        yield
 
 
 def test_a_step_over_ray_actors_survives_a_killed_instance(ray_session):
