@@ -117,6 +117,7 @@ def pytest_runtest_teardown(item, nextitem):
         _one_ray = None
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: `-p no:xdist` runs without it
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None  # xdist's own
